@@ -1,0 +1,54 @@
+"""The ``mmrl`` command line.
+
+Each command group lives in its own module, which exposes ``add_parser(subparsers)``; the parser it adds
+sets ``func`` (called with the parsed namespace, returns an exit status). Modules are imported lazily only
+for the command that runs, so ``mmrl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mmrl import __version__
+from mmrl.errors import MmrlError
+
+# command name -> (module that defines it, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("mmrl.tiny_models", "build tiny random-weight Qwen-VL models offline"),
+    "data": ("data_pipelines.cli", "validate, inspect, and generate datasets (make-toy)"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmrl",
+        description="RL fine-tuning of Qwen-VL models on images and videos.",
+    )
+    parser.add_argument("--version", action="version", version=f"mmrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if not argv else 2
+    try:
+        return int(args.func(args) or 0)
+    except MmrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
