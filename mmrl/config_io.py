@@ -1,0 +1,220 @@
+"""Typed configuration from YAML and dotted command-line overrides.
+
+Any tree of dataclasses can be filled from a plain dict (parsed YAML) with :func:`from_dict`. Values are
+checked against the field's type annotation; an unknown key is rejected with the nearest valid key, and a
+value of the wrong type names the dotted key, the expected type and the value received. Overrides use the
+form ``section.key=value`` where the value is parsed as a YAML scalar or flow collection
+(``train.lr=1e-5``, ``rollout.stop=["</answer>"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from mmrl.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _nearest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "valid keys: " + ", ".join(sorted(valid))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check (and lightly coerce) one value against an annotation; raise ConfigError naming the key."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise ConfigError(f"{key}: expected one of {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        return from_dict(tp, value, prefix=key)
+    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        args = get_args(tp)
+        item_tp = args[0] if args else Any
+        return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        args = get_args(tp)
+        val_tp = args[1] if len(args) == 2 else Any
+        return {str(k): _convert(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if tp is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(f"{key}: expected a path, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise :class:`ConfigError`."""
+    data = dict(data or {})
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            raise ConfigError(f"unknown config key '{dotted}': {_nearest(str(key), list(fields))}")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        where = prefix or cls.__name__
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data view of a dataclass tree (for YAML dumps and logs)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b.c=value"`` -> (["a", "b", "c"], parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("-")
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(cls: type, data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted overrides to a plain dict, checking every key path against dataclass ``cls``."""
+    data = dict(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node, tp = data, cls
+        for depth, part in enumerate(path):
+            dotted = ".".join(path[: depth + 1])
+            if dataclasses.is_dataclass(tp):
+                names = [f.name for f in dataclasses.fields(tp)]
+                if part not in names:
+                    raise ConfigError(f"unknown config key '{dotted}': {_nearest(part, names)}")
+                field_tp = _strip_optional(get_type_hints(tp)[part])
+            else:
+                field_tp = Any
+            if depth == len(path) - 1:
+                node[part] = value
+            else:
+                child = node.get(part)
+                if not isinstance(child, dict):
+                    child = {}
+                node[part] = child = dict(child)
+                node, tp = child, field_tp
+    return data
+
+
+def _strip_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``extra`` wins."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
