@@ -31,7 +31,28 @@ _EXPORTS = {
     "neighbour_intervals": "resample",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "DecordReader",
+    "FrameIndexError",
+    "PyAVReader",
+    "Resampled",
+    "SampledVideo",
+    "VideoReader",
+    "available_policies",
+    "decode_indices",
+    "decord_available",
+    "frame_window",
+    "get_policy",
+    "neighbour_intervals",
+    "open_video",
+    "register_policy",
+    "resample_around",
+    "resample_video",
+    "resize_frames",
+    "sample_video",
+    "video_frame_size",
+    "write_mp4",
+]
 
 
 def __getattr__(name: str) -> Any:
