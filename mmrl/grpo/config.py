@@ -1,0 +1,219 @@
+"""``GRPOConfig`` (every knob of the GRPO update) and :func:`compute_policy_loss`, the glue.
+
+Defaults and why:
+
+* ``advantage_estimator="grpo"`` -- group mean / unbiased group std, as DeepSeekMath, TRL and verl.
+* ``policy_loss="ppo"``, ``clip_low=0.2``, ``clip_high=0.28`` -- DAPO clip-higher: the asymmetric upper bound
+  lets low-probability tokens grow and counters entropy collapse at no cost in stability (DAPO, 80/20 and
+  the Lite PPO study on aligned 8B models use 0.28; the research notes' suggested preset). Set
+  ``clip_high=0.2`` for vanilla symmetric PPO/GRPO.
+* ``dual_clip_c=None`` -- off, as in TRL and vanilla GRPO; verl/ARES use 3.0, DAPO scripts 10.
+* ``gspo_clip_low=3e-4``, ``gspo_clip_high=4e-4`` -- GSPO paper v2 §5.1 (sequence ratios are near 1).
+* ``loss_agg="token-mean"`` -- DAPO / Lite PPO token-level loss; no length bias between long and short
+  answers of a group. ``seq-mean-token-sum-norm`` uses ``loss_norm_const`` or else
+  ``max_response_length`` as its constant.
+* ``kl_estimator="k3"``, ``kl_coef=0.0`` -- KL is off by default (DAPO, Dr. GRPO, GSPO, Lite PPO drop it and
+  it saves the reference model); when turned on, k3 is the GRPO / verl recommendation (e.g. 0.001-0.04).
+* ``ppo_epochs=1`` -- one pass per rollout batch (TRL, Lite PPO); then ratio = 1 and clipping is inert unless
+  the batch is split into several optimizer mini-batches.
+* ``dynamic_sampling=False``, ``max_draws=9`` -- DAPO recipe's 10 generation batches = the first + 9 extra.
+* ``overlong_filter=False``, ``overlong_penalty=False`` -- off as in most DAPO runs; the penalty needs
+  ``max_response_length`` (L_max) and ``overlong_cache`` (L_cache; DAPO 4096 of 20480).
+* ``shaper="none"`` -- no per-token shaping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from mmrl.errors import ConfigError
+
+from ._util import masked_mean
+from .advantages import broadcast_to_tokens, get_advantage
+from .aggregate import aggregate, get_aggregation
+from .kl import get_kl, kl_penalty
+from .losses import get_policy_loss
+from .shaping import ShapingInput, TokenShaper, build_shaper, get_shaper
+
+
+@dataclass
+class GRPOConfig:
+    # advantages
+    advantage_estimator: str = "grpo"
+    adv_eps: float = 1e-6
+    # policy loss
+    policy_loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip_c: float | None = None
+    gspo_clip_low: float = 3e-4
+    gspo_clip_high: float = 4e-4
+    # aggregation
+    loss_agg: str = "token-mean"
+    loss_norm_const: float | None = None
+    # KL to the reference
+    kl_estimator: str = "k3"
+    kl_coef: float = 0.0
+    kl_in_reward: bool = False
+    kl_clamp: float | None = None
+    # entropy bonus (subtracted from the loss)
+    entropy_coef: float = 0.0
+    # optimisation
+    ppo_epochs: int = 1
+    # DAPO filters
+    dynamic_sampling: bool = False
+    dynamic_sampling_tol: float = 1e-6
+    max_draws: int = 9
+    overlong_filter: bool = False
+    overlong_penalty: bool = False
+    max_response_length: int | None = None
+    overlong_cache: int | None = None
+    overlong_penalty_factor: float = 1.0
+    # token shaping
+    shaper: str = "none"
+    shaper_kwargs: dict[str, Any] = field(default_factory=dict)
+    # free knobs for registered plug-ins
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        get_advantage(self.advantage_estimator)
+        get_policy_loss(self.policy_loss)
+        get_aggregation(self.loss_agg)
+        get_kl(self.kl_estimator)
+        get_shaper(self.shaper)
+
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"grpo.{key}={getattr(self, key)!r}: {why}")
+
+        for key in ("clip_low", "clip_high", "gspo_clip_low", "gspo_clip_high", "kl_coef", "adv_eps",
+                    "dynamic_sampling_tol", "overlong_penalty_factor"):
+            if getattr(self, key) < 0:
+                raise bad(key, "must be >= 0")
+        if self.clip_low >= 1 or self.gspo_clip_low >= 1:
+            raise bad("clip_low" if self.clip_low >= 1 else "gspo_clip_low", "must be < 1")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise bad("dual_clip_c", "must be > 1 (e.g. 3.0) or null")
+        if self.kl_clamp is not None and self.kl_clamp <= 0:
+            raise bad("kl_clamp", "must be > 0 or null")
+        if self.ppo_epochs < 1:
+            raise bad("ppo_epochs", "must be >= 1")
+        if self.max_draws < 0:
+            raise bad("max_draws", "must be >= 0")
+        if self.max_response_length is not None and self.max_response_length < 1:
+            raise bad("max_response_length", "must be >= 1")
+        if self.overlong_filter and self.max_response_length is None:
+            raise bad("max_response_length", "overlong_filter needs max_response_length")
+        if self.overlong_penalty:
+            if self.max_response_length is None or self.overlong_cache is None:
+                raise bad("overlong_cache", "overlong_penalty needs max_response_length and overlong_cache")
+            if not 0 < self.overlong_cache <= self.max_response_length:
+                raise bad("overlong_cache", f"must be in (0, max_response_length={self.max_response_length}]")
+        if self.loss_agg == "seq-mean-token-sum-norm" and self.norm_const is None:
+            raise bad("loss_norm_const", "seq-mean-token-sum-norm needs loss_norm_const or max_response_length")
+        if self.loss_norm_const is not None and self.loss_norm_const <= 0:
+            raise bad("loss_norm_const", "must be > 0")
+        if not isinstance(self.shaper_kwargs, dict) or not isinstance(self.extra, dict):
+            raise ConfigError("grpo.shaper_kwargs and grpo.extra must be mappings")
+
+    @property
+    def norm_const(self) -> float | None:
+        """The constant C of ``seq-mean-token-sum-norm``: ``loss_norm_const`` or ``max_response_length``."""
+        if self.loss_norm_const is not None:
+            return float(self.loss_norm_const)
+        return None if self.max_response_length is None else float(self.max_response_length)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a reference model's log-probs are needed (KL as loss or in the reward)."""
+        return self.kl_coef > 0 and self.kl_estimator != "none"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> GRPOConfig:
+        """Build from a mapping (e.g. the ``grpo:`` YAML section); unknown keys are a ConfigError."""
+        d = dict(d or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown grpo key(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def build_shaper(self) -> TokenShaper:
+        return build_shaper(self.shaper, **self.shaper_kwargs)
+
+
+def compute_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: GRPOConfig,
+    *,
+    ref_logp: Tensor | None = None,
+    entropies: Tensor | None = None,
+    global_tokens: Tensor | float | None = None,
+    global_seqs: Tensor | float | None = None,
+    shaper: TokenShaper | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar loss for one (micro-)batch and detached stats.
+
+    ``logp``/``old_logp``/``ref_logp``/``entropies``/``mask``: ``(B, T)`` over response tokens;
+    ``old_logp=None`` means on-policy (``logp.detach()``). ``advantages``: ``(B,)`` or ``(B, T)``, computed
+    earlier from rewards. ``global_tokens``/``global_seqs``: the step's totals for exact gradient
+    accumulation (:mod:`mmrl.grpo.aggregate`); default: this batch's own counts. ``shaper``: a stateful
+    shaper instance to reuse; default: ``cfg.build_shaper()``.
+
+    ``loss = agg(w * pg_loss, shaped mask) + kl_coef * agg(k(logp, ref), mask) - entropy_coef * agg(H, mask)``;
+    the KL term is skipped when ``kl_in_reward`` (it was folded into the rewards) or ``kl_coef == 0``.
+    """
+    mask = mask.to(logp.dtype)
+    old = logp.detach() if old_logp is None else old_logp.detach()
+    adv = broadcast_to_tokens(advantages.detach().to(logp.dtype), mask)
+
+    def agg(x: Tensor, m: Tensor) -> Tensor:
+        return aggregate(x, m, cfg.loss_agg, global_tokens=global_tokens, global_seqs=global_seqs,
+                         norm_const=cfg.norm_const)
+
+    shaper = shaper if shaper is not None else cfg.build_shaper()
+    shaped = shaper(ShapingInput(advantages=adv, mask=mask, logp=logp, old_logp=old, entropies=entropies, cfg=cfg))
+    pg_mask = mask if shaped.mask is None else shaped.mask.to(logp.dtype)
+    out = get_policy_loss(cfg.policy_loss)(logp, old, shaped.advantages, pg_mask, cfg)
+    pg_tok = out.loss if shaped.weights is None else out.loss * shaped.weights.to(logp.dtype)
+    pg_loss = agg(pg_tok, pg_mask)
+    loss = pg_loss
+
+    stats: dict[str, Tensor] = {f"pg/{k}": v.detach() for k, v in out.stats.items()}
+    stats["pg_loss"] = pg_loss.detach()
+    stats["n_tokens"] = mask.sum().detach()
+    stats["n_pg_tokens"] = pg_mask.sum().detach()
+    stats["advantage_mean"] = masked_mean(adv, mask).detach()
+
+    if ref_logp is not None:
+        kl_tok = kl_penalty(logp, ref_logp, cfg.kl_estimator, clamp=cfg.kl_clamp, mask=mask)
+        stats["kl"] = masked_mean(kl_tok, mask).detach()
+        if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+            kl_loss = agg(kl_tok, mask)
+            loss = loss + cfg.kl_coef * kl_loss
+            stats["kl_loss"] = kl_loss.detach()
+    elif cfg.kl_coef > 0 and not cfg.kl_in_reward and cfg.kl_estimator != "none":
+        raise ValueError("kl_coef > 0 with the KL as a loss term needs ref_logp")
+
+    if entropies is not None:
+        stats["entropy"] = masked_mean(entropies.detach(), mask)
+        if cfg.entropy_coef:
+            ent_loss = agg(entropies.to(logp.dtype), mask)
+            loss = loss - cfg.entropy_coef * ent_loss
+    elif cfg.entropy_coef:
+        raise ValueError("entropy_coef != 0 needs per-token entropies")
+
+    stats["loss"] = loss.detach()
+    return loss, stats
+
+
+__all__ = ["GRPOConfig", "compute_policy_loss"]
