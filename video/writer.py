@@ -60,6 +60,8 @@ def write_mp4(
                 stream.thread_count = 1
                 stream.thread_type = "SLICE"
             vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+            vf.pts = count
+            vf.time_base = 1 / rate
             for packet in stream.encode(vf):
                 container.mux(packet)
             count += 1
