@@ -1,0 +1,320 @@
+"""Answer-matching rewards: ``accuracy`` (dispatching on ``problem_type``), ``token_f1``, ``rouge_l``,
+``temporal_iou``.
+
+``accuracy`` looks up a *scorer* per problem type in its own registry, so a new problem type is added with
+``@register_scorer("my_type")`` and no change here. A scorer has the signature::
+
+    scorer(prediction: str, row: dict, **settings) -> float | None
+
+``prediction`` is the extracted answer text (:func:`rewards.answers.extract_answer`), ``row`` the sample's
+column values (``answer``, ``options``, ``meta``, ``id``, ...), ``settings`` the reward's keyword arguments
+from the config (scorers must accept unknown ones). ``None`` means "not applicable".
+
+Built-in scorers and their settings:
+
+* ``multiple_choice``: 1.0 when :func:`~rewards.answers.extract_choice` (restricted to the sample's options)
+  equals the gold letter, else 0.0 (also when nothing or something ambiguous was given).
+* ``yes_no``: 1.0 when :func:`~rewards.answers.extract_yes_no` equals the gold yes/no.
+* ``numeric``: ``numeric_scoring="tolerance"`` (default): 1.0 when ``|pred − gold| <= max(rel_tol·|gold|,
+  abs_tol)`` (defaults ``rel_tol=0``, ``abs_tol=1e-6``; so "3" matches "3.0"); ``"relative_error"``:
+  ``1 − min(|pred − gold| / |gold|, 1)`` (Video-R1's regression reward; exact match needed when gold is 0).
+  ``percent="value"|"fraction"`` as in :func:`~rewards.answers.parse_number`. Unparseable → 0.0.
+* ``open``: max over the gold answer (a string or list of strings) and ``meta["synonyms"]`` of
+  ``open_metric``: ``"token_f1"`` (default), ``"rouge_l"`` or ``"exact"`` (normalised equality).
+* ``free_form``: the same with ``free_form_metric`` (default ``"token_f1"``).
+* ``temporal_grounding``: temporal IoU of the parsed span against the gold ``[start, end]``; 0.0 when the
+  prediction does not parse or is inverted. With ``clip_to_duration=True`` (default) and
+  ``meta["duration"]`` set, the prediction is clipped to ``[0, duration]`` first.
+
+Common settings of all four rewards: ``tag="answer"``, ``think_tag="think"``, ``fallback="strip_think"``
+(see :func:`~rewards.answers.extract_answer`). ``accuracy`` also takes ``on_unknown_type="raise"|"none"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mmrl.errors import ConfigError
+from rewards import answers as A
+from rewards.metrics import rouge_l, temporal_iou, token_f1
+from rewards.registry import _suggest, normalize_completions, per_sample_error, register_reward
+
+__all__ = [
+    "available_scorers",
+    "get_scorer",
+    "register_scorer",
+    "score_answer",
+]
+
+Scorer = Callable[..., "float | None"]
+_SCORERS: dict[str, Scorer] = {}
+
+
+def register_scorer(problem_type: str, fn: Scorer | None = None, *, overwrite: bool = False):
+    """Register the accuracy scorer for ``problem_type`` (decorator or direct call); see the module doc."""
+    if not isinstance(problem_type, str) or not problem_type:
+        raise ConfigError(f"a problem type must be a non-empty string, got {problem_type!r}")
+
+    def decorate(f: Scorer) -> Scorer:
+        if problem_type in _SCORERS and _SCORERS[problem_type] is not f and not overwrite:
+            raise ConfigError(
+                f"an accuracy scorer for problem type {problem_type!r} is already registered; "
+                "pass overwrite=True to replace it"
+            )
+        _SCORERS[problem_type] = f
+        return f
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def get_scorer(problem_type: str) -> Scorer:
+    if problem_type not in _SCORERS:
+        raise ConfigError(
+            f"no accuracy scorer for problem type {problem_type!r}; {_suggest(str(problem_type), _SCORERS)}"
+        )
+    return _SCORERS[problem_type]
+
+
+def available_scorers() -> list[str]:
+    return sorted(_SCORERS)
+
+
+def unregister_scorer(problem_type: str) -> None:
+    _SCORERS.pop(problem_type, None)
+
+
+# --------------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------------
+
+
+def _rows(n: int, columns: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Split keyword arguments into per-sample rows (lists of length n) and settings (everything else)."""
+    per_sample = {k: v for k, v in columns.items() if isinstance(v, (list, tuple)) and len(v) == n}
+    settings = {k: v for k, v in columns.items() if k not in per_sample}
+    rows = [{k: v[i] for k, v in per_sample.items()} for i in range(n)]
+    return rows, settings
+
+
+def _meta(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = row.get("meta")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _references(row: Mapping[str, Any]) -> list[str]:
+    gold = row.get("answer")
+    refs: list[str] = []
+    if isinstance(gold, (list, tuple)):
+        refs.extend(str(g) for g in gold if g is not None)
+    elif gold is not None:
+        refs.append(str(gold))
+    syn = _meta(row).get("synonyms")
+    if isinstance(syn, str):
+        refs.append(syn)
+    elif isinstance(syn, Sequence):
+        refs.extend(str(s) for s in syn if s is not None)
+    if not refs:
+        raise ValueError("the sample has no gold answer")
+    return refs
+
+
+_TEXT_METRICS: dict[str, Callable[[Any, Any], float]] = {
+    "token_f1": token_f1,
+    "rouge_l": rouge_l,
+    "exact": lambda p, r: float(A.normalize_text(p) == A.normalize_text(r)),
+}
+
+
+def _text_score(prediction: str, row: Mapping[str, Any], metric: str) -> float:
+    fn = _TEXT_METRICS.get(metric)
+    if fn is None:
+        raise ConfigError(f"unknown text metric {metric!r}; {_suggest(str(metric), _TEXT_METRICS)}")
+    return max(fn(prediction, ref) for ref in _references(row))
+
+
+def _extract(text: str, settings: Mapping[str, Any]) -> str:
+    return A.extract_answer(
+        text,
+        tag=settings.get("tag", "answer"),
+        think_tag=settings.get("think_tag", "think"),
+        fallback=settings.get("fallback", "strip_think"),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# built-in scorers
+# --------------------------------------------------------------------------------------------------------
+
+
+@register_scorer("multiple_choice")
+def score_multiple_choice(prediction: str, row: Mapping[str, Any], **settings: Any) -> float:
+    options = row.get("options")
+    gold = A.normalize_gold_choice(row.get("answer"), options)
+    return float(A.extract_choice(prediction, options) == gold)
+
+
+@register_scorer("yes_no")
+def score_yes_no(prediction: str, row: Mapping[str, Any], **settings: Any) -> float:
+    gold = A.normalize_gold_yes_no(row.get("answer"))
+    return float(A.extract_yes_no(prediction) == gold)
+
+
+@register_scorer("numeric")
+def score_numeric(
+    prediction: str,
+    row: Mapping[str, Any],
+    *,
+    rel_tol: float = 0.0,
+    abs_tol: float = 1e-6,
+    numeric_scoring: str = "tolerance",
+    percent: str = "value",
+    **settings: Any,
+) -> float:
+    gold = A.normalize_gold_number(row.get("answer"), percent=percent)
+    pred = A.parse_number(prediction, percent=percent)
+    if pred is None:
+        return 0.0
+    if numeric_scoring == "tolerance":
+        return float(abs(pred - gold) <= max(rel_tol * abs(gold), abs_tol))
+    if numeric_scoring == "relative_error":
+        if gold == 0:
+            return float(abs(pred) <= abs_tol)
+        return 1.0 - min(abs(pred - gold) / abs(gold), 1.0)
+    raise ConfigError(f"numeric_scoring must be 'tolerance' or 'relative_error', got {numeric_scoring!r}")
+
+
+@register_scorer("open")
+def score_open(
+    prediction: str, row: Mapping[str, Any], *, open_metric: str = "token_f1", **settings: Any
+) -> float:
+    return _text_score(prediction, row, open_metric)
+
+
+@register_scorer("free_form")
+def score_free_form(
+    prediction: str, row: Mapping[str, Any], *, free_form_metric: str = "token_f1", **settings: Any
+) -> float:
+    return _text_score(prediction, row, free_form_metric)
+
+
+def _predicted_span(
+    prediction: str, row: Mapping[str, Any], clip_to_duration: bool
+) -> tuple[float, float] | None:
+    span = A.parse_span(prediction)
+    if span is None:
+        return None
+    duration = _meta(row).get("duration")
+    usable = isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration)
+    if clip_to_duration and usable and duration > 0:
+        span = (min(max(span[0], 0.0), duration), min(max(span[1], 0.0), duration))
+    return span
+
+
+@register_scorer("temporal_grounding")
+def score_temporal_grounding(
+    prediction: str, row: Mapping[str, Any], *, clip_to_duration: bool = True, **settings: Any
+) -> float:
+    gold = A.normalize_gold_span(row.get("answer"))
+    span = _predicted_span(prediction, row, clip_to_duration)
+    return 0.0 if span is None else temporal_iou(span, gold)
+
+
+def score_answer(prediction: str, row: Mapping[str, Any], **settings: Any) -> float | None:
+    """Score one extracted answer against one sample with the scorer of its ``problem_type``."""
+    return get_scorer(row.get("problem_type"))(prediction, row, **settings)
+
+
+# --------------------------------------------------------------------------------------------------------
+# rewards
+# --------------------------------------------------------------------------------------------------------
+
+
+def _map(
+    completions: list[Any], columns: Mapping[str, Any], one: Callable[..., float | None]
+) -> list[float | None]:
+    texts = normalize_completions(completions)
+    rows, settings = _rows(len(texts), columns)
+    out: list[float | None] = []
+    for i, (text, row) in enumerate(zip(texts, rows)):
+        try:
+            out.append(one(_extract(text, settings), row, settings))
+        except Exception as exc:
+            per_sample_error(i, exc)
+            raise
+    return out
+
+
+@register_reward("accuracy")
+def accuracy(completions: list[Any], **columns: Any) -> list[float | None]:
+    """Task accuracy per ``problem_type`` (see the module docstring)."""
+    n = len(completions)
+    if not isinstance(columns.get("problem_type"), (list, tuple)) or len(columns["problem_type"]) != n:
+        raise ConfigError("the 'accuracy' reward needs a per-sample 'problem_type' column")
+    if "answer" not in columns:
+        raise ConfigError("the 'accuracy' reward needs an 'answer' column")
+    on_unknown = columns.get("on_unknown_type", "raise")
+    if on_unknown not in ("raise", "none"):
+        raise ConfigError(f"on_unknown_type must be 'raise' or 'none', got {on_unknown!r}")
+
+    def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
+        ptype = row.get("problem_type")
+        scorer = _SCORERS.get(ptype) if isinstance(ptype, str) else None
+        if scorer is None:
+            if on_unknown == "none":
+                return None
+            get_scorer(str(ptype))  # raises ConfigError with suggestions
+        return scorer(prediction, row, **settings)
+
+    return _map(completions, columns, one)
+
+
+def _text_reward(metric: Callable[[Any, Any], float]):
+    def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
+        if row.get("answer") is None and not _meta(row).get("synonyms"):
+            return None
+        return max(metric(prediction, ref) for ref in _references(row))
+
+    return one
+
+
+@register_reward("token_f1")
+def token_f1_reward(completions: list[Any], **columns: Any) -> list[float | None]:
+    """Max token F1 of the extracted answer against the gold answer and ``meta["synonyms"]``."""
+    return _map(completions, columns, _text_reward(token_f1))
+
+
+@register_reward("rouge_l")
+def rouge_l_reward(completions: list[Any], **columns: Any) -> list[float | None]:
+    """Max ROUGE-L F1 of the extracted answer against the gold answer and ``meta["synonyms"]``."""
+    return _map(completions, columns, _text_reward(rouge_l))
+
+
+@register_reward("temporal_iou")
+def temporal_iou_reward(completions: list[Any], **columns: Any) -> list[float | None]:
+    """Temporal IoU of the predicted span (in the answer block, or in ``tag``'s block, e.g. ``tag="glue"``).
+
+    The gold span is the ``answer`` by default; ``span_key="gold_span"`` reads ``meta["gold_span"]`` instead
+    (grounded QA, where the answer is a letter). Not applicable (``None``) when the sample has no gold span:
+    with the default source, samples whose ``problem_type`` is given and is not ``temporal_grounding``.
+    Unparseable or inverted predictions score 0.0.
+    """
+    span_key = columns.get("span_key")
+    clip = columns.get("clip_to_duration", True)
+
+    def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
+        if span_key:
+            gold_raw = _meta(row).get(span_key)
+        else:
+            ptype = row.get("problem_type")
+            if ptype is not None and ptype != "temporal_grounding":
+                return None
+            gold_raw = row.get("answer")
+        if gold_raw is None:
+            return None
+        gold = A.normalize_gold_span(gold_raw)
+        span = _predicted_span(prediction, row, clip)
+        return 0.0 if span is None else temporal_iou(span, gold)
+
+    return _map(completions, columns, one)

@@ -1,0 +1,628 @@
+"""Answer extraction and normalisation, shared by the rewards and by evaluation.
+
+Every function here is deterministic, pure and string-based; nothing evaluates model output as code.
+
+* :func:`extract_answer` — the text inside the last ``<answer>…</answer>`` (configurable tag), falling back to
+  the completion without its ``<think>`` blocks.
+* :func:`extract_choice` — an option letter, restricted to the sample's options, or ``None``.
+* :func:`extract_yes_no` — ``"yes"`` / ``"no"`` / ``None``.
+* :func:`parse_number` — a float or ``None`` (ints, decimals, signs, thousands separators, fractions,
+  percentages, small number words).
+* :func:`parse_span` — ``(start, end)`` seconds or ``None``.
+* :func:`normalize_text` / :func:`text_tokens` — lower-case, punctuation and articles removed.
+
+The ``normalize_gold_*`` helpers turn a dataset's gold answer into the same form and raise ``ValueError`` for
+gold answers that cannot be read (a data problem, not a model error).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+import unicodedata
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+__all__ = [
+    "choice_letters",
+    "extract_answer",
+    "extract_choice",
+    "extract_yes_no",
+    "normalize_gold_choice",
+    "normalize_gold_number",
+    "normalize_gold_span",
+    "normalize_gold_yes_no",
+    "normalize_text",
+    "parse_number",
+    "parse_span",
+    "text_tokens",
+]
+
+# --------------------------------------------------------------------------------------------------------
+# Text normalisation
+# --------------------------------------------------------------------------------------------------------
+
+_ARTICLES = frozenset({"a", "an", "the"})
+# words, or numbers with internal decimal points / thousands separators ("3.5", "1,000")
+_TOKEN_RE = re.compile(r"\d+(?:[.,]\d+)*|[^\W_]+")
+
+
+def text_tokens(text: Any, *, remove_articles: bool = True) -> list[str]:
+    """Normalised tokens: NFKC, lower-case, apostrophes dropped ("don't" -> "dont"), other punctuation as
+    separators, numbers kept whole ("3.5"), articles ``a``/``an``/``the`` removed (by default)."""
+    s = unicodedata.normalize("NFKC", "" if text is None else str(text)).lower()
+    s = s.replace("'", "").replace("\u2019", "")
+    toks = _TOKEN_RE.findall(s)
+    if remove_articles:
+        toks = [t for t in toks if t not in _ARTICLES]
+    return toks
+
+
+def normalize_text(text: Any, *, remove_articles: bool = True) -> str:
+    """:func:`text_tokens` joined by single spaces (SQuAD-style normalisation)."""
+    return " ".join(text_tokens(text, remove_articles=remove_articles))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The answer block
+# --------------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=64)
+def _tag_patterns(tag: str, think_tag: str):
+    t, k = re.escape(tag), re.escape(think_tag)
+    return (
+        re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL | re.IGNORECASE),
+        re.compile(rf"<{t}>", re.IGNORECASE),
+        re.compile(rf"<{k}>.*?</{k}>", re.DOTALL | re.IGNORECASE),
+        re.compile(rf"</{k}>", re.IGNORECASE),
+        re.compile(rf"<{k}>", re.IGNORECASE),
+    )
+
+
+def extract_answer(
+    text: Any, *, tag: str = "answer", think_tag: str = "think", fallback: str = "strip_think"
+) -> str:
+    """The answer part of a completion, stripped.
+
+    1. The content of the **last** ``<tag>…</tag>`` block (tags are case-insensitive).
+    2. An opening ``<tag>`` without a closing one (a truncated completion): everything after the last one.
+    3. Otherwise, by ``fallback``: ``"strip_think"`` (default) — the completion without closed
+       ``<think>…</think>`` blocks, without anything up to a lone ``</think>`` and without anything after an
+       unclosed ``<think>``; ``"whole"`` — the whole completion; ``"none"`` — the empty string.
+    """
+    if fallback not in ("strip_think", "whole", "none"):
+        raise ValueError(f"fallback must be 'strip_think', 'whole' or 'none', got {fallback!r}")
+    s = "" if text is None else str(text)
+    block, opening, think_block, think_close, think_open = _tag_patterns(tag, think_tag)
+    found = block.findall(s)
+    if found:
+        return found[-1].strip()
+    opens = list(opening.finditer(s))
+    if opens:
+        return s[opens[-1].end() :].strip()
+    if fallback == "none":
+        return ""
+    if fallback == "whole":
+        return s.strip()
+    s = think_block.sub(" ", s)
+    closes = list(think_close.finditer(s))
+    if closes:
+        s = s[closes[-1].end() :]
+    m = think_open.search(s)
+    if m:
+        s = s[: m.start()]
+    return s.strip()
+
+
+def _clean(text: Any) -> str:
+    """Unicode-normalised text without LaTeX boxes, markdown emphasis, code ticks and dollar signs."""
+    s = unicodedata.normalize("NFKC", "" if text is None else str(text))
+    for _ in range(3):
+        s2 = re.sub(r"\\(?:boxed|text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}", r"\1", s)
+        if s2 == s:
+            break
+        s = s2
+    s = s.replace("**", "").replace("__", "").replace("`", "").replace("$", "")
+    s = s.replace("\u2212", "-")
+    return re.sub(r"\s+", " ", s).strip()
+
+
+# "So the final answer is:", "Answer:", "The correct option is", "Best option:", "Option", "My choice is" ...
+_PREFIX_RE = re.compile(
+    r"^(?:(?:so|thus|therefore|hence)\s*,?\s+)?(?:(?:the|my|our)\s+)?"
+    r"(?:(?:final|best|correct|right)\s+)*(?:answer|option|choice)s?"
+    r"(?:\s+(?:is|would\s+be|should\s+be|must\s+be|will\s+be))?\s*[:=\-]?\s*",
+    re.IGNORECASE,
+)
+
+
+def _strip_prefixes(s: str) -> str:
+    for _ in range(3):
+        m = _PREFIX_RE.match(s)
+        if not m or m.end() == 0:
+            break
+        s = s[m.end() :].strip()
+    return s
+
+
+# --------------------------------------------------------------------------------------------------------
+# Multiple choice
+# --------------------------------------------------------------------------------------------------------
+
+_ALPHABET = string.ascii_uppercase
+# After an upper-case "A" or "I", these words keep it a letter ("A or B", "A is correct", "I and J");
+# any other lower-case word makes it the English article / pronoun ("A red circle", "I think").
+_LETTER_FOLLOWERS = frozenset(
+    {
+        "and",
+        "or",
+        "nor",
+        "is",
+        "was",
+        "are",
+        "vs",
+        "versus",
+        "because",
+        "since",
+        "as",
+        "seems",
+        "would",
+        "should",
+        "could",
+        "must",
+        "might",
+        "appears",
+        "looks",
+        "fits",
+        "matches",
+        "then",
+        "but",
+        "only",
+    }
+)
+_STANDALONE = r"(?<![A-Za-z0-9'\u2019\-])([A-Z])(?![A-Za-z0-9'\u2019\-])"
+
+
+def choice_letters(options: Sequence[Any] | None = None, num_options: int | None = None) -> str:
+    """The valid option letters: ``A`` .. the ``len(options)``-th letter; all of A–Z when unknown."""
+    if num_options is None and options is not None:
+        num_options = len(options)
+    if num_options is None:
+        return _ALPHABET
+    if not 0 < num_options <= 26:
+        raise ValueError(f"a multiple-choice question needs 1 to 26 options, got {num_options}")
+    return _ALPHABET[:num_options]
+
+
+def _word_like(letter: str, after: str) -> bool:
+    """True when ``letter`` (followed by ``after``) reads as an English word, not an option letter."""
+    if letter.islower():
+        return True
+    if letter not in ("A", "I"):
+        return False
+    m = re.match(r"\s+([a-z][a-z'\u2019\-]*)", after)
+    return bool(m) and m.group(1) not in _LETTER_FOLLOWERS
+
+
+def _option_text_norm(letter: str, option: Any) -> str:
+    text = "" if option is None else str(option).strip()
+    # options that already carry their label ("A. red", "(A) red")
+    m = re.match(r"^[\(\[]?\s*([A-Za-z])\s*[\)\]\.:]\s*", text)
+    if m and m.group(1).upper() == letter:
+        text = text[m.end() :]
+    return normalize_text(text)
+
+
+def _option_map(options: Sequence[Any] | None, letters: str) -> dict[str, str]:
+    if not options:
+        return {}
+    return {letters[i]: _option_text_norm(letters[i], o) for i, o in enumerate(options) if i < len(letters)}
+
+
+def _match_option_text(s: str, opts: dict[str, str]) -> str | None:
+    norm = normalize_text(s)
+    if not norm:
+        return None
+    hits = [k for k, v in opts.items() if v and v == norm]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _standalone_letters(s: str) -> list[tuple[str, int]]:
+    out = []
+    for m in re.finditer(_STANDALONE, s):
+        if not _word_like(m.group(1), s[m.end() :]):
+            out.append((m.group(1), m.start()))
+    return out
+
+
+_WHOLE_RE = re.compile(r"^[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:)]?$")
+_ANSWER_PHRASE_RE = re.compile(
+    r"(?:\banswer|\b(?:correct|right|best|final)\s+(?:option|choice))"
+    r"(?:\s+(?:is|was|would\s+be|should\s+be|must\s+be|will\s+be)\s*[:=]?|\s*[:=])\s*"
+    r"(?:(?:option|choice)\s+)?(?P<open>[\(\[]?)\s*(?P<letter>[A-Za-z])\s*(?P<close>[\)\]]?)"
+    r"(?![A-Za-z0-9'\u2019\-])",
+    re.IGNORECASE,
+)
+_MENTION_RE = re.compile(
+    r"\b(?:option|choice)\s+(?P<open>[\(\[]?)\s*(?P<letter>[A-Za-z])\s*(?P<close>[\)\]]?)(?![A-Za-z0-9'\u2019\-])",
+    re.IGNORECASE,
+)
+_BRACKET_RE = re.compile(r"[\(\[]\s*([A-Za-z])\s*[\)\]]")
+_ALTERNATIVE_RE = re.compile(r"^\s*(?:,|/|\bor\b|\band\b|&)\s*[\(\[]?\s*([A-Z])(?![A-Za-z0-9'\u2019\-])")
+
+
+def _phrase_letter(m: re.Match, s: str) -> str | None:
+    """The letter of an answer-phrase match, or None when it reads as a word ("the answer is a cat")."""
+    letter = m.group("letter")
+    bracketed = bool(m.group("open")) and bool(m.group("close"))
+    if bracketed:
+        return letter.upper()
+    after = s[m.end() :]
+    if letter.islower():
+        # "answer: b" / "the answer is b." — a lone lower-case letter at the end of a clause
+        return letter.upper() if re.match(r"\s*(?:[.,;!?)\]]|$)", after) else None
+    if _word_like(letter, after):
+        return None
+    return letter
+
+
+def extract_choice(
+    text: Any,
+    options: Sequence[Any] | None = None,
+    *,
+    num_options: int | None = None,
+    long_text_words: int = 10,
+) -> str | None:
+    """The option letter a (short) answer names, or ``None`` when there is none or it is ambiguous.
+
+    Letters are restricted to the sample's options (``A`` .. ``len(options)``-th letter); a letter outside
+    them gives ``None``. In order:
+
+    1. the whole answer is a letter: ``B``, ``(B)``, ``[b]``, ``B.``, ``B:``;
+    2. the last explicit answer phrase: ``Answer: B``, ``the answer is (B)``, ``the correct option is B``;
+       followed by ``or``/``and``/``,``/``/`` and another letter it is ambiguous (``None``);
+    3. after removing stock prefixes ("The best answer is", "Option", ...): again 1, then the exact text
+       of exactly one option (normalised; ``options`` may carry "A. " labels);
+    4. a leading letter with a delimiter: ``B) text``, ``B. text``, ``(B) text``, ``B text`` — ``None`` when
+       the rest names another option letter and is not the option's own text;
+    5. ``option B`` / ``choice B`` mentions, then bracketed letters ``(B)``, then standalone capital letters
+       — each used only when exactly one distinct letter occurs; in answers longer than ``long_text_words``
+       words a standalone letter counts only at the very end.
+
+    The English article "a"/"A" ("a red circle", "A red circle") and the pronoun "I" are never read as
+    letters; a lower-case letter counts only when it stands alone or in brackets.
+    """
+    letters = choice_letters(options, num_options)
+    s = _clean(text)
+    if not s:
+        return None
+
+    def valid(letter: str | None) -> str | None:
+        if letter is None:
+            return None
+        letter = letter.upper()
+        return letter if letter in letters else None
+
+    # 1. whole text
+    m = _WHOLE_RE.match(s)
+    if m:
+        return valid(m.group(1))
+    # 2. explicit answer phrase, last one wins
+    phrase = [(m, _phrase_letter(m, s)) for m in _ANSWER_PHRASE_RE.finditer(s)]
+    phrase = [(m, x) for m, x in phrase if x is not None]
+    if phrase:
+        m, letter = phrase[-1]
+        alt = _ALTERNATIVE_RE.match(s[m.end() :])
+        if alt and alt.group(1) != letter:
+            return None
+        return valid(letter)
+    # 3. prefixes stripped; option text
+    s2 = _strip_prefixes(s)
+    if not s2:
+        return None
+    m = _WHOLE_RE.match(s2)
+    if m:
+        return valid(m.group(1))
+    opts = _option_map(options, letters)
+    hit = _match_option_text(s2, opts) or _match_option_text(s, opts)
+    if hit:
+        return hit
+    # 4. leading letter
+    m = (
+        re.match(r"[\(\[]\s*([A-Za-z])\s*[\)\]]", s2)
+        or re.match(r"([A-Za-z])[.):,](?=\s|$)", s2)
+        or re.match(r"([A-Z])(?=\s)", s2)
+    )
+    if m and not (m.group(0).isalpha() and _word_like(m.group(1), s2[m.end() :])):
+        letter = m.group(1).upper()
+        rest = s2[m.end() :].strip()
+        own = opts.get(letter)
+        if rest and not (own and normalize_text(rest).startswith(own)):
+            others = {x for x, _ in _standalone_letters(rest) if x != letter}
+            others |= {x.upper() for x in _BRACKET_RE.findall(rest) if x.upper() != letter}
+            if others:
+                return None
+        return valid(letter)
+    # 5. weaker evidence: unique mention
+    mentions = set()
+    for m in _MENTION_RE.finditer(s2):
+        x = _phrase_letter(m, s2)
+        if x is not None:
+            mentions.add(x)
+    if mentions:
+        return valid(mentions.pop()) if len(mentions) == 1 else None
+    brackets = {x.upper() for x in _BRACKET_RE.findall(s2)}
+    if brackets:
+        return valid(brackets.pop()) if len(brackets) == 1 else None
+    bare = _standalone_letters(s2)
+    if len(s2.split()) > long_text_words:
+        end = re.search(r"(?<![A-Za-z0-9'\u2019\-])([A-Z])\s*[.!]?\s*$", s2)
+        bare = [(end.group(1), end.start(1))] if end and end.group(1) not in ("A", "I") else []
+    distinct = {x for x, _ in bare}
+    if len(distinct) == 1:
+        return valid(distinct.pop())
+    return None
+
+
+def normalize_gold_choice(answer: Any, options: Sequence[Any] | None = None) -> str:
+    """A gold multiple-choice answer as its letter: ``"B"``, ``"(b)"``, ``"B."`` or the exact option text."""
+    letters = choice_letters(options)
+    if isinstance(answer, str):
+        s = _clean(answer)
+        m = _WHOLE_RE.match(s)
+        letter = m.group(1).upper() if m else _match_option_text(s, _option_map(options, letters))
+        if letter and letter in letters:
+            return letter
+    raise ValueError(
+        f"gold answer {answer!r} is not an option letter"
+        + (f" among {letters[0]}-{letters[-1]}" if options else "")
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Yes / no
+# --------------------------------------------------------------------------------------------------------
+
+_YES = frozenset({"yes", "true"})
+_NO = frozenset({"no", "false"})
+_YN_PHRASE_RE = re.compile(
+    r"\banswer\s*(?:is|was|would\s+be|should\s+be|:|=)\s*:?\s*(yes|no|true|false)\b", re.IGNORECASE
+)
+
+
+def _polarity(word: str) -> str | None:
+    if word in _YES:
+        return "yes"
+    if word in _NO:
+        return "no"
+    return None
+
+
+def extract_yes_no(text: Any, *, short_text_words: int = 8) -> str | None:
+    """``"yes"``, ``"no"`` or ``None``.
+
+    The first word decides (``yes``/``true`` → yes, ``no``/``false`` → no), unless it is immediately joined
+    to the opposite ("yes and no", "yes or no", "yes/no") — then ``None``. Otherwise the last
+    "answer is yes/no" phrase; otherwise, in a short answer, a single polarity mentioned anywhere.
+    """
+    s = _strip_prefixes(_clean(text)).lower()
+    words = re.findall(r"[a-z]+", s)
+    if not words:
+        return None
+    first = _polarity(words[0])
+    if first is not None:
+        m = re.match(r"^\W*[a-z]+\s*(?:/|\bor\b|\band\b|\bnor\b|\bvs\b|&)\s*([a-z]+)", s)
+        if m and _polarity(m.group(1)) not in (None, first):
+            return None
+        return first
+    phrase = _YN_PHRASE_RE.findall(s)
+    if phrase:
+        return _polarity(phrase[-1].lower())
+    if len(words) <= short_text_words:
+        found = {p for p in map(_polarity, words) if p}
+        if len(found) == 1:
+            return found.pop()
+    return None
+
+
+def normalize_gold_yes_no(answer: Any) -> str:
+    if isinstance(answer, bool):
+        return "yes" if answer else "no"
+    got = extract_yes_no(answer) if isinstance(answer, str) else None
+    if got is None:
+        raise ValueError(f"gold answer {answer!r} is not yes/no")
+    return got
+
+
+# --------------------------------------------------------------------------------------------------------
+# Numbers
+# --------------------------------------------------------------------------------------------------------
+
+_NUM_RE = re.compile(
+    r"(?<![\w.])(?P<sign>[-+])?"
+    r"(?P<num>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+    r"(?:[eE](?P<exp>[-+]?\d{1,3})(?!\d))?"
+    r"(?:\s*/\s*(?P<den>\d+(?:\.\d+)?)(?![\d.]))?"
+    r"(?P<pct>\s*(?:%|percent\b))?"
+)
+_UNITS = {
+    w: i
+    for i, w in enumerate(
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+        ]
+    )
+}
+_TENS = {
+    w: 10 * (i + 2)
+    for i, w in enumerate(["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"])
+}
+_WORD_NUM_RE = re.compile(
+    r"\b(?:(?P<hundred>(?:one|a)\s+hundred|hundred)"
+    r"|(?P<tens>" + "|".join(_TENS) + r")(?:[\s-](?P<unit1>" + "|".join(list(_UNITS)[1:10]) + r"))?"
+    r"|(?P<unit>" + "|".join(_UNITS) + r"))\b",
+    re.IGNORECASE,
+)
+_NUM_PHRASE_RE = re.compile(
+    r"(?:\banswer|\bresult|\btotal|\bcount|\bnumber)\s*(?:is|was|would\s+be|:|=)\s*$", re.IGNORECASE
+)
+
+
+def _number_candidates(s: str, percent: str) -> list[tuple[float, int, int]]:
+    out = []
+    for m in _NUM_RE.finditer(s):
+        try:
+            value = float(m.group("num").replace(",", ""))
+            if m.group("exp"):
+                value *= 10.0 ** int(m.group("exp"))
+            if m.group("den"):
+                den = float(m.group("den"))
+                if den == 0:
+                    continue
+                value /= den
+        except (ValueError, OverflowError):
+            continue
+        if m.group("sign") == "-":
+            value = -value
+        if m.group("pct") and percent == "fraction":
+            value /= 100.0
+        if math.isfinite(value):
+            out.append((value, m.start(), m.end()))
+    if out:
+        return out
+    for m in _WORD_NUM_RE.finditer(s):
+        if m.group("hundred"):
+            value = 100
+        elif m.group("tens"):
+            value = _TENS[m.group("tens").lower()] + (
+                _UNITS[m.group("unit1").lower()] if m.group("unit1") else 0
+            )
+        else:
+            value = _UNITS[m.group("unit").lower()]
+        out.append((float(value), m.start(), m.end()))
+    return out
+
+
+def parse_number(text: Any, *, percent: str = "value") -> float | None:
+    """The number an answer gives, or ``None`` when there is none or several different ones.
+
+    Reads ints, decimals (``.5``), signs, thousands separators (``1,234.5``), exponents (``1e3``),
+    fractions (``3/4``), percentages and number words up to ninety-nine plus "(one/a) hundred" (words only
+    when no digits occur). ``percent="value"`` (default) reads "45%" as 45 so that it matches a gold "45" or
+    "45%"; ``percent="fraction"`` reads it as 0.45. Several numbers: all equal → that one; else the last one
+    right after "answer is" / "total:" / "count =" ...; else ``None``. Plain ints and floats pass through.
+    """
+    if percent not in ("value", "fraction"):
+        raise ValueError(f"percent must be 'value' or 'fraction', got {percent!r}")
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, (int, float)):
+        return float(text) if math.isfinite(text) else None
+    s = _clean(text)
+    cands = _number_candidates(s, percent)
+    if not cands:
+        return None
+    distinct = []
+    for v, _, _ in cands:
+        if not any(math.isclose(v, d, rel_tol=1e-12, abs_tol=1e-12) for d in distinct):
+            distinct.append(v)
+    if len(distinct) == 1:
+        return distinct[0]
+    after_phrase = [v for v, start, _ in cands if _NUM_PHRASE_RE.search(s[:start])]
+    if after_phrase:
+        return after_phrase[-1]
+    return None
+
+
+def normalize_gold_number(answer: Any, *, percent: str = "value") -> float:
+    value = parse_number(answer, percent=percent)
+    if value is None:
+        raise ValueError(f"gold answer {answer!r} is not a number")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------
+# Temporal spans
+# --------------------------------------------------------------------------------------------------------
+
+_T = r"\d+(?::\d{1,2}){1,2}(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
+_UNIT = r"(?:\s*(?:seconds?|secs?|s)\b)?"
+_SPAN_RE = re.compile(
+    rf"(?<![\w.:])(?P<a>{_T}){_UNIT}\s*(?:,|-|\u2013|\u2014|~|\bto\b|\band\b|\buntil\b|\btill\b|\bthrough\b)\s*"
+    rf"(?P<b>{_T}){_UNIT}(?![\d:]|\.\d)",
+    re.IGNORECASE,
+)
+_JSON_START_RE = re.compile(rf"\bstart(?:_time)?[\"']?\s*[:=]\s*[\"']?(?P<t>{_T})", re.IGNORECASE)
+_JSON_END_RE = re.compile(rf"\bend(?:_time)?[\"']?\s*[:=]\s*[\"']?(?P<t>{_T})", re.IGNORECASE)
+
+
+def _seconds(token: str) -> float:
+    if ":" in token:
+        parts = token.split(":")
+        value = 0.0
+        for p in parts:
+            value = value * 60.0 + float(p)
+        return value
+    return float(token)
+
+
+def parse_span(text: Any) -> tuple[float, float] | None:
+    """A time span in seconds, or ``None``.
+
+    Accepts ``[1.5, 3.0]``, ``(1.5, 3)``, ``1.5-3.0 seconds``, ``from 1.5s to 3s``, ``between 1.5 and 3``,
+    ``00:01:05 - 00:01:10`` (h:m:s or m:s), and JSON ``{"start_time": "1.5", "end_time": "3"}``. The last span
+    in the text wins. A span whose start is after its end is invalid (``None``); a list/tuple of two
+    numbers passes through.
+    """
+    if isinstance(text, (list, tuple)) and len(text) == 2:
+        try:
+            a, b = (float(x) if not isinstance(x, str) else _seconds(x.strip()) for x in text)
+        except (TypeError, ValueError):
+            return None
+        return (a, b) if math.isfinite(a) and math.isfinite(b) and 0 <= a <= b else None
+    if isinstance(text, Mapping):
+        for ks, ke in (("start", "end"), ("start_time", "end_time")):
+            if ks in text and ke in text:
+                return parse_span([text[ks], text[ke]])
+        return None
+    s = _clean(text)
+    starts, ends = list(_JSON_START_RE.finditer(s)), list(_JSON_END_RE.finditer(s))
+    if starts and ends:
+        a, b = _seconds(starts[-1].group("t")), _seconds(ends[-1].group("t"))
+    else:
+        spans = list(_SPAN_RE.finditer(s))
+        if not spans:
+            return None
+        a, b = _seconds(spans[-1].group("a")), _seconds(spans[-1].group("b"))
+    if not (math.isfinite(a) and math.isfinite(b)) or a > b:
+        return None
+    return (a, b)
+
+
+def normalize_gold_span(answer: Any) -> tuple[float, float]:
+    span = parse_span(answer)
+    if span is None:
+        raise ValueError(f"gold answer {answer!r} is not a [start, end] span in seconds")
+    return span

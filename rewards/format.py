@@ -1,0 +1,99 @@
+"""The ``format`` reward: 1.0 when a completion has the configured structure, else 0.0.
+
+Modes (kwarg ``mode``):
+
+* ``"think_answer"`` (default, the R1 format): ``<think>…</think>``, optional whitespace, ``<answer>…</answer>``,
+  and nothing else.
+* ``"answer"``: the whole completion is one ``<answer>…</answer>`` block.
+* ``"think_optional"``: either of the above.
+
+``think_tag`` / ``answer_tag`` rename the tags (``"reasoning"``, ``"final"``, ...). ``strip=True`` (default)
+ignores whitespace around the whole completion (VideoChat-R1 strips, Video-R1 does not; pass
+``strip=False`` for the strict form). ``allow_empty_answer=False`` (default) rejects an answer block with
+nothing but whitespace. A tag may appear once only: a block containing another ``<think>``/``<answer>`` tag
+(opening or closing) fails. ``pattern`` replaces all of this with a custom regular expression that must match
+the whole completion (``re.DOTALL``).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from rewards.registry import normalize_completions, register_reward
+
+__all__ = ["check_format", "format_reward"]
+
+_MODES = ("think_answer", "answer", "think_optional")
+
+
+@lru_cache(maxsize=64)
+def _compiled(mode: str, think_tag: str, answer_tag: str):
+    if mode not in _MODES:
+        raise ValueError(f"format mode must be one of {', '.join(_MODES)}; got {mode!r}")
+    t, a = re.escape(think_tag), re.escape(answer_tag)
+    think = rf"<{t}>(?P<think>.*?)</{t}>\s*"
+    answer = rf"<{a}>(?P<answer>.*?)</{a}>"
+    body = {"think_answer": think + answer, "answer": answer, "think_optional": f"(?:{think})?{answer}"}[mode]
+    any_tag = re.compile(rf"</?(?:{t}|{a})>", re.IGNORECASE)
+    return re.compile(body, re.DOTALL), any_tag
+
+
+@lru_cache(maxsize=64)
+def _custom(pattern: str):
+    return re.compile(pattern, re.DOTALL)
+
+
+def check_format(
+    text: str,
+    *,
+    mode: str = "think_answer",
+    think_tag: str = "think",
+    answer_tag: str = "answer",
+    strip: bool = True,
+    allow_empty_answer: bool = False,
+    pattern: str | None = None,
+) -> bool:
+    """Whether ``text`` has the structure described in the module docstring."""
+    s = text.strip() if strip else text
+    if pattern is not None:
+        return _custom(pattern).fullmatch(s) is not None
+    block, any_tag = _compiled(mode, think_tag, answer_tag)
+    m = block.fullmatch(s)
+    if m is None:
+        return False
+    for part in ("think", "answer"):
+        content = m.groupdict().get(part)
+        if content is not None and any_tag.search(content):
+            return False
+    return allow_empty_answer or bool(m.group("answer").strip())
+
+
+@register_reward("format")
+def format_reward(
+    completions: list[Any],
+    *,
+    mode: str = "think_answer",
+    think_tag: str = "think",
+    answer_tag: str = "answer",
+    strip: bool = True,
+    allow_empty_answer: bool = False,
+    pattern: str | None = None,
+    **columns: Any,
+) -> list[float]:
+    """1.0 per completion with the configured structure, else 0.0 (see the module docstring)."""
+    return [
+        float(
+            check_format(
+                text,
+                mode=mode,
+                think_tag=think_tag,
+                answer_tag=answer_tag,
+                strip=strip,
+                allow_empty_answer=allow_empty_answer,
+                pattern=pattern,
+            )
+        )
+        for text in normalize_completions(completions)
+    ]

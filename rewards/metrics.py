@@ -1,0 +1,73 @@
+"""Small text and time metrics used by the rewards (pure functions, no dependencies)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rewards.answers import text_tokens
+
+__all__ = ["lcs_length", "rouge_l", "temporal_iou", "token_f1"]
+
+
+def _tokens(x: Any) -> list[str]:
+    if isinstance(x, (list, tuple)):
+        return [str(t) for t in x]
+    return text_tokens(x)
+
+
+def token_f1(prediction: Any, reference: Any) -> float:
+    """SQuAD-style token F1 over normalised tokens (:func:`rewards.answers.text_tokens`; lists of tokens
+    are used as given). Multiset overlap; both empty → 1.0; exactly one empty → 0.0."""
+    p, r = _tokens(prediction), _tokens(reference)
+    if not p or not r:
+        return float(p == r)
+    common = sum((Counter(p) & Counter(r)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(r)
+    return 2 * precision * recall / (precision + recall)
+
+
+def lcs_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the longest common subsequence (O(len(a)·len(b)) time, O(len(b)) memory)."""
+    if not a or not b:
+        return 0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def rouge_l(prediction: Any, reference: Any, *, beta: float = 1.0) -> float:
+    """ROUGE-L F-measure over normalised tokens: P = LCS/|pred|, R = LCS/|ref|,
+    F = (1+β²)·P·R / (R + β²·P). ``beta=1`` (default) is the harmonic mean. Both empty → 1.0."""
+    p, r = _tokens(prediction), _tokens(reference)
+    if not p or not r:
+        return float(p == r)
+    lcs = lcs_length(p, r)
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(p), lcs / len(r)
+    b2 = beta * beta
+    return (1 + b2) * precision * recall / (recall + b2 * precision)
+
+
+def temporal_iou(pred: Sequence[float], gold: Sequence[float]) -> float:
+    """Temporal IoU of two ``(start, end)`` spans: overlap / (max end − min start), floored at 0.
+
+    Degenerate union (both spans the same single point) → 1.0 when identical, else 0.0.
+    """
+    s1, e1 = float(pred[0]), float(pred[1])
+    s2, e2 = float(gold[0]), float(gold[1])
+    if s1 > e1 or s2 > e2:
+        raise ValueError(f"invalid span(s) {pred!r}, {gold!r}: start after end")
+    inter = max(0.0, min(e1, e2) - max(s1, s2))
+    union = max(e1, e2) - min(s1, s2)
+    if union <= 0:
+        return 1.0 if (s1, e1) == (s2, e2) else 0.0
+    return inter / union

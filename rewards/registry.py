@@ -1,0 +1,531 @@
+"""The reward registry and the weighted combination of rewards.
+
+A reward function has TRL's signature::
+
+    fn(completions, **columns) -> list[float | None]
+
+``completions`` is a list of strings or TRL's conversational form (one list of message dicts per completion);
+:func:`completion_to_text` turns either into a string. ``columns`` are per-completion lists (``id``,
+``problem_type``, ``options``, ``answer``, ``meta`` and any extra dataset column) and may hold other keyword
+arguments that TRL passes (``prompts``, ``completion_ids``, ``trainer_state``); a reward must accept unknown
+keyword arguments. ``None`` for a sample means "not applicable" (TRL's convention).
+
+Users register their TRL reward functions unchanged::
+
+    @register_reward("my_len")
+    def my_len(completions, **kwargs):
+        return [min(len(c) / 100, 1.0) for c in completions]
+
+and combine rewards from a config list of ``{name, weight, kwargs}``::
+
+    total, components = compute_rewards([{"name": "format", "weight": 0.5}, "accuracy"], completions, columns)
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmrl.errors import ConfigError, MmrlError
+
+__all__ = [
+    "CombinedReward",
+    "RewardBreakdown",
+    "RewardError",
+    "RewardSpec",
+    "available_rewards",
+    "completion_to_text",
+    "compute_rewards",
+    "get_reward",
+    "normalize_completions",
+    "register_reward",
+    "unregister_reward",
+]
+
+RewardFn = Callable[..., Sequence[Any]]
+
+
+class RewardError(MmrlError):
+    """A reward function failed or returned something unusable.
+
+    The message names the reward and, where it can be found, the sample id and index. The original
+    exception, if any, is kept as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, reward: str, index: int | None = None, sample_id: Any = None):
+        super().__init__(message)
+        self.reward = reward
+        self.index = index
+        self.sample_id = sample_id
+
+
+# --------------------------------------------------------------------------------------------------------
+# Completions
+# --------------------------------------------------------------------------------------------------------
+
+
+def _content_to_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Mapping):
+        # a single content part
+        if content.get("type", "text") == "text":
+            return str(content.get("text", ""))
+        return ""
+    if isinstance(content, Iterable):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping):
+                if part.get("type", "text") == "text" and part.get("text") is not None:
+                    parts.append(str(part["text"]))
+            else:
+                raise TypeError(f"unsupported message content part {type(part).__name__}: {part!r}")
+        return "".join(parts)
+    raise TypeError(f"unsupported message content {type(content).__name__}: {content!r}")
+
+
+def completion_to_text(completion: Any) -> str:
+    """One completion as a string.
+
+    Accepts a string, one message dict (``{"role": "assistant", "content": ...}``) or a list of message dicts
+    (TRL's conversational form). ``content`` may be a string or a list of parts ``{"type": "text", "text": ...}``;
+    non-text parts (images) are skipped. When a list holds assistant messages, only those are kept (a
+    multi-turn rollout may carry environment/user turns), joined by newlines; messages without a role count
+    as assistant messages.
+    """
+    if isinstance(completion, str):
+        return completion
+    if completion is None:
+        return ""
+    if isinstance(completion, Mapping):
+        return _content_to_text(completion.get("content"))
+    if isinstance(completion, Sequence):
+        messages = list(completion)
+        if not messages:
+            return ""
+        if all(isinstance(m, str) for m in messages):
+            return "".join(messages)
+        for m in messages:
+            if not isinstance(m, Mapping):
+                raise TypeError(f"a conversational completion must be a list of message dicts, got {m!r}")
+        mine = [m for m in messages if m.get("role", "assistant") == "assistant"]
+        if not mine:
+            mine = messages
+        return "\n".join(_content_to_text(m.get("content")) for m in mine)
+    raise TypeError(f"unsupported completion type {type(completion).__name__}: {completion!r}")
+
+
+def normalize_completions(completions: Iterable[Any]) -> list[str]:
+    """Strings for a batch of completions in either of TRL's forms (see :func:`completion_to_text`)."""
+    if isinstance(completions, str):
+        raise TypeError("completions must be a list of completions, not a single string")
+    return [completion_to_text(c) for c in completions]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    fn: RewardFn
+    locate_errors: bool
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def _nearest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    cands = list(candidates)
+    near = difflib.get_close_matches(name, cands, n=n, cutoff=0.5)
+    if not near:
+        lowered = {c.lower(): c for c in cands}
+        near = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)]
+    return near
+
+
+def _suggest(name: str, candidates: Iterable[str]) -> str:
+    near = _nearest(name, candidates)
+    if near:
+        return "did you mean " + " or ".join(repr(x) for x in near) + "?"
+    return "available: " + ", ".join(sorted(candidates))
+
+
+def register_reward(
+    name: str,
+    fn: RewardFn | None = None,
+    *,
+    overwrite: bool = False,
+    locate_errors: bool = True,
+):
+    """Register a reward function under ``name``; use as ``@register_reward("name")`` or call directly.
+
+    ``fn`` keeps its TRL signature ``fn(completions, **columns)``; it is returned unchanged. Registering a
+    different function under a taken name raises :class:`ConfigError` unless ``overwrite=True`` (a function
+    with the same module and qualified name, e.g. a re-run notebook cell, replaces the old one silently).
+
+    ``locate_errors``: when the function raises on a batch and does not say which sample failed, the
+    combiner re-runs it one sample at a time to find the failing sample id. Set it to ``False`` for
+    rewards that must see the whole group (group statistics) or that are expensive (policy re-queries).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"a reward name must be a non-empty string, got {name!r}")
+
+    def decorate(f: RewardFn) -> RewardFn:
+        if not callable(f):
+            raise ConfigError(f"reward {name!r}: {f!r} is not callable")
+        old = _REGISTRY.get(name)
+        if old is not None and old.fn is not f and not overwrite:
+            same = (getattr(old.fn, "__module__", None), getattr(old.fn, "__qualname__", None)) == (
+                getattr(f, "__module__", None),
+                getattr(f, "__qualname__", None),
+            )
+            if not same:
+                raise ConfigError(
+                    f"reward {name!r} is already registered ({_describe(old.fn)}); "
+                    "pass overwrite=True to replace it or pick another name"
+                )
+        _REGISTRY[name] = _Entry(name, f, locate_errors)
+        return f
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate
+
+
+def _describe(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def unregister_reward(name: str) -> None:
+    """Remove a registered reward (mainly for tests); unknown names raise :class:`ConfigError`."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown reward {name!r}; {_suggest(name, _REGISTRY)}")
+    del _REGISTRY[name]
+
+
+def get_reward(name: str) -> RewardFn:
+    """The function registered under ``name``; an unknown name raises :class:`ConfigError` with suggestions."""
+    entry = _REGISTRY.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ConfigError(f"unknown reward {name!r}; {_suggest(str(name), _REGISTRY)}")
+    return entry.fn
+
+
+def available_rewards() -> list[str]:
+    """Sorted names of all registered rewards."""
+    return sorted(_REGISTRY)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Combination
+# --------------------------------------------------------------------------------------------------------
+
+_SPEC_KEYS = ("name", "weight", "kwargs", "label")
+
+
+@dataclass
+class RewardSpec:
+    """One entry of a reward config.
+
+    ``name``: a registered reward name (or a callable, registered or not). ``weight``: its factor in the
+    total. ``kwargs``: fixed keyword arguments passed to the function with the columns (a key that is also a
+    column name is a :class:`ConfigError`). ``label``: the component name in logs; defaults to ``name``, and
+    must be unique within a combination (use it to apply one reward twice with different kwargs).
+    """
+
+    name: str | RewardFn
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    label: str | None = None
+
+    @classmethod
+    def parse(cls, item: Any, where: str = "rewards") -> RewardSpec:
+        if isinstance(item, RewardSpec):
+            spec = RewardSpec(item.name, item.weight, dict(item.kwargs), item.label)
+        elif isinstance(item, str) or callable(item):
+            spec = RewardSpec(item)
+        elif isinstance(item, Mapping):
+            unknown = [k for k in item if k not in _SPEC_KEYS]
+            if unknown:
+                k = unknown[0]
+                raise ConfigError(
+                    f"{where}: unknown key {k!r} in reward entry; {_suggest(str(k), _SPEC_KEYS)}"
+                )
+            if "name" not in item:
+                raise ConfigError(f"{where}: a reward entry needs a 'name' (got keys {sorted(item)})")
+            spec = RewardSpec(
+                item["name"],
+                item.get("weight", 1.0),
+                dict(item.get("kwargs") or {}),
+                item.get("label"),
+            )
+        else:
+            raise ConfigError(f"{where}: a reward entry must be a name or a mapping, got {item!r}")
+        w = spec.weight
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(float(w)):
+            raise ConfigError(
+                f"{where}: weight of reward {spec.display_name!r} must be a finite number, got {w!r}"
+            )
+        spec.weight = float(w)
+        if not isinstance(spec.kwargs, dict) or not all(isinstance(k, str) for k in spec.kwargs):
+            raise ConfigError(f"{where}: kwargs of reward {spec.display_name!r} must be a mapping of names")
+        if spec.label is not None and not isinstance(spec.label, str):
+            raise ConfigError(f"{where}: label of reward {spec.display_name!r} must be a string")
+        return spec
+
+    @property
+    def display_name(self) -> str:
+        if self.label:
+            return self.label
+        if isinstance(self.name, str):
+            return self.name
+        return getattr(self.name, "__name__", repr(self.name))
+
+
+@dataclass
+class RewardBreakdown:
+    """The result of one combination.
+
+    ``total[i]`` is ``sum_k weight_k * component_k[i]``. ``components[label][i]`` is the raw (unweighted)
+    value, with ``0.0`` where the reward returned ``None``; ``applicable[label][i]`` is ``False`` there.
+    """
+
+    total: list[float]
+    components: dict[str, list[float]]
+    applicable: dict[str, list[bool]]
+    weights: dict[str, float]
+
+    def as_tuple(self) -> tuple[list[float], dict[str, list[float]]]:
+        return self.total, self.components
+
+    def means(self) -> dict[str, float]:
+        """Per-component mean over applicable samples (NaN when none is), plus ``total``; for logging."""
+        out: dict[str, float] = {}
+        for k, vals in self.components.items():
+            xs = [v for v, ok in zip(vals, self.applicable[k]) if ok]
+            out[k] = sum(xs) / len(xs) if xs else float("nan")
+        out["total"] = sum(self.total) / len(self.total) if self.total else float("nan")
+        return out
+
+
+def _sample_id(columns: Mapping[str, Any], i: int) -> Any:
+    ids = columns.get("id")
+    if isinstance(ids, Sequence) and not isinstance(ids, str) and i < len(ids):
+        return ids[i]
+    return None
+
+
+def _where(columns: Mapping[str, Any], i: int | None) -> str:
+    if i is None:
+        return "the batch"
+    sid = _sample_id(columns, i)
+    if sid is None:
+        return f"sample at index {i}"
+    return f"sample id {sid!r} (index {i})"
+
+
+def _is_column(value: Any, n: int) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == n
+
+
+def _slice_columns(columns: Mapping[str, Any], i: int, n: int) -> dict[str, Any]:
+    return {k: ([v[i]] if _is_column(v, n) else v) for k, v in columns.items()}
+
+
+def _to_list(result: Any) -> list[Any] | None:
+    if isinstance(result, (list, tuple)):
+        return list(result)
+    tolist = getattr(result, "tolist", None)  # numpy arrays, torch tensors
+    if callable(tolist):
+        out = tolist()
+        return out if isinstance(out, list) else None
+    return None
+
+
+def _coerce(value: Any) -> float | None:
+    """A reward value as a float, ``None`` for "not applicable"; raises ``TypeError`` for non-numbers."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # 0-d numpy / torch
+    if callable(item):
+        return _coerce(item())
+    raise TypeError(f"{value!r} ({type(value).__name__}) is not a number")
+
+
+class CombinedReward:
+    """A weighted sum of registered rewards.
+
+    ``specs`` is a list of reward entries: a name, a mapping ``{name, weight=1, kwargs={}, label=None}`` or a
+    :class:`RewardSpec`. Names are resolved at construction, so a typo fails before training starts.
+
+    Calling the object with TRL's signature returns the totals, so a combination is itself a reward function;
+    :meth:`compute` returns the full :class:`RewardBreakdown`.
+    """
+
+    __name__ = "combined"
+
+    def __init__(self, specs: Iterable[Any], *, where: str = "rewards"):
+        if isinstance(specs, (str, Mapping)) or callable(specs):
+            specs = [specs]
+        self.specs: list[RewardSpec] = [RewardSpec.parse(s, f"{where}[{i}]") for i, s in enumerate(specs)]
+        if not self.specs:
+            raise ConfigError(f"{where}: no reward functions configured")
+        self._fns: list[RewardFn] = []
+        self._locate: list[bool] = []
+        seen: set[str] = set()
+        for i, spec in enumerate(self.specs):
+            if isinstance(spec.name, str):
+                entry = _REGISTRY.get(spec.name)
+                if entry is None:
+                    raise ConfigError(
+                        f"{where}[{i}]: unknown reward {spec.name!r}; {_suggest(spec.name, _REGISTRY)}"
+                    )
+                self._fns.append(entry.fn)
+                self._locate.append(entry.locate_errors)
+            else:
+                self._fns.append(spec.name)
+                self._locate.append(True)
+            label = spec.display_name
+            if label in seen:
+                raise ConfigError(
+                    f"{where}[{i}]: reward {label!r} appears twice; give the entries distinct 'label's"
+                )
+            seen.add(label)
+
+    @property
+    def labels(self) -> list[str]:
+        return [s.display_name for s in self.specs]
+
+    def __call__(self, completions: Sequence[Any], **columns: Any) -> list[float]:
+        return self.compute(completions, columns).total
+
+    def compute(
+        self, completions: Sequence[Any], columns: Mapping[str, Any] | None = None
+    ) -> RewardBreakdown:
+        columns = dict(columns or {})
+        if isinstance(completions, str):
+            raise TypeError("completions must be a list of completions, not a single string")
+        completions = list(completions)
+        n = len(completions)
+        for key, value in columns.items():
+            if isinstance(value, (list, tuple)) and len(value) != n:
+                raise ConfigError(f"reward column {key!r} has {len(value)} values for {n} completions")
+        total = [0.0] * n
+        components: dict[str, list[float]] = {}
+        applicable: dict[str, list[bool]] = {}
+        weights: dict[str, float] = {}
+        for spec, fn, locate in zip(self.specs, self._fns, self._locate):
+            label = spec.display_name
+            values = self._run_one(spec, fn, locate, completions, columns)
+            comp = [0.0 if v is None else v for v in values]
+            components[label] = comp
+            applicable[label] = [v is not None for v in values]
+            weights[label] = spec.weight
+            if spec.weight != 0.0:
+                for i, v in enumerate(comp):
+                    total[i] += spec.weight * v
+        return RewardBreakdown(total, components, applicable, weights)
+
+    def _run_one(
+        self,
+        spec: RewardSpec,
+        fn: RewardFn,
+        locate: bool,
+        completions: list[Any],
+        columns: dict[str, Any],
+    ) -> list[float | None]:
+        label = spec.display_name
+        clash = sorted(set(spec.kwargs) & (set(columns) | {"completions"}))
+        if clash:
+            raise ConfigError(
+                f"reward {label!r}: kwargs {clash} clash with dataset columns of the same name; rename them"
+            )
+        n = len(completions)
+        try:
+            result = fn(completions, **columns, **spec.kwargs)
+        except RewardError:
+            raise
+        except Exception as exc:
+            index = getattr(exc, "mmrl_sample_index", None)
+            if index is None and locate and n > 1:
+                index = self._locate_failure(fn, spec, completions, columns)
+            raise RewardError(
+                f"reward {label!r} failed on {_where(columns, index)}: {type(exc).__name__}: {exc}",
+                reward=label,
+                index=index,
+                sample_id=None if index is None else _sample_id(columns, index),
+            ) from exc
+        values = _to_list(result)
+        if values is None:
+            raise RewardError(
+                f"reward {label!r} returned {type(result).__name__}, expected a list of {n} floats",
+                reward=label,
+            )
+        if len(values) != n:
+            raise RewardError(
+                f"reward {label!r} returned {len(values)} values for {n} completions",
+                reward=label,
+            )
+        out: list[float | None] = []
+        for i, v in enumerate(values):
+            try:
+                f = _coerce(v)
+            except TypeError as exc:
+                raise RewardError(
+                    f"reward {label!r} returned a non-number for {_where(columns, i)}: {exc}",
+                    reward=label,
+                    index=i,
+                    sample_id=_sample_id(columns, i),
+                ) from exc
+            if f is not None and not math.isfinite(f):
+                raise RewardError(
+                    f"reward {label!r} returned a non-finite value {f!r} for {_where(columns, i)}",
+                    reward=label,
+                    index=i,
+                    sample_id=_sample_id(columns, i),
+                )
+            out.append(f)
+        return out
+
+    @staticmethod
+    def _locate_failure(fn: RewardFn, spec: RewardSpec, completions: list[Any], columns: dict[str, Any]):
+        n = len(completions)
+        for i in range(n):
+            try:
+                fn([completions[i]], **_slice_columns(columns, i, n), **spec.kwargs)
+            except Exception:  # noqa: BLE001 - we only want to know which sample fails
+                return i
+        return None
+
+
+def compute_rewards(
+    specs: Iterable[Any],
+    completions: Sequence[Any],
+    columns: Mapping[str, Any] | None = None,
+) -> tuple[list[float], dict[str, list[float]]]:
+    """``(total, components)`` for a reward config; see :class:`CombinedReward` for the semantics."""
+    return CombinedReward(specs).compute(completions, columns).as_tuple()
+
+
+def per_sample_error(index: int, exc: BaseException) -> BaseException:
+    """Tag ``exc`` with the index of the sample that caused it, for the combiner's error message."""
+    try:
+        exc.mmrl_sample_index = index  # type: ignore[attr-defined]
+    except AttributeError:  # pragma: no cover - exceptions without __dict__
+        pass
+    return exc
