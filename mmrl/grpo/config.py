@@ -184,6 +184,9 @@ def compute_policy_loss(
     shaped = shaper(ShapingInput(advantages=adv, mask=mask, logp=logp, old_logp=old, entropies=entropies, cfg=cfg))
     pg_mask = mask if shaped.mask is None else shaped.mask.to(logp.dtype)
     out = get_policy_loss(cfg.policy_loss)(logp, old, shaped.advantages, pg_mask, cfg)
+    if out.loss.shape != logp.shape:
+        raise ValueError(f"policy loss {cfg.policy_loss!r} returned shape {tuple(out.loss.shape)}, "
+                         f"expected per-token {tuple(logp.shape)}")
     pg_tok = out.loss if shaped.weights is None else out.loss * shaped.weights.to(logp.dtype)
     pg_loss = agg(pg_tok, pg_mask)
     loss = pg_loss

@@ -23,7 +23,9 @@ With ``seq-mean-token-mean`` aggregation and a per-sequence A the gradient equal
 objective ``-mean_i A_i * s_i``; other aggregations are allowed (per-token advantages flow, as in GSPO-token).
 
 Register a new loss with :func:`register_policy_loss`; it receives the same tensors plus the
-:class:`~mmrl.grpo.config.GRPOConfig` (put custom knobs in ``cfg.extra``).
+:class:`~mmrl.grpo.config.GRPOConfig` (put custom knobs in ``cfg.extra``). Called from
+:func:`~mmrl.grpo.config.compute_policy_loss`, ``advantages`` are always per-token ``(B, T)`` (after shaping)
+and the returned ``loss`` must be ``(B, T)``.
 """
 
 from __future__ import annotations
