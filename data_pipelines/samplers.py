@@ -1,0 +1,85 @@
+"""Prompt samplers: which samples the next training step draws.
+
+A sampler draws indices into the training set and may learn from the step's rollouts through
+:meth:`Sampler.update` (pass rates, reward spread), which is how variance-aware sampling plugs in. Its
+whole state (position, RNG, statistics) round-trips through ``state_dict`` so a resumed run draws exactly
+the same prompts. Register new samplers with :func:`register_sampler`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from mmrl.errors import ConfigError
+
+_SAMPLERS: dict[str, Callable[..., Sampler]] = {}
+
+
+def register_sampler(name: str) -> Callable:
+    def deco(cls: Callable[..., Sampler]) -> Callable[..., Sampler]:
+        _SAMPLERS[name] = cls
+        return cls
+    return deco
+
+
+def make_sampler(name: str, samples: Sequence[Any], *, seed: int = 0, **kwargs: Any) -> Sampler:
+    if name not in _SAMPLERS:
+        raise ConfigError(f"data.sampler: unknown sampler '{name}'; available: {', '.join(sorted(_SAMPLERS))}")
+    if not samples:
+        raise ConfigError("data.train: the training set is empty")
+    return _SAMPLERS[name](samples, seed=seed, **kwargs)
+
+
+class Sampler:
+    def __init__(self, samples: Sequence[Any], *, seed: int = 0):
+        self.samples = samples
+        self.seed = seed
+
+    def draw(self, n: int) -> list[int]:
+        raise NotImplementedError
+
+    def update(self, indices: Sequence[int], rewards: Sequence[Sequence[float]], **info: Any) -> None:
+        """Rollout feedback: ``rewards[i]`` are the group's rewards for prompt ``indices[i]``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@register_sampler("uniform")
+class UniformSampler(Sampler):
+    """Shuffled passes over the data (a new permutation per epoch), without replacement within an epoch."""
+
+    def __init__(self, samples: Sequence[Any], *, seed: int = 0):
+        super().__init__(samples, seed=seed)
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        rng = np.random.default_rng([self.seed, epoch])
+        return rng.permutation(len(self.samples)).tolist()
+
+    def draw(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._permutation(self.epoch)

@@ -1,0 +1,79 @@
+"""Checkpoints: the model in Hugging Face format (safetensors) plus the trainer state for an exact resume.
+
+A checkpoint folder ``checkpoint-<step>/`` holds ``model.safetensors``, ``config.json``, the processor
+files, and ``trainer_state.pt`` (optimizer, scheduler, the RNG states of Python, NumPy and torch, the
+sampler position, plugin states, the step). It is written to a temporary folder and renamed, so a run
+killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor: Any,
+                    state: dict[str, Any], keep: int = 2) -> Path:
+    final = run_dir / f"checkpoint-{step}"
+    tmp = run_dir / f".tmp-checkpoint-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    processor.save_pretrained(tmp)
+    torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    (run_dir / "latest").write_text(final.name + "\n")
+    if keep > 0:
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    found = [p for p in run_dir.glob("checkpoint-*") if (p / "trainer_state.pt").is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+
+
+def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Load a checkpoint's weights into an existing model, exactly (no dtype round trip)."""
+    from safetensors.torch import load_file
+
+    files = sorted(checkpoint.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {k for k in missing if "lm_head" in k or "embed_tokens" in k}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"{checkpoint}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
+                           f"unexpected {sorted(unexpected)[:5]})")

@@ -1,0 +1,95 @@
+"""Held-out evaluation: greedy answers on a split, scored with the same answer matching as the rewards.
+
+Accuracy is reported overall, per problem type, and per task (``meta.task``). ``min_options`` restricts the
+headline ``accuracy`` to multiple-choice questions with at least that many options (the rest still count
+in the breakdowns).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from mmrl.config import PromptConfig
+from mmrl.errors import MediaError
+from mmrl.media import MediaPreparer
+from mmrl.policy import Policy, TokenSeq
+from mmrl.prompts import build_messages
+from mmrl.rollout import HFBackend, SamplingParams
+
+
+def encode_prompt(policy: Policy, preparer: MediaPreparer, sample: Any, prompt: PromptConfig,
+                  options: list[str] | None = None) -> tuple[TokenSeq, list[Any]]:
+    """A sample's prompt tokens and its decoded media (the one place prompts are built)."""
+    media = preparer.prepare(sample)
+    messages = build_messages(sample, prompt, [m.kind for m in media], options=options)
+    return policy.encode(policy.render(messages), media), media
+
+
+def evaluate(
+    policy: Policy, samples: Sequence[Any], *, prompt: PromptConfig, preparer: MediaPreparer,
+    max_new_tokens: int = 64, batch_size: int = 16, min_options: int = 0, desc: str = "eval",
+    skip_bad: bool = True, show_progress: bool = True,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Greedy evaluation; returns ``(metrics, predictions)``."""
+    from rewards import get_reward
+
+    accuracy = get_reward("accuracy")
+    backend = HFBackend(policy, max_batch=batch_size)
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    predictions: list[dict[str, Any]] = []
+    skipped = 0
+    bar = tqdm(total=len(samples), desc=desc, unit="q", disable=not show_progress, leave=False)
+    for start in range(0, len(samples), batch_size):
+        chunk = list(samples[start:start + batch_size])
+        seqs, kept = [], []
+        for s in chunk:
+            try:
+                seqs.append(encode_prompt(policy, preparer, s, prompt)[0])
+                kept.append(s)
+            except MediaError:
+                if not skip_bad:
+                    raise
+                skipped += 1
+        if seqs:
+            gens = backend.generate(seqs, n=1, params=params)
+            texts = [g[0].text for g in gens]
+            scores = accuracy(texts, **_columns(kept))
+            for s, text, score in zip(kept, texts, scores):
+                predictions.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
+                                    "n_options": len(s.options or []), "answer": s.answer,
+                                    "completion": text, "score": float(score or 0.0)})
+        bar.update(len(chunk))
+    bar.close()
+    return summarize(predictions, min_options=min_options, skipped=skipped), predictions
+
+
+def _columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
+    return {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
+            "options": [s.options for s in samples], "answer": [s.answer for s in samples],
+            "question": [s.question for s in samples], "meta": [s.meta for s in samples]}
+
+
+def summarize(predictions: list[dict[str, Any]], *, min_options: int = 0, skipped: int = 0) -> dict[str, Any]:
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    headline = [p["score"] for p in predictions
+                if min_options <= 0 or (p["problem_type"] == "multiple_choice" and p["n_options"] >= min_options)]
+    by_type: dict[str, list[float]] = defaultdict(list)
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for p in predictions:
+        by_type[p["problem_type"]].append(p["score"])
+        by_task[str(p["task"])].append(p["score"])
+    return {
+        "accuracy": mean(headline),
+        "n": len(headline),
+        "n_total": len(predictions),
+        "skipped": skipped,
+        "min_options": min_options,
+        "by_problem_type": {k: mean(v) for k, v in sorted(by_type.items())},
+        "by_task": {k: mean(v) for k, v in sorted(by_task.items())},
+    }

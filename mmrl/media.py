@@ -1,0 +1,85 @@
+"""Turn a sample's media items into decoded, budget-fitted inputs for the policy.
+
+One place decides what the model sees: videos go through :func:`video.sample_video` (the ``qwen`` policy
+by default, which calls qwen-vl-utils so training, rollouts and evaluation see the same frames) and
+images through :func:`vision.open_image` and :func:`vision.fit_pixels`. Per-item ``sampling`` hints in the
+record override the run's settings. Decoded items are kept in a small LRU cache keyed by file and
+settings, so a prompt drawn again does not decode its video again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from mmrl.config import MediaConfig
+from mmrl.errors import MediaError
+from mmrl.policy import MediaInput
+
+
+def patch_size_for(family: str) -> int:
+    """Vision patch size of a Qwen-VL family (the pixel budget's rounding factor is twice this)."""
+    return 16 if family.startswith("qwen3") else 14
+
+
+class MediaPreparer:
+    def __init__(self, cfg: MediaConfig, *, family: str = "qwen2_5_vl", cache_items: int = 512):
+        self.cfg = cfg
+        self.patch = patch_size_for(family)
+        self.cache: OrderedDict[str, MediaInput] = OrderedDict()
+        self.cache_items = cache_items
+
+    def video_options(self, sampling: dict[str, Any]) -> dict[str, Any]:
+        c = self.cfg
+        opts: dict[str, Any] = {"min_pixels": c.video_min_pixels, "max_pixels": c.video_max_pixels,
+                                "image_patch_size": self.patch}
+        if c.video_policy == "qwen":
+            opts.update(min_frames=c.min_frames, max_frames=c.max_frames)
+            opts.update({"nframes": c.nframes} if c.nframes else {"fps": c.fps})
+        else:
+            opts["nframes"] = c.nframes or c.max_frames
+        for key, value in sampling.items():
+            if key in ("fps", "nframes") and c.video_policy == "qwen":
+                opts.pop("fps", None)
+                opts.pop("nframes", None)
+            opts[key] = value
+        return opts
+
+    def prepare(self, sample: Any) -> list[MediaInput]:
+        """Decode every media item of ``sample``; :class:`MediaError` names the file on failure."""
+        return [self._item(item) for item in sample.media]
+
+    def _item(self, item: Any) -> MediaInput:
+        sampling = dict(item.sampling or {})
+        if item.type == "video":
+            opts = self.video_options(sampling)
+            key = f"video:{item.path}|{self.cfg.video_policy}|{json.dumps(opts, sort_keys=True)}"
+        else:
+            opts = {"min_pixels": sampling.get("min_pixels", self.cfg.image_min_pixels),
+                    "max_pixels": sampling.get("max_pixels", self.cfg.image_max_pixels)}
+            key = f"image:{item.path}|{json.dumps(opts, sort_keys=True)}"
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        if item.type == "video":
+            from video import sample_video
+
+            start, end = opts.pop("start", None), opts.pop("end", None)
+            try:
+                data = sample_video(item.path, self.cfg.video_policy, start=start, end=end, **opts)
+            except ValueError as exc:
+                raise MediaError(item.path, str(exc)) from exc
+            media = MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps))
+        elif item.type == "image":
+            from vision import fit_pixels, open_image
+
+            image = fit_pixels(open_image(item.path), opts["min_pixels"], opts["max_pixels"],
+                               factor=2 * self.patch)
+            media = MediaInput(key=key, kind="image", data=image)
+        else:
+            raise MediaError(item.path, f"unknown media type '{item.type}' (expected image or video)")
+        self.cache[key] = media
+        if len(self.cache) > self.cache_items:
+            self.cache.popitem(last=False)
+        return media

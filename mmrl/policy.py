@@ -1,0 +1,405 @@
+"""The policy: a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with its processor.
+
+It renders chats, turns prompts into token sequences, generates, and computes per-token log-probabilities
+and entropies. Two things matter for speed and correctness:
+
+* **Vision features once.** Every media item has a key. In one forward pass (or one ``generate`` call)
+  the vision tower runs once per unique key and the features are shared by every sequence that shows the
+  item (the G rollouts of a prompt, a re-asked prompt, later turns). Gradients still flow into the tower
+  when it is trainable, since the shared tensor is part of the graph.
+* **M-RoPE computed, not guessed.** Position ids come from the model's own ``get_rope_index`` with the
+  image/video grids, the token-type ids and (Qwen2.5-VL) the video seconds-per-grid, on the padded batch;
+  they equal the positions the model computes for each sequence alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mmrl.errors import MmrlError
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TEXT, IMAGE, VIDEO = 0, 1, 2
+
+
+@dataclass
+class MediaInput:
+    """One decoded media item, ready for the processor. ``key`` identifies it for feature sharing."""
+
+    key: str
+    kind: str  # "image" | "video"
+    data: Any  # PIL image, or a video.sampling.SampledVideo
+    timestamps: list[float] | None = None
+
+
+@dataclass
+class EncodedMedia:
+    key: str
+    kind: str
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor  # (3,)
+    second_per_grid: float | None = None
+
+    @property
+    def num_patches(self) -> int:
+        return int(self.grid_thw.prod())
+
+
+@dataclass
+class TokenSeq:
+    """A token sequence with its media: a prompt, or a prompt plus completion turns.
+
+    ``loss_mask`` marks tokens the policy produced (trained on); prompt and environment tokens are 0.
+    ``media`` lists media keys in the order their placeholders appear.
+    """
+
+    ids: list[int]
+    mm_types: list[int]
+    media: list[str] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.loss_mask:
+            self.loss_mask = [0] * len(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, ids: Sequence[int], *, trained: bool, mm_types: Sequence[int] | None = None,
+               media: Iterable[str] = ()) -> TokenSeq:
+        return TokenSeq(
+            ids=self.ids + list(ids),
+            mm_types=self.mm_types + (list(mm_types) if mm_types is not None else [TEXT] * len(ids)),
+            media=self.media + list(media),
+            loss_mask=self.loss_mask + [1 if trained else 0] * len(ids),
+        )
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: its tokens, text, the log-probabilities under the sampling distribution."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finished: bool  # ended on EOS or a stop string (not cut by max_new_tokens)
+
+
+def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: str = "sdpa") -> Policy:
+    """Load any Qwen-VL folder in Hugging Face format; errors name the folder and what is missing."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    path = Path(path)
+    if not path.is_dir():
+        raise MmrlError(f"model folder not found: {path}")
+    if not (path / "config.json").is_file():
+        raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
+    has_processor = any((path / name).is_file() for name in (
+        "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"))
+    if not has_processor:
+        raise MmrlError(
+            f"{path}: no processor (preprocessor_config.json or processor_config.json); "
+            "save the processor beside the model with processor.save_pretrained(folder)")
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in FAMILIES:
+        raise MmrlError(f"{path}: model type '{config.model_type}' is not supported; "
+                        f"mmrl trains {', '.join(FAMILIES)}")
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    return Policy(model, processor)
+
+
+class Policy:
+    def __init__(self, model: torch.nn.Module, processor: Any):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.family: str = model.config.model_type
+        self.base = model.model  # the Qwen-VL base model: .visual, .language_model, get_rope_index
+        self.media: dict[str, EncodedMedia] = {}
+        self.vision_calls = 0  # vision-tower forward calls, for tests and benchmarks
+        self.share_vision_features = True
+        self.base.visual.register_forward_hook(self._count_vision_call)
+        params = inspect.signature(self.base.get_rope_index).parameters
+        self._rope_takes_seconds = "second_per_grid_ts" in params
+        tok = self.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id)
+                               if isinstance(i, int) and i >= 0})
+        # The policy must never emit vision placeholders (a known cause of feature/token mismatches).
+        self.suppress_ids = sorted({tok.convert_tokens_to_ids(t) for t in (
+            "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+            if tok.convert_tokens_to_ids(t) is not None})
+
+    def _count_vision_call(self, *_: Any) -> None:
+        self.vision_calls += 1
+
+    # ----------------------------------------------------------------------------------------- freezing
+    def set_trainable(self, *, vision: bool = True, merger: bool = True, llm: bool = True) -> None:
+        """Freeze switches for the vision tower (without merger), the merger, and the language model."""
+        visual = self.base.visual
+        for name, p in visual.named_parameters():
+            is_merger = name.startswith("merger") or name.startswith("deepstack_merger")
+            p.requires_grad_(merger if is_merger else vision)
+        for p in self.base.language_model.parameters():
+            p.requires_grad_(llm)
+        for p in self.model.lm_head.parameters():
+            p.requires_grad_(llm)
+
+    # ---------------------------------------------------------------------------------------- encoding
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        return self.processor.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str, media: Sequence[MediaInput] = ()) -> TokenSeq:
+        """Tokenise rendered text with its media (placeholders expanded by the processor).
+
+        Media are registered under their keys so forward passes can share their vision features.
+        """
+        images = [m.data for m in media if m.kind == "image"]
+        videos = [m for m in media if m.kind == "video"]
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if images:
+            kwargs["images"] = images
+        if videos:
+            kwargs["videos"] = [v.data.frames for v in videos]
+            kwargs["video_metadata"] = [v.data.metadata for v in videos]
+            kwargs["do_sample_frames"] = False
+        try:
+            out = self.processor(**kwargs)
+        except (ValueError, RuntimeError) as exc:
+            keys = ", ".join(m.key for m in media) or "(text only)"
+            raise MmrlError(f"the processor rejected a prompt with media {keys}: {exc}") from exc
+        ids = out["input_ids"][0].tolist()
+        mm_types = out["mm_token_type_ids"][0].tolist() if "mm_token_type_ids" in out else [
+            IMAGE if i == self.image_token_id else VIDEO if i == self.video_token_id else TEXT for i in ids]
+        self._register(out, images=[m for m in media if m.kind == "image"], videos=videos)
+        order = self._media_order(ids, media)
+        return TokenSeq(ids=ids, mm_types=mm_types, media=order)
+
+    @property
+    def image_token_id(self) -> int:
+        return self.model.config.image_token_id
+
+    @property
+    def video_token_id(self) -> int:
+        return self.model.config.video_token_id
+
+    def _register(self, out: Any, *, images: list[MediaInput], videos: list[MediaInput]) -> None:
+        for kind, items, pix_key, grid_key in (
+            ("image", images, "pixel_values", "image_grid_thw"),
+            ("video", videos, "pixel_values_videos", "video_grid_thw"),
+        ):
+            if not items:
+                continue
+            grids = out[grid_key]
+            if kind == "video" and len(grids) != len(items):
+                grids = self._merge_frame_grids(grids, items)
+            offsets = [0]
+            for g in grids:
+                offsets.append(offsets[-1] + int(g.prod()))
+            seconds = out.get("second_per_grid_ts") if kind == "video" else None
+            for i, item in enumerate(items):
+                if item.key in self.media:
+                    continue
+                sec = float(seconds[i]) if seconds is not None else None
+                self.media[item.key] = EncodedMedia(
+                    key=item.key, kind=kind, pixel_values=out[pix_key][offsets[i]:offsets[i + 1]],
+                    grid_thw=grids[i].clone(), second_per_grid=sec)
+
+    @staticmethod
+    def _merge_frame_grids(grids: torch.Tensor, items: list[MediaInput]) -> torch.Tensor:
+        """Some processors return one grid row per frame group; merge them back to one row per video."""
+        merged, i = [], 0
+        for item in items:
+            n = item.data.frames.shape[0]
+            rows = []
+            while i < len(grids) and sum(int(r[0]) for r in rows) * 2 < n:
+                rows.append(grids[i])
+                i += 1
+            t = sum(int(r[0]) for r in rows)
+            merged.append(torch.tensor([t, int(rows[0][1]), int(rows[0][2])]))
+        return torch.stack(merged)
+
+    def _media_order(self, ids: list[int], media: Sequence[MediaInput]) -> list[str]:
+        """Media keys in placeholder order (images and videos interleaved as they appear in the text)."""
+        images = iter([m.key for m in media if m.kind == "image"])
+        videos = iter([m.key for m in media if m.kind == "video"])
+        order, prev = [], None
+        for tok in ids:
+            if tok != prev and tok in (self.image_token_id, self.video_token_id):
+                order.append(next(images) if tok == self.image_token_id else next(videos))
+            prev = tok
+        return order
+
+    # ---------------------------------------------------------------------------------------- vision
+    def vision_features(self, keys: Iterable[str]) -> dict[str, tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Run the vision tower once per unique key: key -> (merged embeddings, deepstack features)."""
+        feats: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        for key in dict.fromkeys(keys):
+            m = self.media[key]
+            grid = m.grid_thw.view(1, 3)
+            if m.kind == "image":
+                out = self.base.get_image_features(m.pixel_values, grid, return_dict=True)
+            else:
+                out = self.base.get_video_features(m.pixel_values, grid, return_dict=True)
+            embeds = out.pooler_output[0]
+            deep = [d[0] for d in getattr(out, "deepstack_features", None) or []]
+            feats[key] = (embeds, deep)
+        return feats
+
+    def _encoder_outputs(self, seqs: Sequence[TokenSeq]) -> dict[str, Any]:
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        if self.share_vision_features:
+            feats = self.vision_features(k for s in seqs for k in s.media)
+        else:  # one tower run per occurrence, as the peer frameworks do (for benchmarks)
+            feats = None
+        outputs: dict[str, Any] = {}
+        for kind in ("image", "video"):
+            keys = [k for s in seqs for k in s.media if self.media[k].kind == kind]
+            if not keys:
+                continue
+            per_item = [feats[k] if feats is not None else self.vision_features([k])[k] for k in keys]
+            out = BaseModelOutputWithPooling(pooler_output=tuple(f[0] for f in per_item))
+            if per_item[0][1]:
+                out["deepstack_features"] = [tuple(f[1][layer] for f in per_item)
+                                             for layer in range(len(per_item[0][1]))]
+            outputs[kind] = out
+        return outputs
+
+    def _grid_kwargs(self, seqs: Sequence[TokenSeq]) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        image_grids = [self.media[k].grid_thw for s in seqs for k in s.media if self.media[k].kind == "image"]
+        videos = [self.media[k] for s in seqs for k in s.media if self.media[k].kind == "video"]
+        if image_grids:
+            kw["image_grid_thw"] = torch.stack(image_grids)
+        if videos:
+            kw["video_grid_thw"] = torch.stack([v.grid_thw for v in videos])
+            if self._rope_takes_seconds:
+                kw["second_per_grid_ts"] = torch.tensor(
+                    [v.second_per_grid if v.second_per_grid is not None else 1.0 for v in videos])
+        return kw
+
+    # ---------------------------------------------------------------------------------------- batching
+    def pad(self, seqs: Sequence[TokenSeq], *, left: bool) -> dict[str, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        types = torch.zeros((len(seqs), width), dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        loss = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            sl = slice(width - len(s), width) if left else slice(0, len(s))
+            ids[i, sl] = torch.tensor(s.ids)
+            types[i, sl] = torch.tensor(s.mm_types)
+            attn[i, sl] = 1
+            loss[i, sl] = torch.tensor(s.loss_mask)
+        return {"input_ids": ids, "mm_token_type_ids": types, "attention_mask": attn, "loss_mask": loss}
+
+    def position_ids(self, batch: dict[str, torch.Tensor], seqs: Sequence[TokenSeq]) -> torch.Tensor:
+        """(3, B, L) M-RoPE positions from the model's own rope-index function, for a padded batch."""
+        grid_kw = self._grid_kwargs(seqs)
+        if not grid_kw:  # text only: plain positions on all three axes
+            pos = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+            return pos.unsqueeze(0).expand(3, -1, -1)
+        pos, _ = self.base.get_rope_index(
+            batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
+            attention_mask=batch["attention_mask"], **grid_kw)
+        return pos
+
+    # ---------------------------------------------------------------------------------------- forward
+    def forward_logprobs(
+        self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0, with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Per-token log-probabilities (and entropies) of each sequence's own tokens.
+
+        Returns ``(logps, entropies, mask)``, each (B, L): entry ``t`` scores token ``t`` given tokens
+        ``< t``; ``mask`` is the loss mask (1 on policy-produced tokens). Only masked positions are
+        computed through the LM head (the rest are 0), which keeps memory flat for long prompts.
+        """
+        batch = self.pad(seqs, left=False)
+        position_ids = self.position_ids(batch, seqs)
+        encoder_outputs = self._encoder_outputs(seqs)
+        out = self.base(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=position_ids,
+            mm_token_type_ids=batch["mm_token_type_ids"], mm_encoder_outputs=encoder_outputs or None,
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state
+        mask = batch["loss_mask"].clone()
+        mask[:, 0] = 0
+        rows, cols = mask.nonzero(as_tuple=True)
+        logits = self.model.lm_head(hidden[rows, cols - 1]).float() / temperature
+        logp_all = F.log_softmax(logits, dim=-1)
+        targets = batch["input_ids"][rows, cols]
+        logps = torch.zeros(mask.shape, dtype=torch.float32)
+        logps = logps.index_put((rows, cols), logp_all.gather(-1, targets[:, None]).squeeze(-1))
+        entropies = None
+        if with_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+            entropies = torch.zeros(mask.shape, dtype=torch.float32).index_put((rows, cols), ent)
+        return logps, entropies, mask
+
+    # ---------------------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(
+        self, seqs: Sequence[TokenSeq], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+        top_k: int = 0, do_sample: bool = True, stop: Sequence[str] = (), num_return_sequences: int = 1,
+    ) -> list[list[Generation]]:
+        """Sample continuations for each sequence (``num_return_sequences`` each), with their log-probs.
+
+        Log-probabilities are those of the temperature-scaled distribution (before top-p/top-k), the same
+        quantity :meth:`forward_logprobs` computes for training.
+        """
+        batch = self.pad(seqs, left=True)
+        encoder_outputs = self._encoder_outputs(seqs)
+        kwargs: dict[str, Any] = dict(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            mm_token_type_ids=batch["mm_token_type_ids"], max_new_tokens=max_new_tokens,
+            do_sample=do_sample, num_return_sequences=num_return_sequences, output_logits=True,
+            return_dict_in_generate=True, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+            suppress_tokens=self.suppress_ids or None,
+        )
+        if do_sample:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if stop:
+            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        if encoder_outputs:
+            kwargs["mm_encoder_outputs"] = encoder_outputs
+            kwargs.update(self._grid_kwargs(seqs))
+        out = self.model.generate(**kwargs)
+        prompt_len = batch["input_ids"].shape[1]
+        new = out.sequences[:, prompt_len:]
+        logits = torch.stack(out.logits, dim=1).float()  # (B*n, T, V)
+        scale = temperature if do_sample else 1.0
+        logp = F.log_softmax(logits / scale, dim=-1).gather(-1, new[..., None]).squeeze(-1)
+        results: list[list[Generation]] = [[] for _ in seqs]
+        for row in range(new.shape[0]):
+            toks = new[row].tolist()
+            n = len(toks)
+            finished = False
+            for j, t in enumerate(toks):
+                if t in self.eos_ids:
+                    n, finished = j + 1, True
+                    break
+                if t == self.pad_id:  # padding after a stop string ended this row
+                    n, finished = j, True
+                    break
+            toks = toks[:n]
+            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            if not finished and stop and any(s in text for s in stop):
+                finished = True
+            results[row // num_return_sequences].append(
+                Generation(token_ids=toks, text=text, logprobs=logp[row, :n].tolist(), finished=finished))
+        return results

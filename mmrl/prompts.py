@@ -1,0 +1,70 @@
+"""Prompt templates: a sample becomes chat messages with its media and its question.
+
+A template is a format string with ``{question}``, ``{options}`` (lettered lines, empty when the sample
+has none) and ``{instruction}`` (how to format the answer, chosen by ``prompt.answer_format`` and the
+problem type). Register more with :func:`register_template`; a ``prompt.template`` value that is not a
+registered name is used as the format string itself.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from mmrl.config import PromptConfig
+from mmrl.errors import ConfigError
+
+_TEMPLATES: dict[str, str] = {
+    "default": "{question}\n{options}{instruction}",
+    "plain": "{question}\n{options}",
+}
+
+_WHAT = {
+    "multiple_choice": "the option letter",
+    "yes_no": "yes or no",
+    "numeric": "a number",
+    "temporal_grounding": "the time span as [start, end] in seconds",
+    "open": "a short phrase",
+    "free_form": "a short phrase",
+}
+
+
+def register_template(name: str, text: str) -> None:
+    _TEMPLATES[name] = text
+
+
+def instruction(problem_type: str, answer_format: str) -> str:
+    what = _WHAT.get(problem_type, "the answer")
+    if answer_format == "answer":
+        return f"Reply with {what} inside <answer></answer>."
+    return (f"Think briefly inside <think></think>, then give {what} inside <answer></answer>.")
+
+
+def format_options(options: list[str] | None) -> str:
+    if not options:
+        return ""
+    letters = string.ascii_uppercase
+    return "Options:\n" + "".join(f"{letters[i]}. {text}\n" for i, text in enumerate(options))
+
+
+def user_text(sample: Any, cfg: PromptConfig, options: list[str] | None = None) -> str:
+    template = _TEMPLATES.get(cfg.template, cfg.template)
+    opts = sample.options if options is None else options
+    try:
+        return template.format(question=sample.question.strip(), options=format_options(opts),
+                               instruction=instruction(sample.problem_type, cfg.answer_format))
+    except (KeyError, IndexError) as exc:
+        raise ConfigError(f"prompt.template: unknown field {exc} (use {{question}}, {{options}}, "
+                          "{{instruction}})") from exc
+
+
+def build_messages(sample: Any, cfg: PromptConfig, media_kinds: list[str],
+                   options: list[str] | None = None) -> list[dict[str, Any]]:
+    """Chat messages for one sample: media first, then the question (the Qwen-VL convention)."""
+    content: list[dict[str, Any]] = [{"type": kind} for kind in media_kinds]
+    content.append({"type": "text", "text": user_text(sample, cfg, options)})
+    messages: list[dict[str, Any]] = []
+    if cfg.system:
+        messages.append({"role": "system", "content": [{"type": "text", "text": cfg.system}]})
+    messages.append({"role": "user", "content": content})
+    return messages

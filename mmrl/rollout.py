@@ -1,0 +1,208 @@
+"""Rollouts: a backend interface, the Hugging Face ``generate`` backend, and the multi-turn loop.
+
+A backend turns token sequences into sampled continuations (:class:`~mmrl.policy.Generation`). The HF
+backend is built in; a vLLM backend implements the same :class:`RolloutBackend` protocol.
+
+Multi-turn episodes (frame selection, zoom-in) run through an :class:`Environment`: after each assistant
+turn the environment reads the action text and returns an :class:`Observation` (text and media, appended
+as a user turn whose tokens are masked out of the loss) or ``None`` to end the episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mmrl.errors import ConfigError
+from mmrl.policy import Generation, MediaInput, Policy, TokenSeq
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    greedy: bool = False
+
+
+class RolloutBackend(Protocol):
+    def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: SamplingParams) -> list[list[Generation]]:
+        """``n`` continuations for each sequence, with per-token log-probabilities."""
+        ...
+
+
+class HFBackend:
+    """Generation with ``transformers`` ``generate`` on the training model itself."""
+
+    def __init__(self, policy: Policy, max_batch: int = 64):
+        self.policy = policy
+        self.max_batch = max_batch
+
+    def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: SamplingParams) -> list[list[Generation]]:
+        out: list[list[Generation]] = []
+        per_call = max(1, self.max_batch // max(1, n))
+        was_training = self.policy.model.training
+        self.policy.model.eval()
+        try:
+            for start in range(0, len(seqs), per_call):
+                out.extend(self.policy.generate(
+                    seqs[start:start + per_call], max_new_tokens=params.max_new_tokens,
+                    temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                    do_sample=not params.greedy, stop=params.stop, num_return_sequences=n))
+        finally:
+            self.policy.model.train(was_training)
+        return out
+
+
+_BACKENDS: dict[str, Callable[..., RolloutBackend]] = {"hf": HFBackend}
+
+
+def register_backend(name: str) -> Callable:
+    def deco(factory: Callable[..., RolloutBackend]) -> Callable[..., RolloutBackend]:
+        _BACKENDS[name] = factory
+        return factory
+    return deco
+
+
+def make_backend(name: str, policy: Policy, **kwargs: Any) -> RolloutBackend:
+    if name not in _BACKENDS:
+        raise ConfigError(f"rollout.backend: unknown backend '{name}'; available: {', '.join(sorted(_BACKENDS))}")
+    return _BACKENDS[name](policy, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ environments
+@dataclass
+class Observation:
+    """What the environment shows the policy next: text with ``{image}``/``{video}`` slots, and media."""
+
+    text: str
+    media: list[MediaInput] = field(default_factory=list)
+
+
+class Environment:
+    """Base class for multi-turn environments; one instance per episode."""
+
+    def __init__(self, sample: Any, media: list[MediaInput], **kwargs: Any):
+        self.sample = sample
+        self.media = media
+        self.info: dict[str, Any] = {}
+
+    def step(self, action: str) -> Observation | None:
+        """Read the policy's last turn; return the next observation or ``None`` to end the episode."""
+        raise NotImplementedError
+
+
+_ENVIRONMENTS: dict[str, type[Environment]] = {}
+
+
+def register_environment(name: str) -> Callable[[type[Environment]], type[Environment]]:
+    def deco(cls: type[Environment]) -> type[Environment]:
+        _ENVIRONMENTS[name] = cls
+        return cls
+    return deco
+
+
+def get_environment(name: str) -> type[Environment]:
+    import mmrl.environments  # noqa: F401  (built-in environments register on import)
+
+    if name not in _ENVIRONMENTS:
+        raise ConfigError(
+            f"rollout.environment: unknown environment '{name}'; available: {', '.join(sorted(_ENVIRONMENTS))}")
+    return _ENVIRONMENTS[name]
+
+
+# ------------------------------------------------------------------------------------------ episodes
+@dataclass
+class Episode:
+    """One rollout of one prompt: the full token sequence and what happened."""
+
+    sample: Any
+    prompt: TokenSeq
+    seq: TokenSeq
+    turns: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # aligned with the seq's loss-mask tokens
+    finished: bool = False  # last turn ended on EOS/stop (not cut by max_new_tokens)
+    env: Environment | None = None
+
+    @property
+    def completion(self) -> str:
+        """The final assistant turn (what answer rewards read)."""
+        return self.turns[-1] if self.turns else ""
+
+    @property
+    def transcript(self) -> str:
+        return "\n".join(self.turns)
+
+    @property
+    def response_length(self) -> int:
+        return sum(self.seq.loss_mask)
+
+
+def observation_fragment(policy: Policy, obs: Observation) -> TokenSeq:
+    """Tokens for an environment observation, rendered as a user turn followed by the assistant header."""
+    placeholders = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
+                    "video": "<|vision_start|><|video_pad|><|vision_end|>"}
+    text = obs.text
+    for m in obs.media:
+        slot = "{" + m.kind + "}"
+        text = text.replace(slot, placeholders[m.kind], 1) if slot in text else text + placeholders[m.kind]
+    rendered = f"\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    return policy.encode(rendered, obs.media)
+
+
+def run_episodes(
+    policy: Policy, backend: RolloutBackend, prompts: Sequence[TokenSeq], samples: Sequence[Any], *,
+    n: int, params: SamplingParams, environment: Callable[[Any], Environment | None] | None = None,
+    max_turns: int = 1,
+) -> list[Episode]:
+    """Roll out ``n`` episodes per prompt; multi-turn when an environment factory is given.
+
+    Episodes come back grouped by prompt (``n`` consecutive episodes per prompt).
+    """
+    first = backend.generate(prompts, n=n, params=params)
+    episodes: list[Episode] = []
+    for prompt, sample, gens in zip(prompts, samples, first):
+        for g in gens:
+            ep = Episode(sample=sample, prompt=prompt, seq=prompt)
+            _append_turn(ep, g)
+            ep.env = environment(sample) if environment is not None else None
+            episodes.append(ep)
+    for _turn in range(1, max_turns):
+        active: list[Episode] = []
+        for ep in episodes:
+            if ep.env is None or isinstance(ep.env, _Done):
+                continue
+            obs = ep.env.step(ep.completion)
+            if obs is None:
+                ep.env = _Done(ep.env)
+                continue
+            frag = observation_fragment(policy, obs)
+            ep.seq = ep.seq.extend(frag.ids, trained=False, mm_types=frag.mm_types, media=frag.media)
+            active.append(ep)
+        if not active:
+            break
+        gens = backend.generate([ep.seq for ep in active], n=1, params=params)
+        for ep, g in zip(active, gens):
+            _append_turn(ep, g[0])
+    for ep in episodes:
+        if isinstance(ep.env, _Done):
+            ep.env = ep.env.inner
+    return episodes
+
+
+class _Done(Environment):
+    """Marks an episode whose environment ended it; keeps the real environment for its info."""
+
+    def __init__(self, inner: Environment):
+        self.inner = inner
+        self.info = inner.info
+
+
+def _append_turn(ep: Episode, g: Generation) -> None:
+    ep.seq = ep.seq.extend(g.token_ids, trained=True)
+    ep.turns.append(g.text)
+    ep.logprobs.extend(g.logprobs)
+    ep.finished = g.finished
