@@ -126,7 +126,9 @@ class DecordReader(VideoReader):
         try:
             self._vr: Any = decord.VideoReader(str(self.path), ctx=decord.cpu(0), num_threads=num_threads)
         except Exception as exc:
-            raise MediaError(self.path, f"decord cannot open the video: {_first_line(exc)}") from exc
+            raise MediaError(
+                self.path, f"cannot open the video (truncated or corrupt?): decord: {_first_line(exc)}"
+            ) from exc
         self.num_frames = len(self._vr)
         fps = float(self._vr.get_avg_fps())
         if self.num_frames <= 0 or not np.isfinite(fps) or fps <= 0:

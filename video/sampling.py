@@ -132,6 +132,10 @@ def video_frame_size(
     ``max_pixels``; then ``qwen_vl_utils.smart_resize`` with factor ``f = image_patch_size*2``."""
     factor = image_patch_size * qvu.SPATIAL_MERGE_SIZE
     lo = min_pixels if min_pixels is not None else qvu.VIDEO_MIN_TOKEN_NUM * factor * factor
+    if min_pixels is None and max_pixels is not None:
+        lo = min(lo, max_pixels)  # a small max_pixels alone lowers the default floor (qwen would assert)
+    elif max_pixels is not None and max_pixels < lo:
+        raise ValueError(f"max_pixels ({max_pixels}) must be >= min_pixels ({lo})")
     total = total_pixels if total_pixels is not None else qvu.MODEL_SEQ_LEN * factor * factor * 0.9
     hi = max(min(qvu.VIDEO_MAX_TOKEN_NUM * factor * factor, total / nframes * qvu.FRAME_FACTOR), int(lo * 1.05))
     if max_pixels is not None:

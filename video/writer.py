@@ -58,8 +58,8 @@ def write_mp4(
                 stream.width, stream.height = shape[1], shape[0]
                 stream.pix_fmt = "yuv420p"
                 stream.thread_count = 1
-                stream.thread_type = "SLICE"
-            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+            # convert here: PyAV's implicit conversion inside encode() made the output vary run to run
+            vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24").reformat(format="yuv420p")
             vf.pts = count
             vf.time_base = 1 / rate
             for packet in stream.encode(vf):
