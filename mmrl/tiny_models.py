@@ -212,6 +212,7 @@ def check_family(family: str) -> str:
 # Tokenizer
 # ----------------------------------------------------------------------------------------------------------
 
+
 def _words(text: str) -> list[str]:
     return text.split()
 

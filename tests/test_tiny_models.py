@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -203,7 +204,7 @@ def test_chat_template_renders_expected_strings(loaded: dict[str, tuple]) -> Non
 # ------------------------------------------------------------------------------------------------ generation
 
 
-def _prompt(processor, kind: str) -> str:  # noqa: ANN001
+def _prompt(processor: Any, kind: str) -> str:
     messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "What do you see?"}]}]
     return processor.apply_chat_template(messages, add_generation_prompt=True)
 
