@@ -1,0 +1,75 @@
+"""``mmrl data``: validate, inspect, make-toy."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("data", help="validate, inspect, and generate datasets (make-toy)",
+                                   description="Validate, inspect, and generate datasets.")
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+    sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    v = sub.add_parser("validate", help="check every record and decode every media file",
+                       description="Check every record and open every media file; print FILE:LINE: reason "
+                                   "for each problem; exit 1 when any record is bad.")
+    v.add_argument("path", help="JSONL / JSON / Parquet file or datasets.save_to_disk folder")
+    v.add_argument("--media-root", default=None, help="folder that relative media paths resolve against "
+                                                      "(default: the dataset file's folder)")
+    v.add_argument("--format", dest="fmt", default="auto",
+                   help="file format (jsonl, json, parquet, hf) and/or record format (native, video-r1, "
+                        "easyr1), e.g. video-r1+json (default: auto)")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v.set_defaults(func=_validate)
+
+    i = sub.add_parser("inspect", help="counts, media statistics and a PNG contact sheet",
+                       description="Print counts by problem type / task / difficulty and media statistics, "
+                                   "and write a PNG contact sheet of a few samples.")
+    i.add_argument("path")
+    i.add_argument("--out", default=None, help="folder for the contact sheet (default: <data folder>/inspect)")
+    i.add_argument("--samples", type=int, default=6, help="samples (rows) on the contact sheet (default 6)")
+    i.add_argument("--media-root", default=None)
+    i.add_argument("--format", dest="fmt", default="auto")
+    i.set_defaults(func=_inspect)
+
+    t = sub.add_parser("make-toy", help="generate the toy world (MP4 videos, PNG scans, JSONL splits)",
+                       description="Generate the procedural toy world into --out.")
+    t.add_argument("--out", required=True, help="output folder (new, empty, or a previous toy world)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--size", default="default", choices=["small", "default"],
+                   help="small: 8/4/4 records per task for train/val/test; default: 48/10/10")
+    t.add_argument("--tasks", nargs="+", default=None, help="subset of tasks (default: all)")
+    t.add_argument("--shuffle-options", action="store_true",
+                   help="shuffle multiple-choice options per record (default: canonical order)")
+    t.add_argument("--resolution", type=int, default=64, help="frame/image side in pixels (default 64)")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=_make_toy)
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .validate import run_validate
+
+    return run_validate(args.path, media_root=args.media_root, fmt=args.fmt, progress=not args.no_progress)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .inspect import run_inspect
+
+    return run_inspect(args.path, out=args.out, samples=args.samples, media_root=args.media_root, fmt=args.fmt)
+
+
+def _make_toy(args: argparse.Namespace) -> int:
+    from .toy import make_toy
+
+    t0 = time.perf_counter()
+    out = make_toy(Path(args.out), args.seed, size=args.size, tasks=args.tasks,
+                   shuffle_options=args.shuffle_options, resolution=args.resolution,
+                   progress=not args.no_progress)
+    print(f"wrote toy world to {out} in {time.perf_counter() - t0:.1f} s "
+          f"(train.jsonl, val.jsonl, test.jsonl, manifest.json, README.md)", file=sys.stdout)
+    return 0

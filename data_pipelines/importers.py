@@ -1,0 +1,258 @@
+"""Importers: records in other frameworks' formats -> native sample dicts (see :mod:`data_pipelines.schema`).
+
+Built in:
+
+* ``native``: our own schema (``id, problem_type, question, options, answer, media, meta``).
+* ``video-r1``: Video-R1 JSON (``problem``, ``options`` like ``"A. foo"``, ``solution`` holding
+  ``<answer>..</answer>``, ``problem_type`` in ``multiple choice | numerical | regression | OCR |
+  free-form``, ``data_type`` image/video, ``path``).
+* ``easyr1``: EasyR1 / verl style (``prompt`` or ``problem`` with ``<image>``/``<video>`` placeholders,
+  ``answer``, ``images``, ``videos``). Embedded image bytes or PIL images are written once to
+  ``mmrl.paths.cache_dir()/media/`` (named by content hash) so every sample has a file path.
+
+Each importer is ``convert(record, index) -> dict`` returning a native dict; it raises
+:class:`~mmrl.errors.DataError` when the record cannot be converted (the loader reports that at the
+record's file and line). :func:`detect_record_format` picks an importer from one record's keys. Add more
+with :func:`register_importer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mmrl.errors import DataError
+
+from .schema import guess_media_type, parse_number
+
+Convert = Callable[[Mapping[str, Any], int], dict[str, Any]]
+Detect = Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass
+class Importer:
+    name: str
+    detect: Detect
+    convert: Convert
+
+
+_IMPORTERS: dict[str, Importer] = {}
+
+
+def register_importer(name: str, detect: Detect, convert: Convert, *, overwrite: bool = False) -> None:
+    """Add a record format. Detection tries importers in registration order; ``native`` comes first."""
+    if name in _IMPORTERS and not overwrite:
+        raise ValueError(f"importer {name!r} is already registered; pass overwrite=True to replace it")
+    _IMPORTERS[name] = Importer(name, detect, convert)
+
+
+def record_formats() -> list[str]:
+    return list(_IMPORTERS)
+
+
+def get_importer(name: str) -> Importer:
+    key = name.lower().replace("_", "-")
+    key = {"videor1": "video-r1", "easy-r1": "easyr1", "verl": "easyr1", "mmrl": "native"}.get(key, key)
+    if key not in _IMPORTERS:
+        raise DataError(f"unknown record format {name!r}; known: {', '.join(_IMPORTERS)}")
+    return _IMPORTERS[key]
+
+
+def detect_record_format(record: Any) -> str | None:
+    """Name of the first importer whose ``detect`` accepts ``record``; None when none does."""
+    if not isinstance(record, Mapping):
+        return None
+    for imp in _IMPORTERS.values():
+        if imp.detect(record):
+            return imp.name
+    return None
+
+
+# -------------------------------------------------------------------------------------------- native
+def _detect_native(r: Mapping[str, Any]) -> bool:
+    return "problem_type" in r and "question" in r and ("answer" in r or "media" in r)
+
+
+def _convert_native(r: Mapping[str, Any], index: int) -> dict[str, Any]:
+    return dict(r)
+
+
+# ------------------------------------------------------------------------------------------- Video-R1
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_OPTION_RE = re.compile(r"^\s*\(?([A-Z])[\.\):]\s*(.*)$", re.DOTALL)
+VIDEO_R1_TYPES = {
+    "multiple choice": "multiple_choice",
+    "numerical": "numeric",
+    "regression": "numeric",
+    "ocr": "free_form",
+    "free-form": "free_form",
+    "yes/no": "yes_no",
+}
+
+
+def extract_answer_tag(text: Any) -> str:
+    """``"<think>..</think><answer> B </answer>"`` -> ``"B"``; text without the tag comes back stripped."""
+    s = "" if text is None else str(text)
+    m = _ANSWER_RE.search(s)
+    return (m.group(1) if m else s).strip()
+
+
+def split_option(text: str) -> tuple[str | None, str]:
+    """``"A. red"`` -> (``"A"``, ``"red"``); ``"red"`` -> (None, ``"red"``)."""
+    m = _OPTION_RE.match(text)
+    return (m.group(1), m.group(2).strip()) if m else (None, text.strip())
+
+
+def _detect_video_r1(r: Mapping[str, Any]) -> bool:
+    return "problem" in r and "solution" in r
+
+
+def _convert_video_r1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
+    raw_type = str(r.get("problem_type", "")).strip()
+    ptype = VIDEO_R1_TYPES.get(raw_type.lower(), raw_type.lower().replace(" ", "_") or "open")
+    answer: Any = extract_answer_tag(r.get("solution"))
+    options = None
+    if r.get("options"):
+        opts = r["options"]
+        if not isinstance(opts, (list, tuple)):
+            raise DataError(f"Video-R1 'options' must be a list like ['A. foo', 'B. bar'], got {opts!r}")
+        options = []
+        for i, text in enumerate(opts):
+            letter, body = split_option(str(text))
+            expected = chr(ord("A") + i)
+            if letter is not None and letter != expected:
+                raise DataError(f"Video-R1 option {i} is labelled {letter!r} but should be {expected!r} "
+                                f"(options must be in A, B, C.. order): {text!r}")
+            options.append(body)
+    if ptype == "multiple_choice":
+        letter, _ = split_option(answer) if len(answer) > 1 else (answer, "")
+        answer = (letter or answer).strip()
+    media = []
+    if r.get("path"):
+        kind = str(r.get("data_type") or guess_media_type(str(r["path"])) or "")
+        media.append({"type": kind, "path": str(r["path"])})
+    source = r.get("data_source")
+    pid = r.get("id", r.get("problem_id"))
+    if pid is None:
+        sid = f"video-r1-{index}"
+    else:
+        sid = f"{source}-{pid}" if source and "id" not in r else str(pid)
+    meta: dict[str, Any] = {"source": "video-r1", "original_problem_type": raw_type}
+    for key in ("data_source", "process", "problem_id"):
+        if r.get(key) not in (None, ""):
+            meta[key] = r[key]
+    return {"id": sid, "problem_type": ptype, "question": str(r["problem"]), "options": options,
+            "answer": answer, "media": media, "meta": meta}
+
+
+# -------------------------------------------------------------------------------------------- EasyR1
+_PLACEHOLDER_RE = re.compile(r"<(image|video)>\s*")
+
+
+def _detect_easyr1(r: Mapping[str, Any]) -> bool:
+    return ("prompt" in r or "problem" in r) and "answer" in r
+
+
+def _infer_problem_type(answer: Any, options: Any) -> str:
+    if options:
+        return "multiple_choice"
+    if isinstance(answer, str) and answer.strip().lower() in ("yes", "no"):
+        return "yes_no"
+    if parse_number(answer) is not None:
+        return "numeric"
+    return "open"
+
+
+def store_embedded_image(value: Any) -> str:
+    """Write embedded image bytes (``{"bytes": ..}``, raw bytes, or a PIL image) to the media cache once
+    and return the file path."""
+    from mmrl.paths import cache_dir
+
+    if hasattr(value, "save") and hasattr(value, "tobytes"):  # PIL image
+        buf = io.BytesIO()
+        value.save(buf, format="PNG")
+        data, ext = buf.getvalue(), ".png"
+    else:
+        data = value["bytes"] if isinstance(value, Mapping) else value
+        if not isinstance(data, (bytes, bytearray)):
+            raise DataError(f"cannot read embedded image of type {type(data).__name__}")
+        ext = ".png" if data[:4] == b"\x89PNG" else ".jpg" if data[:2] == b"\xff\xd8" else ".img"
+    out = cache_dir() / "media" / (hashlib.sha1(data).hexdigest()[:20] + ext)
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(out.suffix + f".tmp{id(data)}")
+        tmp.write_bytes(data)
+        tmp.replace(out)
+    return str(out)
+
+
+def _media_list(values: Any, kind: str) -> list[dict[str, Any]]:
+    if values is None:
+        return []
+    if isinstance(values, (str, Mapping)) or hasattr(values, "save"):
+        values = [values]
+    out = []
+    for v in values:
+        if isinstance(v, str):
+            out.append({"type": kind, "path": v})
+        elif isinstance(v, Mapping) and v.get("bytes"):
+            out.append({"type": kind, "path": store_embedded_image(v)})
+        elif isinstance(v, Mapping) and v.get("path"):
+            out.append({"type": kind, "path": str(v["path"])})
+        elif kind == "image" and (hasattr(v, "save") or isinstance(v, (bytes, bytearray))):
+            out.append({"type": kind, "path": store_embedded_image(v)})
+        elif kind == "video" and isinstance(v, (list, tuple)):
+            raise DataError("EasyR1 videos given as lists of frame files are not supported; "
+                            "give one video file per entry")
+        else:
+            raise DataError(f"cannot read {kind} entry {v!r}; give a file path")
+    return out
+
+
+def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
+    text = r.get("prompt", r.get("problem"))
+    if isinstance(text, list):  # chat-format prompt: take the user turns' text
+        text = "\n".join(str(m.get("content", "")) for m in text if isinstance(m, Mapping))
+    question = _PLACEHOLDER_RE.sub("", str(text or "")).strip()
+    answer = r.get("answer")
+    if isinstance(answer, str):
+        answer = extract_answer_tag(answer)
+    options = r.get("options") or None
+    if options:
+        options = [split_option(str(o))[1] for o in options]
+    ptype = r.get("problem_type") or _infer_problem_type(answer, options)
+    media = _media_list(r.get("images"), "image") + _media_list(r.get("videos"), "video")
+    meta: dict[str, Any] = {"source": "easyr1"}
+    known = {"prompt", "problem", "answer", "images", "videos", "options", "problem_type", "id"}
+    meta.update({k: v for k, v in r.items() if k not in known and isinstance(v, (str, int, float, bool))})
+    return {"id": str(r.get("id", f"easyr1-{index}")), "problem_type": ptype, "question": question,
+            "options": options, "answer": answer, "media": media, "meta": meta}
+
+
+register_importer("native", _detect_native, _convert_native)
+register_importer("video-r1", _detect_video_r1, _convert_video_r1)
+register_importer("easyr1", _detect_easyr1, _convert_easyr1)
+
+
+def import_record(record: Mapping[str, Any], index: int, fmt: str = "auto") -> tuple[str, dict[str, Any]]:
+    """Convert one record; returns (format used, native dict). ``fmt="auto"`` detects it."""
+    name = detect_record_format(record) if fmt == "auto" else get_importer(fmt).name
+    imp = _IMPORTERS[name or "native"]
+    return imp.name, imp.convert(record, index)
+
+
+__all__ = [
+    "Importer",
+    "detect_record_format",
+    "extract_answer_tag",
+    "get_importer",
+    "import_record",
+    "record_formats",
+    "register_importer",
+    "split_option",
+    "store_embedded_image",
+]

@@ -1,0 +1,470 @@
+"""The sample record: one question with its media, whatever the source format.
+
+A :class:`Sample` is what every loader, importer, sampler and reward sees::
+
+    Sample(id="toy-color-train-0001", problem_type="multiple_choice",
+           question="What colour is the moving object?", options=["red", "green", "blue", "yellow"],
+           answer="B", media=[MediaItem("video", "media/train/color/0001.mp4", {"nframes": 8})],
+           meta={"task": "color", "difficulty": "easy", "source": "toy"})
+
+Validation never raises: :func:`validate_sample` returns a list of reasons (plain strings that say what is
+wrong and how to fix it), and :func:`check_record` turns a raw dict into a ``Sample`` plus a list of
+:class:`Problem` records that carry the file and line. Problem types live in a registry
+(:func:`register_problem_type`) so methods can add their own answer checks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmrl.errors import DataError
+
+MEDIA_TYPES = ("image", "video")
+IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".dcm"}
+VIDEO_EXTS = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpeg", ".mpg", ".flv"}
+# Keys allowed in MediaItem.sampling: the ones of the design plus the ones qwen-vl-utils understands.
+SAMPLING_KEYS = {
+    "fps", "nframes", "start", "end", "max_pixels", "min_pixels", "total_pixels",
+    "min_frames", "max_frames", "resized_height", "resized_width",
+}
+RECORD_FIELDS = ("id", "problem_type", "question", "options", "answer", "media", "meta")
+
+
+# --------------------------------------------------------------------------------------------- records
+@dataclass
+class MediaItem:
+    """One image or video of a sample. ``path`` is relative to the dataset file's folder (or the
+    ``media_root`` the user gives) unless absolute or a URL; ``sampling`` holds optional frame-sampling
+    hints (``fps``, ``nframes``, ``start``, ``end`` in seconds, ``max_pixels``)."""
+
+    type: str
+    path: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "path": self.path}
+        if self.sampling:
+            out["sampling"] = dict(self.sampling)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | str) -> MediaItem:
+        """Build from ``{"type", "path", "sampling"?}``, or from a bare path string (type from the
+        extension), or from the qwen-vl-utils shape ``{"video": path, "fps": 2}``."""
+        if isinstance(data, str):
+            return cls(type=guess_media_type(data) or "", path=data)
+        if not isinstance(data, Mapping):
+            raise DataError(f"media item must be an object with 'type' and 'path', got {type(data).__name__}")
+        data = dict(data)
+        if "path" not in data:
+            for kind in MEDIA_TYPES:
+                if isinstance(data.get(kind), str):
+                    path = data.pop(kind)
+                    data.pop("type", None)
+                    sampling = {k: data.pop(k) for k in list(data) if k in SAMPLING_KEYS}
+                    sampling.update(data.pop("sampling", None) or {})
+                    return cls(type=kind, path=path, sampling=sampling)
+        sampling = data.get("sampling") or {}
+        if isinstance(sampling, str):
+            sampling = json.loads(sampling) if sampling.strip() else {}
+        path = data.get("path")
+        kind = data.get("type") or (guess_media_type(path) if isinstance(path, str) else None) or ""
+        return cls(type=str(kind), path="" if path is None else str(path), sampling=dict(sampling))
+
+    def is_remote(self) -> bool:
+        return "://" in self.path
+
+    def resolve(self, base_dir: str | Path | None) -> Path:
+        """The file this item points to: absolute paths as they are, relative ones under ``base_dir``."""
+        p = Path(self.path).expanduser()
+        if p.is_absolute() or base_dir is None or self.is_remote():
+            return p
+        return Path(base_dir) / p
+
+
+@dataclass
+class Sample:
+    """One question with its answer and media. See the module docstring and DESIGN.md section 4."""
+
+    id: str
+    problem_type: str
+    question: str
+    answer: Any
+    options: list[str] | None = None
+    media: list[MediaItem] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with the fields in a fixed order (so written files are byte-stable)."""
+        return {
+            "id": self.id,
+            "problem_type": self.problem_type,
+            "question": self.question,
+            "options": None if self.options is None else list(self.options),
+            "answer": list(self.answer) if isinstance(self.answer, tuple) else self.answer,
+            "media": [m.to_dict() for m in self.media],
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Sample:
+        """Build a sample from a dict; raises :class:`DataError` listing every problem found."""
+        sample, reasons = parse_record(data)
+        if sample is None or reasons:
+            sid = data.get("id") if isinstance(data, Mapping) else None
+            head = f"sample {sid!r}: " if sid is not None else ""
+            raise DataError(head + "; ".join(reasons))
+        return sample
+
+    def validate(self) -> list[str]:
+        """Reasons this sample is invalid (empty when it is fine)."""
+        return validate_sample(self)
+
+    @property
+    def videos(self) -> list[MediaItem]:
+        return [m for m in self.media if m.type == "video"]
+
+    @property
+    def images(self) -> list[MediaItem]:
+        return [m for m in self.media if m.type == "image"]
+
+    def option_letters(self) -> list[str]:
+        return option_letters(len(self.options or []))
+
+    def answer_text(self) -> str:
+        """For multiple choice, the text of the correct option; otherwise the answer as a string."""
+        if self.problem_type == "multiple_choice" and self.options and isinstance(self.answer, str):
+            idx = letter_index(self.answer)
+            if idx is not None and idx < len(self.options):
+                return self.options[idx]
+        return str(self.answer)
+
+
+@dataclass
+class Problem:
+    """One thing wrong with one record. ``str(problem)`` is ``FILE:LINE: reason``.
+
+    ``unit`` says what ``line`` counts: ``"line"`` (1-based line of a JSONL file) or ``"record"``
+    (0-based index of the record in a JSON list, Parquet table or ``datasets`` folder), formatted as
+    ``FILE:record N: reason``.
+    """
+
+    file: str
+    line: int | None
+    sample_id: str | None
+    kind: str
+    reason: str
+    unit: str = "line"
+
+    def location(self) -> str:
+        if self.line is None:
+            return self.file
+        if self.unit == "record":
+            return f"{self.file}:record {self.line}"
+        return f"{self.file}:{self.line}"
+
+    def __str__(self) -> str:
+        who = f"sample {self.sample_id!r}: " if self.sample_id not in (None, "") else ""
+        return f"{self.location()}: {who}{self.reason}"
+
+
+# --------------------------------------------------------------------------------------- problem types
+AnswerCheck = Callable[[Sample], list[str]]
+
+
+@dataclass
+class ProblemType:
+    name: str
+    check: AnswerCheck
+    description: str = ""
+
+
+_PROBLEM_TYPES: dict[str, ProblemType] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_problem_type(
+    name: str,
+    check: AnswerCheck | None = None,
+    *,
+    description: str = "",
+    aliases: tuple[str, ...] = (),
+    overwrite: bool = False,
+) -> None:
+    """Add a problem type. ``check(sample)`` returns reasons the answer/options are invalid (may be
+    ``None``: any answer is accepted). ``aliases`` are other spellings that normalise to ``name``."""
+    if not name or not isinstance(name, str):
+        raise ValueError("problem type name must be a non-empty string")
+    if name in _PROBLEM_TYPES and not overwrite:
+        raise ValueError(f"problem type {name!r} is already registered; pass overwrite=True to replace it")
+    _PROBLEM_TYPES[name] = ProblemType(name, check or (lambda s: []), description)
+    for alias in aliases:
+        _ALIASES[_alias_key(alias)] = name
+
+
+def problem_types() -> list[str]:
+    """The registered problem type names."""
+    return sorted(_PROBLEM_TYPES)
+
+
+def normalize_problem_type(name: str) -> str:
+    """Canonical name for a spelling such as ``"multiple choice"`` or ``"Multiple-Choice"``; unknown
+    names come back unchanged (validation then reports them)."""
+    if name in _PROBLEM_TYPES:
+        return name
+    return _ALIASES.get(_alias_key(name), name)
+
+
+def _alias_key(name: str) -> str:
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+def option_letters(n: int) -> list[str]:
+    return [chr(ord("A") + i) for i in range(n)]
+
+
+def letter_index(letter: str) -> int | None:
+    """``"B"`` -> 1; None when ``letter`` is not a single capital letter."""
+    s = str(letter).strip()
+    if len(s) == 1 and "A" <= s <= "Z":
+        return ord(s) - ord("A")
+    return None
+
+
+def _check_multiple_choice(s: Sample) -> list[str]:
+    if not s.options or len(s.options) < 2:
+        return [("multiple_choice needs 'options': a list of at least 2 option texts; add them, or change "
+                "problem_type (e.g. to 'open')")]
+    letters = option_letters(len(s.options))
+    allowed = ", ".join(letters)
+    if not isinstance(s.answer, str):
+        return [f"multiple_choice answer must be an option letter ({allowed}), got {s.answer!r}"]
+    idx = letter_index(s.answer)
+    if idx is None:
+        hint = ""
+        if s.answer.strip() in s.options:
+            hint = f" (it matches option {letters[s.options.index(s.answer.strip())]}; use that letter)"
+        return [f"multiple_choice answer {s.answer!r} is not an option letter; use one of {allowed}{hint}"]
+    if idx >= len(s.options):
+        return [(f"answer letter {s.answer.strip()!r} is outside the options: there are {len(s.options)} "
+                f"options, so the answer must be one of {allowed}; fix the answer or add the missing option")]
+    return []
+
+
+def _check_yes_no(s: Sample) -> list[str]:
+    if not isinstance(s.answer, str) or s.answer.strip().lower() not in ("yes", "no"):
+        return [f"yes_no answer must be 'yes' or 'no', got {s.answer!r}"]
+    return []
+
+
+def parse_number(value: Any) -> float | None:
+    """``3``, ``"3.5"``, ``" 1e3 "``, ``"1,000"`` -> float; None when it is not a finite number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        x = float(value)
+    elif isinstance(value, str):
+        try:
+            x = float(value.strip().replace(",", ""))
+        except ValueError:
+            return None
+    else:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _check_numeric(s: Sample) -> list[str]:
+    if parse_number(s.answer) is None:
+        return [f"numeric answer must be a finite number (e.g. 3 or \"2.5\"), got {s.answer!r}"]
+    return []
+
+
+def _check_text(s: Sample) -> list[str]:
+    if s.answer is None or (isinstance(s.answer, str) and not s.answer.strip()):
+        return [f"{s.problem_type} answer must be a non-empty reference text"]
+    if not isinstance(s.answer, (str, int, float)):
+        return [f"{s.problem_type} answer must be text, got {type(s.answer).__name__}"]
+    return []
+
+
+def parse_span(value: Any) -> tuple[float, float] | None:
+    """``[1.5, 3]`` or ``"[1.5, 3]"`` -> (1.5, 3.0); None when it is not a pair of numbers."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    a, b = parse_number(value[0]), parse_number(value[1])
+    if a is None or b is None:
+        return None
+    return a, b
+
+
+def _check_grounding(s: Sample) -> list[str]:
+    span = parse_span(s.answer)
+    if span is None:
+        return [f"temporal_grounding answer must be [start, end] in seconds (two numbers), got {s.answer!r}"]
+    start, end = span
+    if start < 0:
+        return [f"temporal_grounding answer {s.answer!r}: start must be >= 0 seconds"]
+    if start > end:
+        return [f"temporal_grounding answer {s.answer!r}: start is after end; write it as [start, end]"]
+    return []
+
+
+register_problem_type("multiple_choice", _check_multiple_choice,
+                      description="answer is an option letter A.. within the options",
+                      aliases=("multiple choice", "mc", "multiple-choice", "choice", "mcq"))
+register_problem_type("yes_no", _check_yes_no, description="answer is yes or no",
+                      aliases=("yes/no", "yesno", "boolean", "closed"))
+register_problem_type("numeric", _check_numeric, description="answer is a number",
+                      aliases=("numerical", "number", "regression", "count"))
+register_problem_type("open", _check_text, description="short reference answer (synonyms in meta)",
+                      aliases=("open-ended", "short answer", "vqa"))
+register_problem_type("temporal_grounding", _check_grounding,
+                      description="answer is [start, end] in seconds",
+                      aliases=("grounding", "temporal grounding", "tg"))
+register_problem_type("free_form", _check_text, description="long free text, compared by similarity",
+                      aliases=("free-form", "freeform", "free form", "ocr"))
+
+
+# ---------------------------------------------------------------------------------- parse and validate
+def guess_media_type(path: str | None) -> str | None:
+    if not path:
+        return None
+    ext = Path(path.split("?")[0]).suffix.lower()
+    if ext in IMAGE_EXTS:
+        return "image"
+    if ext in VIDEO_EXTS:
+        return "video"
+    return None
+
+
+def _maybe_json(value: Any) -> Any:
+    """Parquet/`datasets` columns sometimes hold lists or dicts as JSON strings; decode those."""
+    if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
+    """Raw dict -> (Sample or None, reasons). Structural problems (missing or mistyped fields) and
+    answer problems are both reported; the Sample is built whenever the fields have usable types."""
+    if not isinstance(data, Mapping):
+        return None, [(f"record must be a JSON object with fields {', '.join(RECORD_FIELDS)}; "
+                      f"got {type(data).__name__}")]
+    reasons: list[str] = []
+    missing = [k for k in ("id", "problem_type", "question", "answer") if k not in data or data[k] is None]
+    if missing:
+        reasons.append(f"missing field(s) {', '.join(missing)}; every record needs id, problem_type, question "
+                       "and answer (use `columns=` / --columns to map differently named fields)")
+    sid = data.get("id")
+    if sid is not None and not isinstance(sid, (str, int)):
+        reasons.append(f"'id' must be a string, got {type(sid).__name__}")
+    options = _maybe_json(data.get("options"))
+    if options is not None and not (isinstance(options, (list, tuple)) and all(isinstance(o, str) for o in options)):
+        reasons.append(f"'options' must be a list of strings or null, got {options!r}")
+        options = None
+    media_raw = _maybe_json(data.get("media")) or []
+    if isinstance(media_raw, (str, Mapping)):
+        media_raw = [media_raw]
+    media: list[MediaItem] = []
+    if not isinstance(media_raw, (list, tuple)):
+        reasons.append(f"'media' must be a list of {{type, path}} items, got {type(media_raw).__name__}")
+    else:
+        for i, raw in enumerate(media_raw):
+            try:
+                media.append(MediaItem.from_dict(raw))
+            except (DataError, ValueError) as exc:
+                reasons.append(f"media[{i}]: {exc}")
+    meta = _maybe_json(data.get("meta")) or {}
+    if not isinstance(meta, Mapping):
+        reasons.append(f"'meta' must be an object, got {type(meta).__name__}")
+        meta = {}
+    meta = dict(meta)
+    for key, value in data.items():  # extra columns are kept in meta, never dropped silently
+        if key not in RECORD_FIELDS and key not in meta:
+            meta[key] = value
+    if missing:
+        return None, reasons
+    ptype = normalize_problem_type(str(data["problem_type"]))
+    answer = data["answer"]
+    if ptype == "temporal_grounding":
+        span = parse_span(answer)
+        answer = list(span) if span is not None else answer
+    sample = Sample(id=str(sid), problem_type=ptype, question=str(data["question"]),
+                    answer=answer, options=list(options) if options is not None else None,
+                    media=media, meta=meta)
+    reasons.extend(validate_sample(sample))
+    return sample, reasons
+
+
+def validate_sample(sample: Sample) -> list[str]:
+    """Reasons ``sample`` is invalid: id, question, known problem type and its answer check, media items."""
+    reasons: list[str] = []
+    if not str(sample.id).strip():
+        reasons.append("'id' is empty; give every record a unique id")
+    if not isinstance(sample.question, str) or not sample.question.strip():
+        reasons.append("'question' is empty; every record needs the question text")
+    ptype = _PROBLEM_TYPES.get(sample.problem_type)
+    if ptype is None:
+        reasons.append(f"unknown problem_type {sample.problem_type!r}; known types are "
+                       f"{', '.join(problem_types())} (register new ones with "
+                       "data_pipelines.schema.register_problem_type)")
+    else:
+        reasons.extend(ptype.check(sample))
+    for i, item in enumerate(sample.media):
+        reasons.extend(f"media[{i}]: {r}" for r in _check_media_item(item))
+    return reasons
+
+
+def _check_media_item(item: MediaItem) -> list[str]:
+    reasons = []
+    if item.type not in MEDIA_TYPES:
+        reasons.append(f"type must be 'image' or 'video', got {item.type!r}")
+    if not item.path:
+        reasons.append("'path' is empty; give the file path relative to the dataset file or media_root")
+    for key, value in item.sampling.items():
+        if key not in SAMPLING_KEYS:
+            reasons.append(f"unknown sampling key {key!r}; allowed: {', '.join(sorted(SAMPLING_KEYS))}")
+        elif value is not None and (parse_number(value) is None or parse_number(value) < 0):
+            reasons.append(f"sampling {key}={value!r} must be a non-negative number")
+    start, end = parse_number(item.sampling.get("start")), parse_number(item.sampling.get("end"))
+    if start is not None and end is not None and start > end:
+        reasons.append(f"sampling start={start} is after end={end}")
+    return reasons
+
+
+def check_record(
+    data: Any,
+    *,
+    file: str | Path = "<memory>",
+    line: int | None = None,
+    unit: str = "line",
+) -> tuple[Sample | None, list[Problem]]:
+    """Like :func:`parse_record`, with each reason wrapped in a :class:`Problem` at ``file:line``."""
+    sample, reasons = parse_record(data)
+    sid = sample.id if sample is not None else (
+        str(data.get("id")) if isinstance(data, Mapping) and data.get("id") is not None else None)
+    problems = [Problem(str(file), line, sid, _kind_of(r), r, unit) for r in reasons]
+    return sample, problems
+
+
+def _kind_of(reason: str) -> str:
+    if reason.startswith("unknown problem_type"):
+        return "problem_type"
+    if reason.startswith("media["):
+        return "media"
+    if reason.startswith(("missing field", "record must be")):
+        return "structure"
+    return "answer" if "answer" in reason or "options" in reason else "field"

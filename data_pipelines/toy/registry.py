@@ -1,0 +1,94 @@
+"""Registry of toy-world tasks. A task turns ``(rng, index, config)`` into one :class:`ToyItem`.
+
+The index decides the answer class and the difficulty variant (see :func:`cycle`), so every split is
+balanced across answer letters by construction; the rng decides everything else (positions, colours
+that are not the answer, timings). Add a task with :func:`register_task`::
+
+    @register_task("my_task", kind="video", description="...")
+    def my_task(rng, index, cfg) -> ToyItem: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DIFFICULTIES = ("easy", "medium", "hard")
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """Settings every task sees. ``resolution`` is the side of the square frames/images (even)."""
+
+    resolution: int = 64
+
+
+@dataclass
+class ToyItem:
+    """One generated question. Exactly one of ``frames`` (uint8 ``(N,H,W,3)``, with ``fps``) or
+    ``image`` (uint8 ``(H,W)`` grey or ``(H,W,3)``) is set."""
+
+    question: str
+    problem_type: str
+    answer: Any
+    difficulty: str
+    options: list[str] | None = None
+    frames: np.ndarray | None = None
+    fps: float | None = None
+    image: np.ndarray | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+TaskFn = Callable[[np.random.Generator, int, ToyConfig], ToyItem]
+
+
+@dataclass
+class ToyTask:
+    name: str
+    fn: TaskFn
+    kind: str  # "video" or "image"
+    description: str = ""
+
+
+_TASKS: dict[str, ToyTask] = {}
+
+
+def register_task(name: str, *, kind: str, description: str = "",
+                  overwrite: bool = False) -> Callable[[TaskFn], TaskFn]:
+    """Decorator that registers a task generator under ``name``."""
+    if kind not in ("video", "image"):
+        raise ValueError(f"task kind must be 'video' or 'image', got {kind!r}")
+
+    def deco(fn: TaskFn) -> TaskFn:
+        if name in _TASKS and not overwrite:
+            raise ValueError(f"toy task {name!r} is already registered; pass overwrite=True to replace it")
+        _TASKS[name] = ToyTask(name, fn, kind, description)
+        return fn
+
+    return deco
+
+
+def toy_tasks() -> dict[str, ToyTask]:
+    """Registered tasks in registration order (built-ins first)."""
+    from . import video_tasks, scan  # noqa: F401, I001  (registration order: videos first)
+
+    return dict(_TASKS)
+
+
+def get_task(name: str) -> ToyTask:
+    tasks = toy_tasks()
+    if name not in tasks:
+        from mmrl.errors import DataError
+
+        raise DataError(f"unknown toy task {name!r}; known tasks: {', '.join(tasks)}")
+    return tasks[name]
+
+
+def cycle(index: int, n_classes: int, n_variants: int = 1) -> tuple[int, int]:
+    """``index -> (answer class, variant)``: classes cycle fastest, so any ``n_classes`` consecutive
+    indices cover every class once (balanced answers), and variants cycle over blocks of classes."""
+    return index % n_classes, (index // n_classes) % max(1, n_variants)
