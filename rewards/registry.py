@@ -264,12 +264,12 @@ class RewardSpec:
                 )
             if "name" not in item:
                 raise ConfigError(f"{where}: a reward entry needs a 'name' (got keys {sorted(item)})")
-            spec = RewardSpec(
-                item["name"],
-                item.get("weight", 1.0),
-                dict(item.get("kwargs") or {}),
-                item.get("label"),
-            )
+            kwargs = item.get("kwargs") or {}
+            if not isinstance(kwargs, Mapping):
+                raise ConfigError(
+                    f"{where}: kwargs of reward {item['name']!r} must be a mapping, got {kwargs!r}"
+                )
+            spec = RewardSpec(item["name"], item.get("weight", 1.0), dict(kwargs), item.get("label"))
         else:
             raise ConfigError(f"{where}: a reward entry must be a name or a mapping, got {item!r}")
         w = spec.weight
