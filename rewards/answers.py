@@ -186,8 +186,24 @@ _LETTER_FOLLOWERS = frozenset(
 _STANDALONE = r"(?<![A-Za-z0-9'\u2019\-])([A-Z])(?![A-Za-z0-9'\u2019\-])"
 
 
+def _options_list(options: Any) -> list[Any] | None:
+    """Options as a list; a mapping keyed by letters (``{"A": "cat", "B": "dog"}``) is read in letter order."""
+    if options is None:
+        return None
+    if isinstance(options, Mapping):
+        keys = sorted(str(k).strip().upper() for k in options)
+        if keys != list(_ALPHABET[: len(keys)]):
+            raise ValueError(f"option keys must be the letters A.. in order, got {sorted(options)}")
+        by_key = {str(k).strip().upper(): v for k, v in options.items()}
+        return [by_key[k] for k in keys]
+    if isinstance(options, str):
+        raise TypeError(f"options must be a list of option texts, got the string {options!r}")
+    return list(options)
+
+
 def choice_letters(options: Sequence[Any] | None = None, num_options: int | None = None) -> str:
     """The valid option letters: ``A`` .. the ``len(options)``-th letter; all of A–Z when unknown."""
+    options = _options_list(options)
     if num_options is None and options is not None:
         num_options = len(options)
     if num_options is None:
@@ -278,8 +294,8 @@ def extract_choice(
 ) -> str | None:
     """The option letter a (short) answer names, or ``None`` when there is none or it is ambiguous.
 
-    Letters are restricted to the sample's options (``A`` .. ``len(options)``-th letter); a letter outside
-    them gives ``None``. In order:
+    Letters are restricted to the sample's options (``A`` .. ``len(options)``-th letter; ``options`` may also
+    be a mapping keyed by letters); a letter outside them gives ``None``. In order:
 
     1. the whole answer is a letter: ``B``, ``(B)``, ``[b]``, ``B.``, ``B:``;
     2. the last explicit answer phrase: ``Answer: B``, ``the answer is (B)``, ``the correct option is B``;
@@ -295,6 +311,7 @@ def extract_choice(
     The English article "a"/"A" ("a red circle", "A red circle") and the pronoun "I" are never read as
     letters; a lower-case letter counts only when it stands alone or in brackets.
     """
+    options = _options_list(options)
     letters = choice_letters(options, num_options)
     s = _clean(text)
     if not s:
@@ -369,6 +386,7 @@ def extract_choice(
 
 def normalize_gold_choice(answer: Any, options: Sequence[Any] | None = None) -> str:
     """A gold multiple-choice answer as its letter: ``"B"``, ``"(b)"``, ``"B."`` or the exact option text."""
+    options = _options_list(options)
     letters = choice_letters(options)
     if isinstance(answer, str):
         s = _clean(answer)

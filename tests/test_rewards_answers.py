@@ -164,6 +164,17 @@ def test_long_prose_counts_only_a_final_letter():
     assert extract_choice(long + " so C", OPTS4) == "C"
 
 
+def test_options_as_letter_mapping():
+    opts = {"B": "dog", "A": "cat", "C": "owl"}
+    assert extract_choice("dog", opts) == "B"
+    assert extract_choice("D", opts) is None
+    assert normalize_gold_choice("owl", opts) == "C"
+    with pytest.raises(ValueError, match="option keys"):
+        extract_choice("A", {"A": "cat", "C": "owl"})
+    with pytest.raises(TypeError, match="list of option texts"):
+        extract_choice("A", "cat")
+
+
 def test_duplicate_option_texts_are_ambiguous():
     assert extract_choice("red", ["red", "red", "blue"]) is None
 
