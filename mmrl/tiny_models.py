@@ -660,6 +660,7 @@ def _write_files(family: str, seed: int, size: TinySize, target: Path) -> dict[s
     info = {
         **settings(family, seed, **dataclasses.asdict(size)),
         "parameters": count_parameters(model),
+        "tokenizer_size": len(tokenizer),
         "special_tokens": ids,
         "build_seconds": round(time.perf_counter() - started, 3),
     }
@@ -816,7 +817,7 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     ids = info["special_tokens"]
     print(
         f"built {args.family} in {path} ({info['parameters']:,} parameters, "
-        f"{info['build_seconds']:.1f}s; vocab {info['size']['vocab_size']} BPE target, "
+        f"{info['build_seconds']:.1f}s; {info['tokenizer_size']} tokens, "
         f"image_token_id {ids['<|image_pad|>']}, video_token_id {ids['<|video_pad|>']})"
     )
     return 0
