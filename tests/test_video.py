@@ -306,6 +306,8 @@ def test_policy_registry(media: dict) -> None:
         _POLICIES.pop("test_last_two", None)
     with pytest.raises(ValueError, match="unknown sampling policy"):
         sample_video(media["v30"], "nope")
+    with pytest.raises(ValueError, match="bad options"):
+        sample_video(media["v30"], "uniform", fps=2.0)
     with pytest.raises(ValueError, match="Invalid time range"):
         sample_video(media["v30"], "uniform", start=1.5, end=1.0)
 

@@ -269,6 +269,8 @@ def sample_video(
             indices = fn(reader.num_frames, reader.fps, start=start, end=end, **options)
         except ValueError as exc:
             raise ValueError(f"{reader.path}: {exc}") from exc
+        except TypeError as exc:  # an option the policy does not take
+            raise ValueError(f"{reader.path}: bad options {sorted(options)} for policy {policy!r}: {exc}") from exc
         opts = {**options, **resize, **({"start": start} if start is not None else {}),
                 **({"end": end} if end is not None else {})}
         return decode_indices(reader, indices, window_frames=last - first + 1, policy=policy, options=opts,
