@@ -89,6 +89,9 @@ def get_task(name: str) -> ToyTask:
 
 
 def cycle(index: int, n_classes: int, n_variants: int = 1) -> tuple[int, int]:
-    """``index -> (answer class, variant)``: classes cycle fastest, so any ``n_classes`` consecutive
-    indices cover every class once (balanced answers), and variants cycle over blocks of classes."""
-    return index % n_classes, (index // n_classes) % max(1, n_variants)
+    """``index -> (answer class, variant)``. Classes cycle fastest, so any ``n_classes`` consecutive
+    indices cover every class once (balanced answers); the variant is ``(class + block) % n_variants``,
+    so even a small split mixes variants (difficulties) and every class meets every variant within
+    ``n_classes * n_variants`` indices."""
+    cls, block = index % n_classes, index // n_classes
+    return cls, (cls + block) % max(1, n_variants)

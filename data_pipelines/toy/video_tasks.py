@@ -49,7 +49,7 @@ def _grey_distractor(frames: np.ndarray, rng: np.random.Generator, size: float) 
 def color_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     r = cfg.resolution
     cls, variant = cycle(index, len(COLOR_NAMES), 2)
-    size = r * (0.30 if variant == 0 else 0.20)
+    size = r * (0.30 if variant == 0 else 0.24)
     bg = _bg(rng, r, noise=4.0 if variant == 0 else 10.0)
     frames = np.repeat(bg[None], SHORT_FRAMES, axis=0)
     if variant == 1:
@@ -69,7 +69,7 @@ def color_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
 def shape_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     r = cfg.resolution
     cls, variant = cycle(index, len(SHAPES), 2)
-    size = r * (0.30 if variant == 0 else 0.20)
+    size = r * (0.30 if variant == 0 else 0.24)
     bg = _bg(rng, r, noise=4.0 if variant == 0 else 10.0)
     frames = np.repeat(bg[None], SHORT_FRAMES, axis=0)
     color = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
