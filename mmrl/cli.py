@@ -1,6 +1,6 @@
 """The ``mmrl`` command line.
 
-Each command group lives in its own module, which exposes ``add_parser(subparsers)``; the parser it adds
+Each command lives in a module with a function that adds its parser (``COMMANDS`` names it); the parser
 sets ``func`` (called with the parsed namespace, returns an exit status). Modules are imported lazily only
 for the command that runs, so ``mmrl --help`` stays fast.
 """
@@ -14,10 +14,13 @@ import sys
 from mmrl import __version__
 from mmrl.errors import MmrlError
 
-# command name -> (module that defines it, one-line help)
+# command name -> ("module:function" that adds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "models": ("mmrl.tiny_models", "build tiny random-weight Qwen-VL models offline"),
-    "data": ("data_pipelines.cli", "validate, inspect, and generate datasets (make-toy)"),
+    "train": ("mmrl.commands:add_train_parser", "RL fine-tuning (GRPO) of a Qwen-VL model"),
+    "sft": ("mmrl.commands:add_sft_parser", "supervised fine-tuning (cold start)"),
+    "eval": ("mmrl.commands:add_eval_parser", "evaluate a model on a held-out split"),
+    "data": ("data_pipelines.cli:add_parser", "validate, inspect, and generate datasets (make-toy)"),
+    "models": ("mmrl.tiny_models:add_parser", "build tiny random-weight Qwen-VL models offline"),
 }
 
 
@@ -32,7 +35,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, help=help_text)
             continue
-        importlib.import_module(module).add_parser(sub)
+        mod, func = module.split(":")
+        getattr(importlib.import_module(mod), func)(sub)
     return parser
 
 

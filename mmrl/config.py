@@ -59,7 +59,9 @@ class DataConfig:
     on_bad_sample: Literal["raise", "skip"] = "raise"
     toy_seed: int = 0
     toy_tasks: list[str] = field(default_factory=list)
-    """With the toy world: keep only these tasks (empty: the task's default)."""
+    """With the toy world: generate only these tasks (empty: all)."""
+    toy_size: dict[str, int] = field(default_factory=dict)
+    """With the toy world: records per task and split, e.g. {train: 48, val: 10, test: 10} (empty: default)."""
     problem_types: list[str] = field(default_factory=list)
     """Keep only these problem types (empty: all)."""
     sampler: str = "uniform"

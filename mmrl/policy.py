@@ -202,8 +202,6 @@ class Policy:
             if not items:
                 continue
             grids = out[grid_key]
-            if kind == "video" and len(grids) != len(items):
-                grids = self._merge_frame_grids(grids, items)
             offsets = [0]
             for g in grids:
                 offsets.append(offsets[-1] + int(g.prod()))
@@ -216,29 +214,27 @@ class Policy:
                     key=item.key, kind=kind, pixel_values=out[pix_key][offsets[i]:offsets[i + 1]],
                     grid_thw=grids[i].clone(), second_per_grid=sec)
 
-    @staticmethod
-    def _merge_frame_grids(grids: torch.Tensor, items: list[MediaInput]) -> torch.Tensor:
-        """Some processors return one grid row per frame group; merge them back to one row per video."""
-        merged, i = [], 0
-        for item in items:
-            n = item.data.frames.shape[0]
-            rows = []
-            while i < len(grids) and sum(int(r[0]) for r in rows) * 2 < n:
-                rows.append(grids[i])
-                i += 1
-            t = sum(int(r[0]) for r in rows)
-            merged.append(torch.tensor([t, int(rows[0][1]), int(rows[0][2])]))
-        return torch.stack(merged)
-
     def _media_order(self, ids: list[int], media: Sequence[MediaInput]) -> list[str]:
-        """Media keys in placeholder order (images and videos interleaved as they appear in the text)."""
-        images = iter([m.key for m in media if m.kind == "image"])
-        videos = iter([m.key for m in media if m.kind == "video"])
-        order, prev = [], None
+        """Media keys in placeholder order (images and videos interleaved as they appear in the text).
+
+        A video may be split into several placeholder runs (Qwen3-VL puts a timestamp before each frame
+        group), so runs are consumed until the item's token count is reached.
+        """
+        merge = self.base.visual.spatial_merge_size ** 2
+        queues = {kind: [m.key for m in media if m.kind == kind] for kind in ("image", "video")}
+        order: list[str] = []
+        need = {"image": 0, "video": 0}
         for tok in ids:
-            if tok != prev and tok in (self.image_token_id, self.video_token_id):
-                order.append(next(images) if tok == self.image_token_id else next(videos))
-            prev = tok
+            kind = "image" if tok == self.image_token_id else "video" if tok == self.video_token_id else None
+            if kind is None:
+                continue
+            if need[kind] == 0:
+                if not queues[kind]:
+                    raise MmrlError(f"the prompt has more {kind} placeholders than {kind}s")
+                key = queues[kind].pop(0)
+                order.append(key)
+                need[kind] = self.media[key].num_patches // merge
+            need[kind] -= 1
         return order
 
     # ---------------------------------------------------------------------------------------- vision

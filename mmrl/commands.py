@@ -1,0 +1,161 @@
+"""``mmrl train``, ``mmrl sft`` and ``mmrl eval``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+OVERRIDE_HELP = ("dotted config overrides, e.g. train.steps=50 rollout.group_size=4 grpo.kl_coef=0.01 "
+                 "(see configs/*.yaml for every key)")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", default=None, help="built-in recipe: video-qa (default) or image-qa")
+    p.add_argument("--config", default=None, metavar="YAML", help="a YAML file merged over the task recipe")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder in Hugging Face format "
+                        "(default: a tiny random model that mmrl builds and caches)")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="training data (JSONL, JSON, Parquet or a datasets folder; default: the toy world)")
+    p.add_argument("--eval-data", default=None, metavar="FILE", help="held-out data for evaluation")
+    p.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>-<time>)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
+
+
+def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
+    from mmrl.config import load_run_config
+
+    extra = dict(extra or {})
+    if args.model:
+        extra.setdefault("model", {})["path"] = args.model
+    if args.data:
+        extra.setdefault("data", {})["train"] = args.data
+    if getattr(args, "eval_data", None):
+        extra.setdefault("data", {})["test"] = args.eval_data
+        extra.setdefault("eval", {})["split"] = "test"
+    if args.out:
+        extra["out"] = args.out
+    return load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra)
+
+
+def _check_paths(cfg) -> None:
+    from mmrl.errors import ConfigError
+
+    if cfg.model.path and not Path(cfg.model.path).exists():
+        raise ConfigError(f"model.path: folder not found: {cfg.model.path}")
+    for split in ("train", "val", "test"):
+        path = getattr(cfg.data, split)
+        if path and not Path(path).exists():
+            raise ConfigError(f"data.{split}: file not found: {path}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mmrl.run import default_run_dir, train
+
+    cfg = _load(args)
+    _check_paths(cfg)
+    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    summary = train(cfg, run_dir=run_dir, resume=args.resume, show_progress=not args.quiet)
+    before = (summary.get("eval_before_rl") or {}).get("accuracy")
+    after = (summary.get("eval_after_rl") or {}).get("accuracy")
+    if before is not None and after is not None:
+        print(f"accuracy before RL {before:.3f} -> after RL {after:.3f} ({after - before:+.3f})")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from mmrl.checkpoint import seed_everything
+    from mmrl.policy import load_policy
+    from mmrl.run import default_run_dir, load_split, resolve_model
+    from mmrl.run_log import RunLog
+    from mmrl.sft import run_sft
+
+    cfg = _load(args, {"sft": {"target": "gold"}})
+    if args.steps is not None:
+        cfg.sft.steps = args.steps
+    if cfg.sft.steps <= 0:
+        cfg.sft.steps = 100
+    _check_paths(cfg)
+    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.train.seed)
+    samples, _ = load_split(cfg, "train")
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype)
+    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
+                         llm=not cfg.model.freeze_llm)
+    result = run_sft(cfg, policy, samples, log=RunLog(run_dir), show_progress=not args.quiet)
+    policy.model.save_pretrained(run_dir / "final", safe_serialization=True)
+    policy.processor.save_pretrained(run_dir / "final")
+    print(f"sft: {cfg.sft.steps} steps, last loss {result.get('loss', float('nan')):.4f}; model: {run_dir / 'final'}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mmrl.media import MediaPreparer
+    from mmrl.policy import load_policy
+    from mmrl.run import load_split, resolve_model
+    from mmrl.evaluate import evaluate
+
+    cfg = _load(args)
+    if args.split:
+        cfg.eval.split = args.split
+    if args.limit is not None:
+        cfg.eval.limit = args.limit
+    _check_paths(cfg)
+    samples, _ = load_split(cfg, cfg.eval.split)
+    if cfg.eval.limit:
+        samples = samples[:cfg.eval.limit]
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype)
+    metrics, preds = evaluate(
+        policy, samples, prompt=cfg.prompt, preparer=MediaPreparer(cfg.data.media, family=policy.family),
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
+        min_options=cfg.eval.min_options, show_progress=not args.quiet)
+    out = Path(cfg.out) if cfg.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        with (out / "predictions.jsonl").open("w") as f:
+            for p in preds:
+                f.write(json.dumps(p, default=str) + "\n")
+    print(_table(metrics))
+    return 0
+
+
+def _table(m: dict[str, Any]) -> str:
+    def f(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else "–"
+
+    rows = [f"accuracy {f(m['accuracy'])} on {m['n']} questions ({m['n_total']} evaluated, {m['skipped']} skipped)"]
+    for k, v in m["by_problem_type"].items():
+        rows.append(f"  {k:<22} {f(v)}")
+    for k, v in m["by_task"].items():
+        rows.append(f"  task {k:<17} {f(v)}")
+    return "\n".join(rows)
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="RL fine-tuning (GRPO) of a Qwen-VL model",
+                       description="Run a task recipe: optional cold start, evaluation before RL, GRPO, "
+                                   "evaluation after RL, report.md. With no argument it trains a tiny model on the "
+                                   "built-in toy videos.")
+    _common(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.set_defaults(func=cmd_train)
+
+
+def add_sft_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sft", help="supervised fine-tuning (cold start), loss on assistant tokens only")
+    _common(p)
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: sft.steps or 100)")
+    p.set_defaults(func=cmd_sft)
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on a held-out split (accuracy per problem type and task)")
+    _common(p)
+    p.add_argument("--split", choices=["val", "test"], default=None)
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most this many questions")
+    p.set_defaults(func=cmd_eval)

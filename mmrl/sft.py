@@ -1,0 +1,98 @@
+"""Supervised fine-tuning (the cold start): loss on the assistant's tokens only.
+
+Targets are written in the run's answer format. With ``sft.target: random_answer`` the answer inside the
+tags is drawn at random from the sample's valid answers (an option letter, yes/no, another sample's
+answer), so the cold start teaches the *format* and nothing about which answer is right; RL must find
+the answers. ``gold`` trains on the reference answers (ordinary SFT).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from mmrl.config import RunConfig
+from mmrl.errors import MediaError, MmrlError
+from mmrl.evaluate import encode_prompt
+from mmrl.media import MediaPreparer
+from mmrl.policy import Policy
+from mmrl.run_log import RunLog
+from mmrl.trainer import lr_lambda
+
+THINK = "<think>I look at the media and compare it with the question.</think>"
+
+
+def answer_text(sample: Any) -> str:
+    a = sample.answer
+    if sample.problem_type == "temporal_grounding" and isinstance(a, (list, tuple)):
+        return f"[{float(a[0]):.1f}, {float(a[1]):.1f}]"
+    return str(a)
+
+
+def random_answer(sample: Any, pool: Sequence[Any], rng: random.Random) -> str:
+    """An answer of the right form, chosen without looking at the reference."""
+    if sample.problem_type == "multiple_choice" and sample.options:
+        return rng.choice(string.ascii_uppercase[:len(sample.options)])
+    if sample.problem_type == "yes_no":
+        return rng.choice(["yes", "no"])
+    same = [s for s in pool if s.problem_type == sample.problem_type]
+    return answer_text(rng.choice(same or list(pool)))
+
+
+def target_text(sample: Any, answer: str, answer_format: str) -> str:
+    body = f"<answer>{answer}</answer>"
+    return body if answer_format == "answer" else THINK + body
+
+
+def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunLog | None = None,
+            show_progress: bool = True) -> dict[str, float]:
+    s = cfg.sft
+    if s.steps <= 0:
+        return {}
+    rng = random.Random(cfg.train.seed + 7)
+    preparer = MediaPreparer(cfg.data.media, family=policy.family)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    if not params:
+        raise MmrlError("sft: nothing to train (every part of the model is frozen)")
+    opt = torch.optim.AdamW(params, lr=s.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s.warmup_steps, s.steps, 0.0))
+    eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    order: list[int] = []
+    policy.model.train()
+    last = {}
+    bar = tqdm(range(s.steps), desc="sft", unit="step", disable=not show_progress, dynamic_ncols=True)
+    for step in bar:
+        seqs = []
+        while len(seqs) < s.batch_size:
+            if not order:
+                order = list(range(len(samples)))
+                rng.shuffle(order)
+            sample = samples[order.pop()]
+            try:
+                prompt, _ = encode_prompt(policy, preparer, sample, cfg.prompt)
+            except MediaError:
+                if cfg.data.on_bad_sample != "skip":
+                    raise
+                continue
+            answer = answer_text(sample) if s.target == "gold" else random_answer(sample, samples, rng)
+            ids = policy.tokenizer(target_text(sample, answer, cfg.prompt.answer_format),
+                                   add_special_tokens=False)["input_ids"] + [eos]
+            seqs.append(prompt.extend(ids, trained=True))
+        logp, _, mask = policy.forward_logprobs(seqs)
+        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        opt.step()
+        sched.step()
+        policy.media.clear()
+        last = {"loss": float(loss.detach()), "lr": sched.get_last_lr()[0]}
+        bar.set_postfix(loss=f"{last['loss']:.3f}")
+        if log is not None:
+            log.metrics("sft", step + 1, last)
+    return last
