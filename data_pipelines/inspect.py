@@ -128,10 +128,10 @@ def _media_stats(samples: list[Sample], report: InspectReport, max_media: int, p
             if kind == "video":
                 from video.reader import open_video
 
-                r = open_video(p)
-                for key, value in (("duration_s", r.duration), ("fps", r.fps), ("width", r.width),
-                                   ("height", r.height), ("num_frames", r.num_frames)):
-                    stats[key].append(float(value))
+                with open_video(p) as r:
+                    for key, value in (("duration_s", r.duration), ("fps", r.fps), ("width", r.width),
+                                       ("height", r.height), ("num_frames", r.num_frames)):
+                        stats[key].append(float(value))
             else:
                 from vision import open_image
 
@@ -167,10 +167,10 @@ def _sample_frames(sample: Sample, frames: int) -> tuple[list[np.ndarray], list[
             if item.type == "video":
                 from video.reader import open_video
 
-                r = open_video(item.path)
-                idx = np.unique(np.linspace(0, max(0, r.num_frames - 1), frames).round().astype(int)).tolist()
-                arr = r.get_frames(idx)
-                fps = float(r.fps) or 1.0
+                with open_video(item.path) as r:
+                    idx = np.unique(np.linspace(0, max(0, r.num_frames - 1), frames).round().astype(int)).tolist()
+                    arr = r.get_frames(idx)
+                    fps = float(r.fps) or 1.0
                 out += list(arr)
                 labels += [f"{i / fps:.1f}s" for i in idx]
             else:

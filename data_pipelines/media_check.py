@@ -37,12 +37,12 @@ def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str
         elif kind == "video":
             from video.reader import open_video
 
-            reader = open_video(p)
-            n = int(reader.num_frames)
-            if n <= 0:
-                return f"video has no frames: {p}; re-encode it"
-            idx = sorted({0, n // 2, n - 1})
-            frames = reader.get_frames(idx)
+            with open_video(p) as reader:
+                n = int(reader.num_frames)
+                if n <= 0:
+                    return f"video has no frames: {p}; re-encode it"
+                idx = sorted({0, n // 2, n - 1})
+                frames = reader.get_frames(idx)
             if len(frames) != len(idx):
                 return f"video decoded {len(frames)} of frames {idx}: {p}; the file looks truncated, re-encode it"
         else:

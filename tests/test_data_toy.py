@@ -59,7 +59,6 @@ def test_same_seed_identical_different_seed_differs(tiny_builds):
     for rel in videos:
         fa, fb = _all_frames(a / rel), _all_frames(b / rel)
         assert fa.shape == fb.shape and np.array_equal(fa, fb), rel
-        assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
         fc = _all_frames(c / rel)
         differing += int(fa.shape != fc.shape or not np.array_equal(fa, fc))
     for rel in images:

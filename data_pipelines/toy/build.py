@@ -7,8 +7,10 @@ Layout::
     OUT/manifest.json  OUT/README.md                  parameters and counts
 
 Determinism: every (task, split) draws from its own ``numpy`` generator seeded by ``(seed, task,
-split)``, the MP4 writer is bit-exact, so the same arguments give byte-identical files. Splits use
-different generator streams and ids, so no sample (or media file) is shared between them.
+split)``, so the same arguments give byte-identical JSONL, manifest and PNG files. Videos are encoded
+losslessly (H.264, crf 0), so they decode to identical frames whatever the encoder does (libx264 was seen
+to vary its lossy bitstream in rare runs). Splits use different generator streams and ids, so no sample
+(or media file) is shared between them.
 """
 
 from __future__ import annotations
@@ -99,7 +101,9 @@ def _write_media(item: ToyItem, path: Path) -> None:
     if item.frames is not None:
         from video.writer import write_mp4
 
-        write_mp4(path, item.frames, item.fps or 8.0)
+        # crf=0 is lossless: decoded frames are a pure function of the drawn frames (the yuv420p round
+        # trip), so they stay identical even if the encoder's bitstream ever varies between runs.
+        write_mp4(path, item.frames, item.fps or 8.0, crf=0)
     else:
         from PIL import Image
 

@@ -2,9 +2,15 @@
 
 All videos are ``R x R`` (``ToyConfig.resolution``, default 64) with a dark grey, lightly noisy
 background. Short tasks are 2 s at 8 fps (16 frames); ``grounding`` is 8 s at 4 fps (32 frames);
-``needle`` is 24 s at 4 fps (96 frames). Objects are large (radius 20-30 % of the frame side in the easy
-variants) and saturated, so the visual signal is strong even for a tiny model. Multiple-choice options
-come in a fixed canonical order per task; the answer letter follows the content.
+``needle`` is 24 s at 4 fps (96 frames). Objects are large and saturated (colour/shape: radius 30 % of the
+frame side when easy, 24 % when medium; flashes and needles: squares 60 % of the side), so the visual
+signal is strong even for a tiny model. Multiple-choice options come in a fixed canonical order per task;
+the answer letter follows the content.
+
+Difficulty (``meta.difficulty``): colour/shape/motion easy = big object, plain background; medium =
+smaller object, noisier background (plus a grey distractor for colour, shorter travel for motion).
+count: 1-2 easy, 3 medium, 4 hard. order: medium = flashes 6-8 frames apart, hard = 4-5. needle: the
+event lasts 2 s (easy), 1 s (medium), 0.5 s (hard). grounding: event 2-4 s (medium) or 1-1.5 s (hard).
 """
 
 from __future__ import annotations
