@@ -72,8 +72,26 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))
+    own = set(model.state_dict())
+    if not set(state) <= own:  # saved in the original checkpoint format: map the names back
+        names = _saved_names(model)
+        state = {names.get(k, k): v for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if "lm_head" in k or "embed_tokens" in k}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"{checkpoint}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]})")
+
+
+def _saved_names(model: torch.nn.Module) -> dict[str, str]:
+    """Saved tensor name -> the model's parameter name.
+
+    ``save_pretrained`` writes weights under the original checkpoint names (Qwen2-VL and Qwen2.5-VL save
+    ``model.layers.*`` for the model's ``model.language_model.layers.*``); ``from_pretrained`` renames them
+    back. Run the same renaming on index-tagged tensors to learn the mapping.
+    """
+    from transformers.core_model_loading import revert_weight_conversion
+
+    keys = list(model.state_dict())
+    reverted = revert_weight_conversion(model, {k: torch.tensor([i]) for i, k in enumerate(keys)})
+    return {saved: keys[int(t.reshape(-1)[0])] for saved, t in reverted.items() if t.numel() == 1}
