@@ -92,10 +92,8 @@ class Generation:
     finished: bool  # ended on EOS or a stop string (not cut by max_new_tokens)
 
 
-def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: str = "sdpa") -> Policy:
-    """Load any Qwen-VL folder in Hugging Face format; errors name the folder and what is missing."""
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
-
+def check_model_dir(path: str | Path) -> Path:
+    """Cheap checks of a model folder (before any data is built or loaded); errors name the folder."""
     path = Path(path)
     if not path.is_dir():
         raise MmrlError(f"model folder not found: {path}")
@@ -107,6 +105,14 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
         raise MmrlError(
             f"{path}: no processor (preprocessor_config.json or processor_config.json); "
             "save the processor beside the model with processor.save_pretrained(folder)")
+    return path
+
+
+def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: str = "sdpa") -> Policy:
+    """Load any Qwen-VL folder in Hugging Face format; errors name the folder and what is missing."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    path = check_model_dir(path)
     config = AutoConfig.from_pretrained(path)
     if config.model_type not in FAMILIES:
         raise MmrlError(f"{path}: model type '{config.model_type}' is not supported; "
