@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from rewards.answers import text_tokens
 
-__all__ = ["lcs_length", "rouge_l", "temporal_iou", "token_f1"]
+__all__ = ["bleu1", "lcs_length", "llava_med_overlap", "rouge_l", "temporal_iou", "token_f1"]
 
 
 def _tokens(x: Any) -> list[str]:
@@ -28,6 +29,41 @@ def token_f1(prediction: Any, reference: Any) -> float:
         return 0.0
     precision, recall = common / len(p), common / len(r)
     return 2 * precision * recall / (precision + recall)
+
+
+def llava_med_overlap(prediction: Any, reference: Any) -> tuple[float, float, float]:
+    """``(precision, recall, f1)`` of word overlap as LLaVA-Med scores open questions.
+
+    With multiset counts C (prediction) and R (reference): tp = Σ_{w ∈ C∩R} C[w] (the *prediction's*
+    count of each shared word), fp = Σ_{w ∈ C∖R} C[w], fn = Σ_{w ∈ R∖C} R[w]; recall = tp/(tp+fn),
+    precision = tp/(tp+fp). Everything is 0 when tp = 0 or either side is empty. Tokens are the shared
+    normaliser's (:func:`rewards.answers.text_tokens`); LLaVA-Med's "open recall" is the recall here.
+    """
+    c, r = Counter(_tokens(prediction)), Counter(_tokens(reference))
+    if not c or not r:
+        return 0.0, 0.0, 0.0
+    tp = sum(n for w, n in c.items() if w in r)
+    if tp == 0:
+        return 0.0, 0.0, 0.0
+    fp = sum(n for w, n in c.items() if w not in r)
+    fn = sum(n for w, n in r.items() if w not in c)
+    precision, recall = tp / (tp + fp), tp / (tp + fn)
+    return precision, recall, 2 * precision * recall / (precision + recall)
+
+
+def bleu1(prediction: Any, reference: Any) -> float:
+    """Sentence BLEU-1 as NLTK computes it with weights (1, 0, 0, 0): BP · p₁, where p₁ is the clipped
+    unigram precision and BP = 1 if c > r else exp(1 − r/c) (c, r: prediction and reference lengths).
+    An empty prediction or reference scores 0."""
+    p, r = _tokens(prediction), _tokens(reference)
+    if not p or not r:
+        return 0.0
+    clipped = sum((Counter(p) & Counter(r)).values())
+    if clipped == 0:
+        return 0.0
+    c, ref_len = len(p), len(r)
+    bp = 1.0 if c > ref_len else math.exp(1 - ref_len / c)
+    return bp * clipped / c
 
 
 def lcs_length(a: Sequence[Any], b: Sequence[Any]) -> int:

@@ -1,0 +1,94 @@
+"""Readers for evaluation benchmarks, in the file layouts their publishers ship.
+
+``load_benchmark(name, root)`` returns a :class:`BenchmarkData` whose samples are ordinary
+:class:`~data_pipelines.schema.Sample` records (multiple choice with an option letter as the answer, or
+yes/no and open questions for the medical sets), with the fields each benchmark's breakdowns need in
+``meta`` (MVBench ``task``; Video-MME ``duration``, ``domain``, ``sub_category``, ``task_type``; ...).
+A missing or mis-laid-out folder raises :class:`LayoutError` saying what was expected where.
+
+| name | layout read |
+| --- | --- |
+| ``mvbench`` | ``json/<task>.json`` + videos under ``video/<folder>/`` (main branch) or ``<folder>/`` (video branch) |
+| ``videomme`` | ``videomme/test-*.parquet`` + ``data/<videoID>.mp4`` (+ ``subtitle/<videoID>.srt``) |
+| ``longvideobench`` | ``lvb_val.json`` + ``videos/<video_path>`` |
+| ``mmvu`` | ``validation.json`` + ``videos/<subject>/<n>.mp4`` (multiple-choice questions) |
+| ``vqa-rad``, ``pathvqa`` | ``data/<split>-*.parquet`` (image bytes, question, answer) |
+| ``slake`` | ``<split>.json`` + ``imgs/<img_name>`` |
+| ``toy`` | the toy world (``test.jsonl`` + ``media/``), as ``mmrl data make-toy`` writes it |
+
+Register more with :func:`register_benchmark`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_pipelines.benchmarks._common import BenchmarkData, LayoutError
+from mmrl.errors import ConfigError
+
+__all__ = ["BenchmarkData", "LayoutError", "available_benchmarks", "get_benchmark", "load_benchmark",
+           "register_benchmark"]
+
+
+@dataclass
+class BenchmarkReader:
+    name: str
+    fn: Callable[..., BenchmarkData]
+    title: str
+    kind: str  # "video_mc" | "medical" | "toy"
+    splits: tuple[str, ...] = ("test",)
+
+
+_READERS: dict[str, BenchmarkReader] = {}
+
+
+def register_benchmark(name: str, *, title: str, kind: str, splits: tuple[str, ...] = ("test",)) -> Callable:
+    def deco(fn: Callable[..., BenchmarkData]) -> Callable[..., BenchmarkData]:
+        _READERS[name] = BenchmarkReader(name, fn, title, kind, splits)
+        return fn
+    return deco
+
+
+def _builtins() -> None:
+    from data_pipelines.benchmarks import (  # noqa: F401  (readers register on import)
+        lvb,
+        medical,
+        mmvu,
+        mvbench,
+        toy,
+        videomme,
+    )
+
+
+def available_benchmarks() -> list[str]:
+    _builtins()
+    return sorted(_READERS)
+
+
+def get_benchmark(name: str) -> BenchmarkReader:
+    _builtins()
+    key = name.strip().lower().replace("_", "-")
+    key = {"vqarad": "vqa-rad", "path-vqa": "pathvqa", "video-mme": "videomme", "lvb": "longvideobench",
+           "long-video-bench": "longvideobench"}.get(key, key)
+    if key not in _READERS:
+        raise ConfigError(f"unknown benchmark '{name}'; available: {', '.join(sorted(_READERS))}")
+    return _READERS[key]
+
+
+def load_benchmark(name: str, root: str | os.PathLike[str], *, split: str | None = None,
+                   media_cache: str | os.PathLike[str] | None = None, **options: Any) -> BenchmarkData:
+    """Read benchmark ``name`` from ``root``. ``split`` defaults to the benchmark's evaluation split;
+    ``media_cache`` is where images embedded in Parquet files are written (default: the mmrl cache)."""
+    reader = get_benchmark(name)
+    split = split or reader.splits[0]
+    if split not in reader.splits:
+        raise ConfigError(f"{reader.title} has no split '{split}' with answers; use one of {', '.join(reader.splits)}")
+    if media_cache is None:
+        from mmrl.paths import cache_dir
+
+        media_cache = cache_dir() / "benchmark-images"
+    return reader.fn(Path(root), split=split, media_cache=Path(media_cache), **options)

@@ -1,0 +1,184 @@
+"""Tiny copies of each benchmark in its exact public layout, built from toy-world media.
+
+``write_fixture("mvbench", out)`` writes a handful of questions with real MP4 videos (and, for MVBench's
+Episodic Reasoning, a 3-fps JPEG frame folder; for the medical sets, PNG scans embedded in Parquet files or
+in an ``imgs/`` folder) so the readers and the evaluator can be exercised end to end without downloads. The
+questions are the toy world's (colour of the moving object, lesion presence and location), so a trained
+model can actually answer them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FIXTURES = ("mvbench", "videomme", "longvideobench", "mmvu", "vqa-rad", "pathvqa", "slake", "toy")
+
+
+def _toy(tmp: Path, task: str, n: int, seed: int) -> list[dict[str, Any]]:
+    from data_pipelines.toy import make_toy
+
+    make_toy(tmp, seed, size={"train": 0, "val": 0, "test": n}, tasks=[task], progress=False)
+    recs = [json.loads(line) for line in (tmp / "test.jsonl").read_text().splitlines()]
+    for r in recs:
+        r["file"] = tmp / r["media"][0]["path"]
+    return sorted(recs, key=lambda r: r["id"])
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def _frame_folder(video: Path, folder: Path) -> None:
+    from PIL import Image
+
+    from video import open_video
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open_video(video) as reader:
+        frames = reader.get_frames(range(reader.num_frames))
+    for k, frame in enumerate(frames, start=1):  # the official reader counts files from 00001.jpg
+        Image.fromarray(frame).save(folder / f"{k:05d}.jpg", quality=95)
+
+
+def _mvbench(out: Path, recs: list[dict[str, Any]]) -> None:
+    (out / "json").mkdir(parents=True, exist_ok=True)
+    layout = [  # (task, folder under video/, file name in the JSON, bounded)
+        ("action_sequence", "star/Charades_v1_480", "{i}.mp4", True),
+        ("object_existence", "clevrer/video_validation", "video_{i}.mp4", False),
+        ("episodic_reasoning", "tvqa/frames_fps3_hq", "clip_{i}", True),
+    ]
+    for k, (task, folder, pattern, bounded) in enumerate(layout):
+        items = []
+        for j, r in enumerate(recs[k::len(layout)]):
+            name = pattern.format(i=j)
+            target = out / "video" / folder / name
+            if task == "episodic_reasoning":
+                _frame_folder(r["file"], target)
+            else:
+                _copy(r["file"], target)
+            item = {"video": name, "question": r["question"],
+                    "candidates": r["options"], "answer": r["options"]["ABCD".index(r["answer"])]}
+            if bounded:
+                item.update(start=0.3, end=1.7)
+            items.append(item)
+        (out / "json" / f"{task}.json").write_text(json.dumps(items, indent=1))
+
+
+def _videomme(out: Path, recs: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    durations = ["short", "medium", "long"]
+    for j, r in enumerate(recs):
+        vid = f"vid{j // 2:03d}xyz"
+        _copy(r["file"], out / "data" / f"{vid}.mp4")
+        rows.append({"video_id": f"{j // 2 + 1:03d}", "duration": durations[(j // 2) % 3],
+                     "domain": ["Knowledge", "Sports Competition"][(j // 2) % 2], "sub_category": "Toy",
+                     "url": f"https://www.youtube.com/watch?v={vid}", "videoID": vid,
+                     "question_id": f"{j // 2 + 1:03d}-{j % 2 + 1}",
+                     "task_type": ["Attribute Perception", "Object Recognition"][j % 2], "question": r["question"],
+                     "options": [f"{'ABCD'[i]}. {o}" for i, o in enumerate(r["options"])], "answer": r["answer"]})
+    (out / "videomme").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "videomme" / "test-00000-of-00001.parquet")
+    (out / "subtitle").mkdir(exist_ok=True)
+    (out / "subtitle" / "vid000xyz.srt").write_text(
+        "1\n00:00:00,000 --> 00:00:00,900\nLook at the moving object.\n\n"
+        "2\n00:00:01,000 --> 00:00:01,900\nIt keeps its colour.\n")
+
+
+def _lvb(out: Path, recs: list[dict[str, Any]]) -> None:
+    items = []
+    for j, r in enumerate(recs):
+        _copy(r["file"], out / "videos" / f"lvb{j}.mp4")
+        cands = list(r["options"])
+        items.append({"id": f"lvb{j}_0", "video_id": f"lvb{j}", "video_path": f"lvb{j}.mp4",
+                      "subtitle_path": f"lvb{j}_en.json", "question": r["question"], "candidates": cands,
+                      "correct_choice": "ABCD".index(r["answer"]), "duration": 2.0,
+                      "duration_group": [15, 60][j % 2], "question_category": ["S2E", "T3O"][j % 2],
+                      "topic_category": "TOY", "starting_timestamp_for_subtitles": 0})
+    (out / "lvb_val.json").write_text(json.dumps(items, indent=1))
+
+
+def _mmvu(out: Path, recs: list[dict[str, Any]]) -> None:
+    items = []
+    for j, r in enumerate(recs):
+        subject = ["Art", "Chemistry"][j % 2]
+        _copy(r["file"], out / "videos" / subject / f"{j}.mp4")
+        url = f"https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/{subject}/{j}.mp4"
+        choices = {k: "" for k in "ABCDE"}
+        choices.update({"ABCD"[i]: o for i, o in enumerate(r["options"])})
+        items.append({"id": f"validation_{j}", "video": url, "youtube_url": None,
+                      "question_type": "multiple-choice", "metadata": {"subject": subject, "textbook": "",
+                                                                        "rationale": "", "knowledge": ""},
+                      "question": r["question"], "choices": choices, "answer": r["answer"]})
+    items.append({"id": "validation_open", "video": items[0]["video"], "question_type": "open-ended",
+                  "metadata": {"subject": "Art"}, "question": "Describe the motion.",
+                  "choices": {k: "" for k in "ABCDE"}, "answer": "it moves"})
+    (out / "validation.json").write_text(json.dumps(items, indent=1))
+
+
+def _medical_rows(recs: list[dict[str, Any]]) -> list[tuple[Path, str, str]]:
+    rows = []
+    for r in recs:
+        answer = r["answer"]
+        if r["problem_type"] == "multiple_choice":
+            answer = r["options"]["ABCD".index(answer)]
+        rows.append((r["file"], r["question"], str(answer)))
+    return rows
+
+
+def _hf_parquet(out: Path, recs: list[dict[str, Any]], name: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"image": {"bytes": f.read_bytes(), "path": f"synpic{j}.png"}, "question": q, "answer": a}
+            for j, (f, q, a) in enumerate(_medical_rows(recs))]
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "data" / f"test-00000-of-00001-{name}.parquet")
+
+
+def _slake(out: Path, recs: list[dict[str, Any]]) -> None:
+    items = []
+    for j, (f, q, a) in enumerate(_medical_rows(recs)):
+        _copy(f, out / "imgs" / f"xmlab{j}" / "source.jpg")
+        closed = a.lower() in ("yes", "no")
+        items.append({"img_id": j, "img_name": f"xmlab{j}/source.jpg", "question": q, "answer": a,
+                      "q_lang": "en", "location": "Abdomen", "modality": ["CT", "MRI"][j % 2],
+                      "answer_type": "CLOSED" if closed else "OPEN", "base_type": "vqa",
+                      "content_type": "Abnormality", "triple": ["vhead", "_", "_"], "qid": j})
+    items.append(dict(items[0], q_lang="zh", qid=1000, question="图像中有病变吗?"))
+    (out / "test.json").write_text(json.dumps(items, ensure_ascii=False, indent=1))
+
+
+def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> Path:
+    """Write a ``n``-question copy of benchmark ``name`` in its public layout into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if name == "toy":
+        from data_pipelines.toy import make_toy
+
+        return make_toy(out, seed, size={"train": 0, "val": 0, "test": n}, tasks=["color", "scan"], progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        medical = name in ("vqa-rad", "pathvqa", "slake")
+        recs = _toy(Path(tmp), "scan" if medical else "color", n, seed)
+        if name == "mvbench":
+            _mvbench(out, recs)
+        elif name == "videomme":
+            _videomme(out, recs)
+        elif name == "longvideobench":
+            _lvb(out, recs)
+        elif name == "mmvu":
+            _mmvu(out, recs)
+        elif name in ("vqa-rad", "pathvqa"):
+            _hf_parquet(out, recs, name)
+        elif name == "slake":
+            _slake(out, recs)
+        else:
+            raise ValueError(f"no fixture for {name!r}; fixtures: {', '.join(FIXTURES)}")
+    return out
