@@ -1,0 +1,48 @@
+"""Evaluation on public benchmarks (MVBench, Video-MME, LongVideoBench, MMVU, VQA-RAD, SLAKE, PathVQA, toy).
+
+``mmrl eval --benchmark NAME --data-root DIR --model DIR`` runs :func:`run_benchmark`; see
+:mod:`mmrl.benchmarks_eval.runner` for the outputs and :mod:`mmrl.benchmarks_eval.protocols` for the
+per-benchmark defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mmrl.benchmarks_eval.protocols import Protocol, build_prompt, make_protocol
+from mmrl.benchmarks_eval.runner import headline, read_predictions, run_benchmark
+from mmrl.benchmarks_eval.scoring import score_item, summarize
+
+__all__ = ["Protocol", "build_prompt", "cli_run", "headline", "make_protocol", "read_predictions",
+           "run_benchmark", "score_item", "summarize"]
+
+
+def cli_run(args: argparse.Namespace, cfg: Any) -> int:
+    """``mmrl eval --benchmark ...``: ``cfg`` is the run config (model path, dtype, eval.* overrides)."""
+    from pathlib import Path
+
+    from mmrl.errors import MmrlError
+    from mmrl.run import resolve_model
+
+    if not args.data_root:
+        raise MmrlError("--benchmark needs --data-root DIR (the folder the benchmark was downloaded to)")
+    if cfg.model.path and not Path(cfg.model.path).exists():
+        raise MmrlError(f"--model: folder not found: {cfg.model.path}")
+    model = resolve_model(cfg)
+    if getattr(args, "lmms_eval", False):
+        from mmrl.lmms_bridge import run_lmms_eval
+
+        return run_lmms_eval(model, args.benchmark, out=args.out, frames=args.frames, max_pixels=args.max_pixels,
+                             batch_size=args.batch_size or 1, limit=args.limit, subtitles=args.subtitles)
+    metrics = run_benchmark(
+        args.benchmark, args.data_root, model, out=args.out, protocol=args.protocol, frames=args.frames,
+        max_pixels=args.max_pixels, prompt_template=args.prompt_template,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=args.batch_size or cfg.eval.batch_size,
+        limit=args.limit, workers=args.workers, split=args.split, subtitles=args.subtitles, dtype=cfg.model.dtype,
+        show_progress=not args.quiet)
+    print(headline(metrics))
+    out = metrics.get("out")
+    if out:
+        print(f"results: {out}")
+    return 0

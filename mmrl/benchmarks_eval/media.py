@@ -1,0 +1,117 @@
+"""Benchmark media: MVBench's JPEG frame folders and LongVideoBench's frame rule, on top of
+:class:`mmrl.media.MediaPreparer` (which decodes files with ``video.sample_video`` / ``vision``).
+
+* :class:`FrameFolderReader` — a ``video`` reader over a folder of numbered frames (MVBench Episodic
+  Reasoning ships TVQA clips as 3-fps ``00001.jpg`` … folders).
+* :func:`mvbench_folder_indices` — the official notebook's ``get_index`` with ``first_idx=1`` for folders.
+* ``longvideobench`` frame policy — ``min(max_frames, int(duration))`` frames at a stride of
+  ``int(duration·fps / n)`` (``longvideobench_dataset.py``), registered with ``video.register_policy``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from data_pipelines.schema import MediaItem
+from mmrl.config import MediaConfig
+from mmrl.errors import MediaError
+from mmrl.media import MediaPreparer
+from mmrl.policy import MediaInput
+from video.reader import VideoReader
+from video.sampling import decode_indices, register_policy, sample_video
+
+FRAME_SUFFIXES = (".jpg", ".jpeg", ".png")
+_RESIZE = ("min_pixels", "max_pixels", "total_pixels", "image_patch_size")
+
+
+class FrameFolderReader(VideoReader):
+    """Frames stored as numbered image files in one folder, read in file-name order at ``fps``."""
+
+    def __init__(self, folder: str | Path, fps: float) -> None:
+        from PIL import Image
+
+        self.path = Path(folder)
+        self.backend = "frames"
+        self.files = sorted(p for p in self.path.iterdir() if p.suffix.lower() in FRAME_SUFFIXES)
+        if not self.files:
+            raise MediaError(self.path, "frame folder holds no .jpg/.png files")
+        self.num_frames = len(self.files)
+        self.fps = float(fps)
+        with Image.open(self.files[0]) as im:
+            self.width, self.height = im.size
+
+    def _read(self, indices: list[int]) -> np.ndarray:
+        from vision import open_image
+
+        return np.stack([np.asarray(open_image(self.files[i])) for i in indices])
+
+
+def mvbench_folder_indices(num_files: int, fps: float, start: float | None, end: float | None,
+                           nframes: int) -> list[int]:
+    """0-based file positions that MVBench's ``read_frame`` picks: ``get_index`` with ``first_idx=1`` and
+    ``max_frame = number of files`` (the files are numbered from 1)."""
+    s = max(1, round(start * fps)) if start is not None else 1
+    e = min(round(end * fps), num_files) if end is not None else num_files
+    seg = (e - s) / nframes
+    return [min(max(int(s + seg / 2 + round(seg * i)) - 1, 0), num_files - 1) for i in range(nframes)]
+
+
+@register_policy("longvideobench", overwrite=True)
+def lvb_indices(num_frames: int, fps: float, /, *, start: float | None = None, end: float | None = None,
+                nframes: int = 16, duration: float | None = None) -> list[int]:
+    """LongVideoBench's ``load_video``: ``n = min(nframes, int(duration))`` frames at stride
+    ``int(int(duration·fps) / n)`` from the first frame (``duration`` from the question file)."""
+    dur = float(duration) if duration else num_frames / fps
+    valid = min(int(dur * fps), num_frames)
+    n = max(1, min(int(nframes), int(dur)))
+    stride = int(valid / n)
+    return [min(stride * i, num_frames - 1) for i in range(n)]
+
+
+class BenchMediaPreparer(MediaPreparer):
+    """A :class:`MediaPreparer` that also reads frame folders and adds run-wide ``extra`` sampling keys
+    (e.g. ``total_pixels``). Not thread-safe (its cache); use one per worker thread."""
+
+    def __init__(self, cfg: MediaConfig, *, family: str, extra: dict[str, Any] | None = None,
+                 cache_items: int = 8):
+        super().__init__(cfg, family=family, cache_items=cache_items)
+        self.extra = dict(extra or {})
+
+    def _item(self, item: MediaItem) -> MediaInput:
+        sampling = dict(item.sampling or {})
+        if self.cfg.video_policy != "longvideobench":
+            sampling.pop("duration", None)
+        folder_fps = sampling.pop("folder_fps", None)
+        if item.type == "video":
+            sampling = {**self.extra, **sampling}
+        item = MediaItem(item.type, item.path, sampling)
+        path = Path(item.path)
+        if item.type != "video" or not path.is_dir():
+            return super()._item(item)
+        return self._folder(item, float(folder_fps or 3.0))
+
+    def _folder(self, item: MediaItem, fps: float) -> MediaInput:
+        opts = self.video_options(dict(item.sampling))
+        key = f"frames:{item.path}|{self.cfg.video_policy}|{sorted(opts.items())}"
+        if key in self.cache:
+            return self.cache[key]
+        start, end = opts.pop("start", None), opts.pop("end", None)
+        reader = FrameFolderReader(item.path, fps)
+        try:
+            if self.cfg.video_policy == "segments":
+                resize = {k: opts.pop(k) for k in _RESIZE if k in opts}
+                idx = mvbench_folder_indices(reader.num_frames, fps, start, end, int(opts.pop("nframes")))
+                data = decode_indices(reader, idx, policy="segments", options={"start": start, "end": end},
+                                      **resize)
+            else:
+                data = sample_video(reader, self.cfg.video_policy, start=start, end=end, **opts)
+        except ValueError as exc:
+            raise MediaError(item.path, str(exc)) from exc
+        media = MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps))
+        self.cache[key] = media
+        if len(self.cache) > self.cache_items:
+            self.cache.popitem(last=False)
+        return media

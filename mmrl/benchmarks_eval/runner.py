@@ -1,0 +1,274 @@
+"""The benchmark runner: resumable, batched, with media decoded in background threads.
+
+``run_benchmark("mvbench", data_root, model)`` reads the benchmark (:mod:`data_pipelines.benchmarks`),
+builds prompts under a :class:`~mmrl.benchmarks_eval.protocols.Protocol`, generates greedily with
+:class:`mmrl.rollout.HFBackend` and writes into ``out``:
+
+* ``predictions.jsonl`` — one line per question, appended and flushed after every batch. A re-run with the
+  same settings skips every question already there (an evaluation killed midway loses at most the batch in
+  flight); different settings in the same folder are refused, so one file never mixes protocols.
+* ``run.json`` — the settings; ``metrics.json`` — the scores and breakdowns; ``results.md`` — tables.
+
+Decoding runs ahead of the model: a thread pool prepares (decodes, fits and renders) the next ``workers + 1``
+batches while the current one generates, so the model does not wait on the decoder; ``metrics.json`` reports
+how long it did wait (``timing.decode_wait_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmrl.benchmarks_eval.media import BenchMediaPreparer
+from mmrl.benchmarks_eval.protocols import Protocol, build_prompt, make_protocol, subtitle_lines
+from mmrl.benchmarks_eval.report import markdown
+from mmrl.benchmarks_eval.scoring import GROUPS, MEDICAL, score_item, summarize
+from mmrl.config import MediaConfig
+from mmrl.errors import MmrlError
+
+# settings that must match for a folder's predictions to be reused
+_RESUME_KEYS = ("benchmark", "split", "model", "protocol", "subtitles")
+
+
+@dataclass
+class _Prepared:
+    sample: Any
+    text: str | None = None
+    media: list[Any] | None = None
+    prefill: str = ""
+    error: str | None = None
+    n_frames: int = 0
+
+
+def media_config(p: Protocol) -> MediaConfig:
+    return MediaConfig(video_policy=p.video_policy, fps=p.fps, nframes=p.nframes, min_frames=4,
+                       max_frames=p.max_frames if p.video_policy == "qwen" else (p.nframes or p.max_frames),
+                       video_min_pixels=p.video_min_pixels, video_max_pixels=p.video_max_pixels,
+                       image_min_pixels=min(16 * 28 * 28, p.image_max_pixels), image_max_pixels=p.image_max_pixels)
+
+
+def read_predictions(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of ``predictions.jsonl``; a last line cut by a kill is dropped from the file."""
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    good: list[dict[str, Any]] = []
+    kept = 0
+    for line in raw.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            good.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+        kept += len(line)
+    if kept < len(raw):
+        with open(path, "r+b") as fh:
+            fh.truncate(kept)
+    return good
+
+
+def _check_settings(out: Path, settings: dict[str, Any]) -> None:
+    path = out / "run.json"
+    if path.is_file() and (out / "predictions.jsonl").is_file():
+        old = json.loads(path.read_text())
+        diff = [k for k in _RESUME_KEYS if old.get(k) != settings.get(k)]
+        if diff:
+            shown = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff)
+            raise MmrlError(f"{out} holds predictions made with other settings ({shown}); use another --out "
+                            "or delete that folder to start over")
+    path.write_text(json.dumps(settings, indent=2, default=str) + "\n")
+
+
+class _Workers:
+    """Prepares batches in background threads, one media preparer per thread."""
+
+    def __init__(self, policy: Any, protocol: Protocol, subtitles: bool, workers: int):
+        self.policy, self.protocol, self.subtitles = policy, protocol, subtitles
+        self.local = threading.local()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmrl-decode") if workers > 0 else None
+        extra = {"total_pixels": protocol.total_pixels} if protocol.total_pixels else {}
+        self.make_preparer = lambda: BenchMediaPreparer(media_config(protocol), family=policy.family, extra=extra)
+
+    def submit(self, batch: list[Any]) -> Future:
+        if self.pool is None:
+            f: Future = Future()
+            f.set_result(self.prepare(batch))
+            return f
+        return self.pool.submit(self.prepare, batch)
+
+    def prepare(self, batch: list[Any]) -> list[_Prepared]:
+        prep = getattr(self.local, "preparer", None)
+        if prep is None:
+            prep = self.local.preparer = self.make_preparer()
+        out = []
+        for s in batch:
+            try:
+                media = prep.prepare(s)
+                subs = None
+                if self.subtitles:
+                    from data_pipelines.benchmarks.videomme import parse_srt
+
+                    sub_path = s.meta.get("subtitle_path")
+                    times = [t for m in media for t in (m.timestamps or [])]
+                    subs = subtitle_lines(parse_srt(Path(sub_path)) if sub_path else [], times)
+                system, text, prefill = build_prompt(s, self.protocol, subtitles=subs)
+                messages: list[dict[str, Any]] = []
+                if system:
+                    messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+                content = [{"type": m.kind} for m in media] + [{"type": "text", "text": text}]
+                messages.append({"role": "user", "content": content})
+                rendered = self.policy.render(messages) + prefill
+                frames = sum(len(m.timestamps or []) for m in media if m.kind == "video")
+                out.append(_Prepared(s, rendered, media, prefill, n_frames=frames))
+            except MmrlError as exc:
+                out.append(_Prepared(s, error=str(exc)))
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_benchmark(
+    benchmark: str, data_root: str | os.PathLike[str], model: str | os.PathLike[str] | None = None, *,
+    out: str | os.PathLike[str] | None = None, protocol: str = "official", frames: int | None = None,
+    max_pixels: int | None = None, prompt_template: str | None = None, max_new_tokens: int | None = None,
+    batch_size: int = 8, limit: int | None = None, workers: int = 2, split: str | None = None,
+    subtitles: bool = False, dtype: str = "fp32", policy: Any = None, show_progress: bool = True,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``model`` (a Hugging Face Qwen-VL folder, or an already loaded ``policy``) on ``benchmark``.
+
+    Returns the metrics written to ``out/metrics.json``. ``on_batch(n_written)`` is called after each batch
+    is on disk (for progress hooks and tests).
+    """
+    from tqdm import tqdm
+
+    from data_pipelines.benchmarks import get_benchmark, load_benchmark
+    from mmrl.policy import load_policy
+    from mmrl.rollout import HFBackend, SamplingParams
+
+    t_start = time.perf_counter()
+    reader = get_benchmark(benchmark)
+    name = reader.name
+    if subtitles and name != "videomme":
+        raise MmrlError("--subtitles applies to videomme only")
+    if policy is None:
+        if model is None:
+            raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
+        policy = load_policy(model, dtype=dtype)
+        model_path = str(Path(model).resolve())
+    else:
+        model_path = str(Path(model).resolve()) if model else str(getattr(policy.model, "name_or_path", "policy"))
+    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
+                          template=prompt_template, max_new_tokens=max_new_tokens)
+    out = Path(out) if out else Path("runs") / "eval" / f"{name}-{Path(model_path).name}"
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
+    samples = data.samples[:limit] if limit else list(data.samples)
+    settings = {"benchmark": name, "split": data.info.get("split"), "data_root": str(Path(data_root).resolve()),
+                "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
+    _check_settings(out, settings)
+
+    pred_path = out / "predictions.jsonl"
+    done = {p["id"]: p for p in read_predictions(pred_path) if not p.get("error")}
+    wanted = {s.id for s in samples}
+    todo = [s for s in samples if s.id not in done]
+    resumed = len(wanted & done.keys())
+    batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
+    backend = HFBackend(policy, max_batch=batch_size)
+    params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
+    bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q", disable=not show_progress,
+               dynamic_ncols=True)
+    workers_ = _Workers(policy, proto, subtitles, max(0, workers))
+    groups = GROUPS.get(name, ())
+    generated = 0
+    wait_s = gen_s = 0.0
+    pending: deque[Future] = deque()
+    it = iter(batches)
+    try:
+        for batch in it:
+            pending.append(workers_.submit(batch))
+            if len(pending) > max(0, workers):
+                break
+        with open(pred_path, "a", encoding="utf-8") as fh:
+            while pending:
+                t0 = time.perf_counter()
+                prepared = pending.popleft().result()
+                wait_s += time.perf_counter() - t0
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append(workers_.submit(nxt))
+                ready, seqs = [], []
+                for p in prepared:
+                    if p.error is None:
+                        try:
+                            seqs.append(policy.encode(p.text, p.media))
+                            ready.append(p)
+                        except MmrlError as exc:
+                            p.error = str(exc)
+                t0 = time.perf_counter()
+                gens = backend.generate(seqs, n=1, params=params) if seqs else []
+                gen_s += time.perf_counter() - t0
+                texts = {id(p): g[0].text for p, g in zip(ready, gens)}
+                policy.media.clear()
+                for p in prepared:
+                    s = p.sample
+                    rec: dict[str, Any] = {"id": s.id, "problem_type": s.problem_type, "answer": s.answer,
+                                           "answer_type": s.meta.get("answer_type"),
+                                           "group": {g: (s.problem_type if g == "problem_type" else s.meta.get(g))
+                                                     for g in groups}}
+                    if p.error is not None:
+                        rec.update(completion=None, pred=None, parsed=False, correct=False, error=p.error)
+                    else:
+                        rec["completion"] = texts[id(p)]
+                        rec.update(score_item(s, texts[id(p)], benchmark=name, prefill=p.prefill))
+                        rec["frames"] = p.n_frames
+                    fh.write(json.dumps(rec, default=str) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+                generated += len(ready)
+                bar.update(len(prepared))
+                if on_batch is not None:
+                    on_batch(generated)
+    finally:
+        workers_.close()
+        bar.close()
+
+    final = {p["id"]: p for p in read_predictions(pred_path)}
+    preds = [final[s.id] for s in samples if s.id in final]
+    scores = summarize(name, preds)
+    metrics = {
+        "benchmark": name, "title": reader.title, "model": model_path, "out": str(out), "split": data.info.get("split"),
+        "data_root": settings["data_root"], "n": len(preds), "n_available": len(data.samples), "limit": limit,
+        "protocol": proto.settings(), "protocol_text": proto.describe(), "subtitles": subtitles,
+        "dataset_info": data.info, "scores": scores,
+        "timing": {"seconds": time.perf_counter() - t_start, "generate_s": gen_s, "decode_wait_s": wait_s,
+                   "generated_this_run": generated, "resumed": resumed, "workers": workers,
+                   "batch_size": batch_size},
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    (out / "results.md").write_text(markdown(metrics) + "\n")
+    return metrics
+
+
+def headline(metrics: dict[str, Any]) -> str:
+    s = metrics["scores"]
+    if metrics["benchmark"] in MEDICAL:
+        c, o = s["closed"], s["open"]
+        f = (lambda v: "–" if v is None else f"{100 * v:.1f}")
+        return (f"{metrics['title']}: closed accuracy {f(c['accuracy'])} (LLaVA-Med hit {f(c['hit'])}, n={c['n']}), "
+                f"open recall {f(o['recall'])} (n={o['n']})")
+    o = s["overall"]
+    f = (lambda v: "–" if v is None else f"{100 * v:.1f}")
+    return (f"{metrics['title']}: {f(s['official'])} ({s['official_metric']}); all questions {f(o['accuracy'])}, "
+            f"answered only {f(o['accuracy_answered'])}, unparsed {o['unparsed']} of {o['n']}")

@@ -1,0 +1,147 @@
+"""Scoring: one prediction at a time (:func:`score_item`), then the benchmark's breakdowns (:func:`summarize`).
+
+Multiple choice: the letter :func:`rewards.answers.extract_choice` reads from the answer part of the output
+(after :func:`~rewards.answers.extract_answer`). An output with no readable letter is *unparsed*: wrong in
+``accuracy`` (all questions) and left out of ``accuracy_answered`` — the figure Video-MME's official scorer
+reports (research/eval.md §2.3). MVBench's official Avg is the micro average over all questions (§1.5);
+``task_mean`` is the mean of the per-task accuracies.
+
+Medical (research/medical.md §5): closed questions — ``accuracy`` (yes/no read by
+:func:`~rewards.answers.extract_yes_no`; other closed answers by normalised exact match) and LLaVA-Med's
+``hit`` (the normalised reference is a substring of the normalised output). Open questions — LLaVA-Med's
+``recall`` / ``precision`` / ``f1`` (:func:`rewards.metrics.llava_med_overlap`), SQuAD ``token_f1``,
+``bleu1`` (NLTK BLEU-1) and ``exact``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rewards.answers import (
+    extract_answer,
+    extract_choice,
+    extract_yes_no,
+    normalize_gold_yes_no,
+    normalize_text,
+)
+from rewards.metrics import bleu1, llava_med_overlap, token_f1
+
+MEDICAL = ("vqa-rad", "pathvqa", "slake")
+# meta fields each benchmark is broken down by
+GROUPS: dict[str, tuple[str, ...]] = {
+    "mvbench": ("task",),
+    "videomme": ("duration", "domain", "task_type", "sub_category"),
+    "longvideobench": ("duration_group", "question_category"),
+    "mmvu": ("subject",),
+    "vqa-rad": (),
+    "pathvqa": (),
+    "slake": ("modality",),
+    "toy": ("task", "problem_type"),
+}
+OFFICIAL_METRIC = {
+    "mvbench": "accuracy",  # Avg = correct / all questions
+    "videomme": "accuracy_answered",  # unparsed answers are dropped by the official scorer
+    "longvideobench": "accuracy",  # lmms-eval guesses a random option for unparsed ones; mmrl counts them wrong
+    "mmvu": "accuracy",
+    "toy": "accuracy",
+}
+
+
+def response_text(completion: str, prefill: str) -> str:
+    """What the official scorer reads: with MVBench's ``Best option:(`` pre-fill, ``"(" +`` the first line."""
+    if prefill.endswith("("):
+        return "(" + completion.split("\n")[0]
+    return completion
+
+
+def score_item(sample: Any, completion: str, *, benchmark: str, prefill: str = "") -> dict[str, Any]:
+    """Score one output; returns ``pred``, ``parsed``, ``correct`` and, for open questions, text metrics."""
+    text = response_text(completion, prefill)
+    answer = extract_answer(text)
+    pt = sample.problem_type
+    medical = benchmark in MEDICAL
+    if pt == "multiple_choice":
+        pred = extract_choice(answer, sample.options)
+        return {"pred": pred, "parsed": pred is not None, "correct": pred == str(sample.answer).upper()}
+    if pt == "yes_no":
+        gold = normalize_gold_yes_no(sample.answer)
+        pred = extract_yes_no(answer)
+        out: dict[str, Any] = {"pred": pred, "parsed": pred is not None, "correct": pred == gold}
+        if medical:
+            out["hit"] = normalize_text(gold) in normalize_text(answer)
+        return out
+    if medical:
+        gold = str(sample.answer)
+        p, r, f = llava_med_overlap(answer, gold)
+        exact = normalize_text(answer) == normalize_text(gold)
+        out = {"pred": answer, "parsed": bool(answer.strip()), "recall": r, "precision": p, "f1": f,
+               "token_f1": token_f1(answer, gold), "bleu1": bleu1(answer, gold), "exact": exact}
+        if sample.meta.get("answer_type") == "closed":
+            out.update(correct=exact, hit=bool(normalize_text(gold)) and normalize_text(gold) in normalize_text(answer))
+        return out
+    # the toy world's other question types: the training accuracy reward
+    from rewards import get_reward
+
+    score = get_reward("accuracy")([completion], problem_type=[pt], options=[sample.options],
+                                   answer=[sample.answer], question=[sample.question], meta=[sample.meta],
+                                   id=[sample.id])[0]
+    return {"pred": answer, "parsed": score is not None, "correct": bool(score and score >= 1.0),
+            "score": float(score or 0.0)}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def mc_stats(preds: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(preds)
+    correct = sum(1 for p in preds if p.get("correct"))
+    answered = sum(1 for p in preds if p.get("parsed"))
+    return {"n": n, "correct": correct, "answered": answered, "unparsed": n - answered,
+            "errors": sum(1 for p in preds if p.get("error")),
+            "accuracy": _ratio(correct, n), "accuracy_answered": _ratio(correct, answered)}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def medical_stats(preds: list[dict[str, Any]]) -> dict[str, Any]:
+    closed = [p for p in preds if p.get("answer_type") == "closed"]
+    open_ = [p for p in preds if p.get("answer_type") == "open"]
+    c = mc_stats(closed)
+    c["hit"] = _mean([float(bool(p.get("hit"))) for p in closed])
+    o = {"n": len(open_)}
+    for key in ("recall", "precision", "f1", "token_f1", "bleu1", "exact"):
+        o[key] = _mean([float(p.get(key) or 0.0) for p in open_])
+    return {"closed": c, "open": o, "errors": sum(1 for p in preds if p.get("error"))}
+
+
+def summarize(benchmark: str, preds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Metrics over prediction records (as written to ``predictions.jsonl``)."""
+    groups = GROUPS.get(benchmark, ())
+    if benchmark in MEDICAL:
+        out: dict[str, Any] = medical_stats(preds)
+        out["official_metric"] = "closed.hit (LLaVA-Med closed accuracy), open.recall"
+        out["headline"] = {"closed_accuracy": out["closed"]["accuracy"], "closed_hit": out["closed"]["hit"],
+                           "open_recall": out["open"]["recall"]}
+        for g in groups:
+            by = defaultdict(list)
+            for p in preds:
+                by[str(p.get("group", {}).get(g))].append(p)
+            out[f"by_{g}"] = {k: medical_stats(v) for k, v in sorted(by.items())}
+        return out
+    out = {"overall": mc_stats(preds)}
+    metric = OFFICIAL_METRIC.get(benchmark, "accuracy")
+    out["official_metric"] = metric
+    out["official"] = out["overall"][metric]
+    for g in groups:
+        by = defaultdict(list)
+        for p in preds:
+            by[str(p.get("group", {}).get(g))].append(p)
+        out[f"by_{g}"] = {k: mc_stats(v) for k, v in sorted(by.items())}
+    if benchmark == "mvbench":
+        accs = [v["accuracy"] for v in out["by_task"].values() if v["accuracy"] is not None]
+        out["task_mean"] = _mean(accs)
+    return out
