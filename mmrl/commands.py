@@ -98,10 +98,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if getattr(args, "benchmark", None):
+        from mmrl.benchmarks_eval import cli_run
+
+        return cli_run(args, _load(args))
+    from mmrl.evaluate import evaluate
     from mmrl.media import MediaPreparer
     from mmrl.policy import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.evaluate import evaluate
 
     cfg = _load(args)
     if args.split:
@@ -162,4 +166,20 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--split", choices=["val", "test"], default=None)
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many questions")
+    b = p.add_argument_group("public benchmarks (with --benchmark)")
+    b.add_argument("--benchmark", default=None, metavar="NAME",
+                   help="mvbench, videomme, longvideobench, mmvu, vqa-rad, slake, pathvqa or toy")
+    b.add_argument("--data-root", default=None, metavar="DIR", help="the benchmark folder as downloaded")
+    b.add_argument("--protocol", choices=["official", "qwen"], default="official",
+                   help="official: each benchmark's own frames/prompt/scoring (default); qwen: the Qwen2.5-VL "
+                        "report's video setting (2 fps, <=768 frames, <=24,576 video tokens)")
+    b.add_argument("--frames", type=int, default=None, help="frames per video (overrides the protocol)")
+    b.add_argument("--max-pixels", type=int, default=None, help="pixel budget per frame / image")
+    b.add_argument("--prompt-template", default=None, metavar="NAME|FORMAT",
+                   help="official, direct, reasoning, or a format string with {question} {options} {instruction}")
+    b.add_argument("--batch-size", type=int, default=None, help="questions per generate call (default eval.batch_size)")
+    b.add_argument("--workers", type=int, default=2, help="background media-decoding threads (0: decode inline)")
+    b.add_argument("--subtitles", action="store_true", help="videomme: add the subtitles at the sampled frames")
+    b.add_argument("--lmms-eval", action="store_true",
+                   help="run the checkpoint through lmms-eval instead (needs pip install 'mmrl[eval]')")
     p.set_defaults(func=cmd_eval)
