@@ -1,0 +1,76 @@
+"""Cross-check a checkpoint with lmms-eval (optional extra: ``pip install 'mmrl[eval]'``).
+
+``mmrl eval --benchmark mvbench --model DIR --lmms-eval`` runs lmms-eval's own task on the same folder, via
+its one-liner (research/eval.md §4.3)::
+
+    python -m lmms_eval --model qwen2_5_vl --model_args pretrained=DIR,max_num_frames=32 --tasks mvbench ...
+
+lmms-eval downloads its datasets from the Hub at run time and uses its own frames, prompts (16 new tokens) and
+scoring (no MVBench average, random options for unparsed LongVideoBench answers), so its numbers are a
+cross-check, not the same protocol as ``mmrl eval --benchmark``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmrl.errors import MmrlError
+
+# mmrl benchmark -> lmms-eval task (research/eval.md §1.6, §2.4, §3.1, §3.2, §3.4)
+LMMS_TASKS = {
+    "mvbench": "mvbench",
+    "videomme": "videomme",
+    "longvideobench": "longvideobench_val_v",
+    "mmvu": "mmvu_val",
+    "slake": "slake",
+}
+LMMS_MODELS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+
+
+def lmms_available() -> bool:
+    return importlib.util.find_spec("lmms_eval") is not None
+
+
+def build_command(model: str | Path, benchmark: str, *, out: str | Path, frames: int | None = None,
+                  max_pixels: int | None = None, batch_size: int = 1, limit: int | None = None,
+                  subtitles: bool = False) -> list[str]:
+    """The lmms-eval command line for ``model`` (a Hugging Face folder) on ``benchmark``."""
+    model = Path(model)
+    task = LMMS_TASKS.get(benchmark)
+    if task is None:
+        raise MmrlError(f"lmms-eval has no task for '{benchmark}'; bridged: {', '.join(sorted(LMMS_TASKS))}")
+    if subtitles:
+        if benchmark != "videomme":
+            raise MmrlError("--subtitles applies to videomme only")
+        task = "videomme_w_subtitle"
+    cfg_path = model / "config.json"
+    if not cfg_path.is_file():
+        raise MmrlError(f"{model}: no config.json; expected a Hugging Face model folder")
+    family = json.loads(cfg_path.read_text()).get("model_type")
+    if family not in LMMS_MODELS:
+        raise MmrlError(f"{model}: model type '{family}' has no lmms-eval model class here")
+    args = [f"pretrained={model.resolve()}"]
+    if frames:
+        args.append(f"max_num_frames={frames}")
+    if max_pixels:
+        args.append(f"max_pixels={max_pixels}")
+    cmd = [sys.executable, "-m", "lmms_eval", "--model", LMMS_MODELS[family], "--model_args", ",".join(args),
+           "--tasks", task, "--batch_size", str(batch_size), "--output_path", str(out), "--log_samples"]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    return cmd
+
+
+def run_lmms_eval(model: str | Path, benchmark: str, *, out: str | Path | None = None, **kwargs: Any) -> int:
+    """Run lmms-eval on ``model``; its results land in ``out`` (default ``runs/lmms-eval/<benchmark>``)."""
+    if not lmms_available():
+        raise MmrlError("lmms-eval is not installed; install the extra with: pip install 'mmrl[eval]'")
+    out = Path(out) if out else Path("runs") / "lmms-eval" / benchmark
+    cmd = build_command(model, benchmark, out=out, **kwargs)
+    print("running: " + " ".join(cmd), file=sys.stderr)
+    return subprocess.call(cmd)
