@@ -34,7 +34,7 @@ from mmrl.errors import DataError
 
 from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, toy_tasks
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SPLITS = ("train", "val", "test")
 SIZES: dict[str, dict[str, int]] = {  # records per task and split
     "small": {"train": 8, "val": 4, "test": 4},
@@ -218,7 +218,7 @@ def _readme(m: dict[str, Any]) -> str:
               "object size and noise, count, event length, lesion size and contrast)."),
               ("`meta.task`, `meta.source` (`toy`), `meta.split`; temporal tasks carry `gold_frames`, "
               "`gold_span`/`gold_spans` (seconds) and `video` (fps, frames, duration); scans carry "
-              "`finding`, `stage` (0 closed yes/no, 1 multiple choice, 2 open) and `accepted_answers`."), ""]
+              "`finding`, `stage` (0 closed yes/no, 1 multiple choice, 2 open) and `synonyms`."), ""]
     return "\n".join(lines)
 
 

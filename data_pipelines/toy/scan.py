@@ -7,7 +7,7 @@ kinds (cycled, so each is a quarter of the records), with ``meta.stage`` for a c
 * ``presence`` (stage 0, ``yes_no``): "Is there a lesion in this scan?" -- half yes, half no.
 * ``location_mc`` (stage 1, ``multiple_choice``): options ``upper left, upper right, lower left,
   lower right`` (image orientation: left of the image is left).
-* ``location_open`` (stage 2, ``open``): reference e.g. ``"upper left"``; ``meta.accepted_answers``
+* ``location_open`` (stage 2, ``open``): reference e.g. ``"upper left"``; ``meta.synonyms``
   lists synonyms (``"left upper"``, ``"top left"``, ...).
 * ``polarity_open`` (stage 2, ``open``): ``"bright"`` or ``"dark"`` with synonyms (``hyperintense``...).
 
@@ -95,10 +95,10 @@ def scan_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
         return ToyItem(question="Where is the lesion located in this scan?", problem_type="multiple_choice",
                        options=list(LOCATIONS), answer=location, difficulty=difficulty, image=image, meta=meta)
     if kind == "location_open":
-        meta["accepted_answers"] = list(LOCATION_SYNONYMS[location])
+        meta["synonyms"] = list(LOCATION_SYNONYMS[location])
         return ToyItem(question="In which part of the scan is the lesion? Answer with its location, "
                                 "e.g. upper left.", problem_type="open", answer=location,
                        difficulty=difficulty, image=image, meta=meta)
-    meta["accepted_answers"] = list(POLARITY_SYNONYMS[polarity])
+    meta["synonyms"] = list(POLARITY_SYNONYMS[polarity])
     return ToyItem(question="Is the lesion brighter or darker than the surrounding tissue? Answer bright or dark.",
                    problem_type="open", answer=polarity, difficulty=difficulty, image=image, meta=meta)
