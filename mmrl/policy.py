@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -362,6 +362,10 @@ class Policy:
         Log-probabilities are those of the temperature-scaled distribution (before top-p/top-k), the same
         quantity :meth:`forward_logprobs` computes for training.
         """
+        if not do_sample and num_return_sequences > 1:  # greedy: n equal copies (HF refuses n > 1 here)
+            once = self.generate(seqs, max_new_tokens=max_new_tokens, do_sample=False, stop=stop)
+            return [[replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
+                     for _ in range(num_return_sequences)] for g in once]
         batch = self.pad(seqs, left=True)
         encoder_outputs = self._encoder_outputs(seqs)
         kwargs: dict[str, Any] = dict(
