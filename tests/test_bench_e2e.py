@@ -1,0 +1,115 @@
+"""End to end: every benchmark fixture (public layout, toy media) evaluated with a tiny Qwen2.5-VL model;
+resume after a kill; settings guard; the CLI; folders written the way ``mmrl train`` writes them."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_pipelines.benchmarks import load_benchmark
+from data_pipelines.benchmarks.fixtures import write_fixture
+from mmrl.benchmarks_eval import read_predictions, run_benchmark, summarize
+from mmrl.errors import MmrlError
+from mmrl.policy import load_policy
+from mmrl.tiny_models import ensure_tiny
+
+BENCHMARKS = ("mvbench", "videomme", "longvideobench", "mmvu", "vqa-rad", "pathvqa", "slake", "toy")
+FAST = {"frames": 4, "max_pixels": 56 * 56, "max_new_tokens": 6, "batch_size": 2, "workers": 1,
+        "show_progress": False}
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    return ensure_tiny("qwen2_5_vl")
+
+
+@pytest.fixture(scope="module")
+def policy(tiny):
+    return load_policy(tiny)
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("fixtures")
+    return {n: write_fixture(n, base / n, n=4) for n in BENCHMARKS}
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_end_to_end(name, roots, tiny, policy, tmp_path) -> None:
+    frames = None if name == "longvideobench" else FAST["frames"]  # LVB: its own rule, int(2 s) = 2 frames
+    m = run_benchmark(name, roots[name], tiny, policy=policy, out=tmp_path, **{**FAST, "frames": frames})
+    samples = load_benchmark(name, roots[name], media_cache=tmp_path / "m").samples
+    preds = read_predictions(tmp_path / "predictions.jsonl")
+    assert [p["id"] for p in preds] == [s.id for s in samples] and m["n"] == len(samples)
+    assert not any(p.get("error") for p in preds)
+    assert all(isinstance(p["completion"], str) for p in preds)
+    assert json.loads((tmp_path / "metrics.json").read_text())["scores"] == summarize(name, preds) == m["scores"]
+    assert (tmp_path / "results.md").read_text().startswith("# ")
+    if name in ("mvbench", "videomme", "mmvu"):
+        assert {p["frames"] for p in preds} == {4}
+    if name == "longvideobench":
+        assert {p["frames"] for p in preds} == {2}
+    if name == "mvbench":
+        assert set(m["scores"]["by_task"]) == {"action_sequence", "object_existence", "episodic_reasoning"}
+    if name == "videomme":
+        assert set(m["scores"]["by_duration"]) == {"short", "medium"} and "by_task_type" in m["scores"]
+    if name in ("vqa-rad", "pathvqa", "slake"):
+        assert m["scores"]["closed"]["n"] == 1 and m["scores"]["open"]["n"] == 3
+
+
+def test_killed_midway_resumes_without_recomputing(roots, tiny, policy, tmp_path) -> None:
+    class Killed(Exception):
+        pass
+
+    def kill(_n):
+        raise Killed
+
+    full = tmp_path / "full"
+    v0 = policy.vision_calls
+    run_benchmark("mvbench", roots["mvbench"], tiny, policy=policy, out=full, **FAST)
+    calls_full = policy.vision_calls - v0
+
+    out = tmp_path / "killed"
+    with pytest.raises(Killed):
+        run_benchmark("mvbench", roots["mvbench"], tiny, policy=policy, out=out, on_batch=kill, **FAST)
+    first = (out / "predictions.jsonl").read_bytes()
+    assert len(first.splitlines()) == 2 and not (out / "metrics.json").exists()
+    with open(out / "predictions.jsonl", "ab") as fh:  # a line cut by the kill
+        fh.write(b'{"id": "object_existence/0", "compl')
+    v1 = policy.vision_calls
+    m = run_benchmark("mvbench", roots["mvbench"], tiny, policy=policy, out=out, **FAST)
+    assert policy.vision_calls - v1 == calls_full // 2  # only the two unfinished questions ran
+    assert m["timing"]["resumed"] == 2 and m["timing"]["generated_this_run"] == 2
+    again = (out / "predictions.jsonl").read_bytes()
+    assert again.startswith(first) and len(again.splitlines()) == 4
+    assert (out / "predictions.jsonl").read_text() == (full / "predictions.jsonl").read_text()  # greedy, same
+    v2 = policy.vision_calls
+    m = run_benchmark("mvbench", roots["mvbench"], tiny, policy=policy, out=out, **FAST)
+    assert policy.vision_calls == v2 and m["timing"]["generated_this_run"] == 0 and m["n"] == 4
+    with pytest.raises(MmrlError, match="other settings.*nframes"):
+        run_benchmark("mvbench", roots["mvbench"], tiny, policy=policy, out=out, **{**FAST, "frames": 6})
+
+
+def test_qwen_protocol_with_subtitles(roots, tiny, policy, tmp_path) -> None:
+    m = run_benchmark("videomme", roots["videomme"], tiny, policy=policy, out=tmp_path, protocol="qwen",
+                      subtitles=True, **FAST)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["protocol"]["video_policy"] == "qwen" and run["protocol"]["total_pixels"] == 24576 * 28 * 28
+    assert m["n"] == 4 and m["subtitles"] is True
+
+
+def test_cli_on_a_train_style_checkpoint(roots, policy, tmp_path, capsys) -> None:
+    from mmrl.checkpoint import save_checkpoint
+    from mmrl.cli import main
+
+    ckpt = save_checkpoint(tmp_path / "run", 3, policy.model, policy.processor, state={})
+    args = ["eval", "--benchmark", "slake", "--data-root", str(roots["slake"]), "--model", str(ckpt),
+            "--out", str(tmp_path / "out"), "--limit", "2", "--frames", "4", "--max-pixels", "3136",
+            "--batch-size", "2", "--workers", "0", "--quiet", "eval.max_new_tokens=6"]
+    assert main(args) == 0
+    assert "SLAKE: closed accuracy" in capsys.readouterr().out
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["n"] == 2 and m["limit"] == 2 and m["model"] == str(ckpt.resolve())
+    assert main(args[:4] + [str(tmp_path / "missing")] + args[5:]) == 2
+    err = capsys.readouterr().err
+    assert "error: SLAKE: --data-root folder not found" in err and "imgs/<img_name>" in err
