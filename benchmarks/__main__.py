@@ -1,0 +1,141 @@
+"""``python -m benchmarks [--reps N] [--only step|rollout]``: print a table of timings."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FAMILY = "qwen2_5_vl"
+G = 8
+PROMPTS = 2
+FRAMES, SIDE = 16, 112
+
+
+def _video(path: Path, seed: int) -> Path:
+    from video.writer import write_mp4
+
+    rng = np.random.default_rng(seed)
+    bg, fg = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+    _, xx = np.mgrid[0:SIDE, 0:SIDE]
+    frames = np.empty((FRAMES, SIDE, SIDE, 3), np.uint8)
+    for i in range(FRAMES):
+        img = (bg[None, None, :] * 0.6 + xx[..., None] * 0.4 * 255 / SIDE).astype(np.uint8)
+        x, y = (6 * i + 13 * seed) % (SIDE - 24), (4 * i + 5 * seed) % (SIDE - 24)
+        img[y:y + 24, x:x + 24] = fg
+        frames[i] = img
+    return write_mp4(path, frames, 8.0)
+
+
+def _setup(root: Path):
+    from mmrl.policy import MediaInput, load_policy
+    from mmrl.tiny_models import make_tiny
+    from video import sample_video
+
+    # a video budget that keeps 112x112 frames as they are: grid (8, 8, 8) = 512 patches, 128 tokens per video
+    path = make_tiny(FAMILY, root / "model", seed=0, video_max_pixels=SIDE * SIDE)
+    policy = load_policy(path)
+    prompts, grid = [], None
+    for i in range(PROMPTS):
+        data = sample_video(_video(root / f"v{i}.mp4", i), "qwen", nframes=FRAMES, min_pixels=SIDE * SIDE,
+                            max_pixels=SIDE * SIDE, image_patch_size=14)
+        item = MediaInput(key=f"video-{i}", kind="video", data=data)
+        messages = [{"role": "user", "content": [{"type": "video"},
+                                                  {"type": "text", "text": "Which way does the square move?"}]}]
+        prompts.append(policy.encode(policy.render(messages), [item]))
+        grid = policy.media[item.key].grid_thw.tolist()
+    return policy, prompts, grid
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _compare(policy, runs: dict[str, Callable[[], None]], reps: int) -> dict[str, tuple[float, int]]:
+    """Warm up each mode once, then interleave ``reps`` repetitions; median seconds and tower calls."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    calls: dict[str, int] = {}
+    for name, fn in runs.items():
+        fn()
+    for _ in range(reps):
+        for name, fn in runs.items():
+            before = policy.vision_calls
+            times[name].append(_timed(fn))
+            calls[name] = policy.vision_calls - before
+    return {k: (statistics.median(v), calls[k]) for k, v in times.items()}
+
+
+def bench_step(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
+    rng = np.random.default_rng(0)
+    end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    seqs = [p.extend(rng.integers(40, 250, size=int(rng.integers(16, 48))).tolist() + [end], trained=True)
+            for p in prompts for _ in range(G)]
+    policy.set_trainable()
+    policy.model.train()
+
+    def step(shared: bool) -> Callable[[], None]:
+        def run() -> None:
+            policy.share_vision_features = shared
+            policy.model.zero_grad(set_to_none=True)
+            logp, _, mask = policy.forward_logprobs(seqs)
+            (-(logp * mask).sum() / mask.sum()).backward()
+        return run
+
+    return _compare(policy, {"shared": step(True), "per-sequence": step(False)}, reps)
+
+
+def bench_rollout(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
+    policy.model.eval()
+
+    def shared() -> None:
+        policy.share_vision_features = True
+        torch.manual_seed(0)
+        policy.generate(prompts, max_new_tokens=16, num_return_sequences=G)
+
+    def repeated() -> None:
+        policy.share_vision_features = False
+        torch.manual_seed(0)
+        policy.generate([p for p in prompts for _ in range(G)], max_new_tokens=16, num_return_sequences=1)
+
+    return _compare(policy, {"shared": shared, "per-sequence": repeated}, reps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per mode (median reported)")
+    parser.add_argument("--only", choices=["step", "rollout"], default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="mmrl-bench-") as tmp:
+        t0 = time.perf_counter()
+        policy, prompts, grid = _setup(Path(tmp))
+        print(f"model: tiny {FAMILY}, {sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f}M parameters; "
+              f"torch {torch.__version__}, {torch.get_num_threads()} threads; setup {time.perf_counter() - t0:.1f} s")
+        print(f"batch: {PROMPTS} prompts x G={G} rollouts; each video {FRAMES} frames at {SIDE}x{SIDE} "
+              f"(grid t,h,w = {grid}); prompt length {len(prompts[0])} tokens; median of {args.reps} "
+              "interleaved repetitions after a warm-up\n")
+        rows = []
+        if args.only in (None, "step"):
+            rows.append(("train step: forward+backward of forward_logprobs", bench_step(policy, prompts, args.reps)))
+        if args.only in (None, "rollout"):
+            rows.append((f"rollout: generate {G} x 16 new tokens per prompt", bench_rollout(policy, prompts, args.reps)))
+        head = f"{'benchmark':<52} {'shared (s)':>11} {'per-seq (s)':>12} {'speed-up':>9} {'tower calls':>13}"
+        print(head)
+        print("-" * len(head))
+        for name, r in rows:
+            (ts, cs), (tu, cu) = r["shared"], r["per-sequence"]
+            print(f"{name:<52} {ts:>11.3f} {tu:>12.3f} {tu / ts:>8.2f}x {f'{cs} vs {cu}':>13}")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
