@@ -115,6 +115,8 @@ class TrainConfig:
     save_every: int = 50
     keep_checkpoints: int = 2
     log_rollouts: int = 4
+    log_every: int = 10
+    """Print a one-line summary every this many steps (0: never)."""
     """Completions per step written to rollouts.jsonl."""
 
 

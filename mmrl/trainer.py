@@ -316,6 +316,15 @@ class GRPOTrainer:
         self.log.rollouts("rl", self.step, records)
 
     # ------------------------------------------------------------------------------------ loop
+    def _summary_line(self, stats: dict[str, Any]) -> str:
+        parts = [f"step {self.step}/{self.cfg.train.steps}", f"reward {stats['reward']:.3f}"]
+        for key, label in (("reward/accuracy", "acc"), ("reward/format", "format"), ("response_length", "len"),
+                           ("entropy", "entropy"), ("kl", "kl"), ("eval/accuracy", "eval acc"),
+                           ("time/step_s", "s/step")):
+            if isinstance(stats.get(key), (int, float)):
+                parts.append(f"{label} {stats[key]:.3f}" if key != "response_length" else f"{label} {stats[key]:.1f}")
+        return "  ".join(parts)
+
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "skipped_samples": self.skipped_samples,
@@ -374,6 +383,8 @@ class GRPOTrainer:
             bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats.get('reward/accuracy', float('nan')):.2f}",
                             len=f"{stats.get('response_length', 0):.0f}")
             bar.update(1)
+            if t.log_every and self.step % t.log_every == 0 and self.show_progress:
+                tqdm.write(self._summary_line(stats))
             if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
                 self.save()
         bar.close()
