@@ -29,7 +29,7 @@ def resolve_model(cfg: RunConfig) -> Path:
     return Path(ensure_tiny(cfg.model.tiny_family, seed=cfg.model.tiny_seed, **cfg.model.tiny_size))
 
 
-def load_split(cfg: RunConfig, split: str) -> tuple[list[Any], dict[str, Any]]:
+def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tuple[list[Any], dict[str, Any]]:
     """The samples of a split (``train``, ``val``, ``test``), filtered by the run's task and type settings."""
     from data_pipelines.loaders import load_samples
 
@@ -42,7 +42,7 @@ def load_split(cfg: RunConfig, split: str) -> tuple[list[Any], dict[str, Any]]:
         from data_pipelines.toy import ensure_toy
 
         toy = ensure_toy(seed=cfg.data.toy_seed, size=cfg.data.toy_size or "default",
-                         tasks=cfg.data.toy_tasks or None)
+                         tasks=cfg.data.toy_tasks or None, progress=show_progress)
         path = str(Path(toy) / f"{split}.jsonl")
     if not Path(path).exists():
         raise ConfigError(f"data.{split}: file not found: {path}")
@@ -88,6 +88,9 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
     from mmrl.sft import run_sft
     from mmrl.trainer import GRPOTrainer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.yaml"
     if resume and not cfg_path.exists():
@@ -101,8 +104,8 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
 
     seed_everything(cfg.train.seed)
     model_dir = resolve_model(cfg)
-    train_samples, train_info = load_split(cfg, "train")
-    eval_samples, eval_info = load_split(cfg, cfg.eval.split)
+    train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
+    eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
     if cfg.eval.limit:
         eval_samples = eval_samples[:cfg.eval.limit]
     if not train_samples:
