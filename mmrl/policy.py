@@ -139,7 +139,11 @@ class Policy:
         self._rope_takes_seconds = "second_per_grid_ts" in params
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id)
+        # End of a turn: <|im_end|>, the tokenizer's EOS and the model's generation-config EOS ids (real
+        # Qwen-VL checkpoints list <|endoftext|> there too), so a sampled <|endoftext|> ends the reply.
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        gen_eos = gen_eos if isinstance(gen_eos, list) else [gen_eos]
+        self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id, *gen_eos)
                                if isinstance(i, int) and i >= 0})
         # The policy must never emit vision placeholders (a known cause of feature/token mismatches).
         self.suppress_ids = sorted({tok.convert_tokens_to_ids(t) for t in (
