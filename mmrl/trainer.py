@@ -181,16 +181,21 @@ class GRPOTrainer:
         target = cfg.train.prompts_per_step
         episodes: list[Episode] = []
         rewards_l: list[torch.Tensor] = []
-        components: dict[str, list[float]] = {}
+        components: dict[str, list[float]] = {}  # of the kept groups (rollouts log)
+        drawn_components: dict[str, list[float]] = {}  # of every drawn group (step metrics)
         prompt_indices: list[int] = []
-        group_rewards: list[list[float]] = []
+        group_rewards: list[list[float]] = []  # every drawn group, kept or not (the sampler learns from all)
+        drawn_indices: list[int] = []
         draws = dropped = 0
         while True:
             prompts = self.prepare(self.sampler.draw(target - len(prompt_indices) if g.dynamic_sampling else target))
             eps = self.rollout(prompts)
             rew, comp = self.score(eps)
             for p, r in zip(prompts, rew.view(-1, G)):
+                drawn_indices.append(p.index)
                 group_rewards.append(r.tolist())
+            for k, v in comp.items():
+                drawn_components.setdefault(k, []).extend(v)
             keep = informative_groups(rew, group_size=G, tol=g.dynamic_sampling_tol) if g.dynamic_sampling \
                 else torch.ones(len(prompts), dtype=torch.bool)
             for gi, p in enumerate(prompts):
@@ -205,7 +210,7 @@ class GRPOTrainer:
             draws += 1
             if not g.dynamic_sampling or len(prompt_indices) >= target or draws > g.max_draws:
                 break
-        self.sampler.update([p for p in prompt_indices], group_rewards[:len(prompt_indices)])
+        self.sampler.update(drawn_indices, group_rewards)
         stats: dict[str, Any] = {"groups_dropped": dropped, "generation_rounds": draws}
         t_roll = time.perf_counter()
         if episodes:
@@ -214,7 +219,7 @@ class GRPOTrainer:
             stats["skipped_update"] = 1
         all_rewards = [r for grp in group_rewards for r in grp]
         stats["reward"] = sum(all_rewards) / max(1, len(all_rewards))
-        for k, v in components.items():
+        for k, v in drawn_components.items():
             stats[f"reward/{k}"] = sum(v) / max(1, len(v))
         if episodes:
             lengths = [ep.response_length for ep in episodes]

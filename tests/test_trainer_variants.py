@@ -1,0 +1,121 @@
+"""The GRPO trainer's configurable paths run for real on the tiny model: PPO epochs with stored old
+log-probs, KL as a loss and in the reward, dynamic sampling, overlong shaping, GSPO / RLOO / other
+aggregations, bf16, freeze switches, a multi-turn environment, and a plug-in callback that rewrites rewards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrl.config import load_run_config
+from mmrl.plugins import Callback, register_plugin
+from mmrl.run import train
+
+BASE = [
+    "model.tiny_family=qwen2_5_vl",
+    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
+    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
+    "rollout.group_size=4", "rollout.max_new_tokens=4",
+    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
+    "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def run(tmp_path: Path, *overrides: str, task: str = "video-qa") -> list[dict]:
+    cfg = load_run_config(task, overrides=[*BASE, *overrides])
+    train(cfg, run_dir=tmp_path / "run", show_progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["stage"] == "rl"]
+
+
+def test_ppo_epochs_with_kl_loss(tmp_path: Path) -> None:
+    # random-model rewards are all equal (zero advantages); the entropy bonus moves the policy anyway
+    rows = run(tmp_path, "grpo.ppo_epochs=2", "grpo.kl_coef=0.1", "grpo.kl_estimator=k3", "grpo.entropy_coef=0.05")
+    assert [r["step"] for r in rows] == [1, 2]
+    # the reference starts equal to the policy, so KL grows as the policy moves away from it
+    assert 0 <= rows[0]["kl"] < rows[1]["kl"]
+    assert "kl_loss" in rows[1]
+
+
+def test_kl_in_reward_dynamic_sampling_and_overlong(tmp_path: Path) -> None:
+    rows = run(tmp_path, "grpo.kl_coef=0.1", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1",
+               "grpo.dynamic_sampling=true", "grpo.max_draws=2",
+               "grpo.overlong_filter=true", "grpo.overlong_penalty=true", "grpo.max_response_length=4",
+               "grpo.overlong_cache=2")
+    for r in rows:
+        # every completion is cut at 4 tokens = max_response_length: full penalty, so every group's rewards
+        # are equal, dynamic sampling drops them all and draws again, 1 + max_draws rounds in all
+        assert r["reward/overlong_penalty"] == pytest.approx(-1.0)
+        assert r["generation_rounds"] == 3 and r["groups_dropped"] == 6
+        assert r.get("skipped_update") == 1
+
+
+@pytest.mark.parametrize("overrides", [
+    ["grpo.policy_loss=gspo", "grpo.advantage_estimator=rloo"],
+    ["grpo.advantage_estimator=dr_grpo", "grpo.loss_agg=seq-mean-token-sum-norm", "grpo.loss_norm_const=8"],
+    ["grpo.advantage_estimator=batch_std", "grpo.loss_agg=seq-mean-token-mean", "grpo.dual_clip_c=3.0"],
+    ["model.dtype=bf16"],
+])
+def test_loss_variants_run(tmp_path: Path, overrides: list[str]) -> None:
+    rows = run(tmp_path, *overrides)
+    assert len(rows) == 2
+    assert all(r["grad_norm"] == r["grad_norm"] for r in rows)  # finite (not NaN)
+
+
+def test_frozen_vision_tower_does_not_change(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from mmrl.tiny_models import ensure_tiny
+
+    run(tmp_path, "model.freeze_vision=true", "model.freeze_merger=true", "grpo.entropy_coef=0.05")
+    before = load_file(next(ensure_tiny("qwen2_5_vl").glob("*.safetensors")))
+    after = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    visual = [k for k in before if "visual" in k]
+    text = [k for k in before if "visual" not in k and "embed" not in k]
+    assert visual and all(torch.equal(before[k], after[k]) for k in visual)
+    assert any(not torch.equal(before[k], after[k]) for k in text)  # the language model did train
+
+
+def test_multi_turn_environment_in_training(tmp_path: Path) -> None:
+    rows = run(tmp_path, "data.toy_tasks=[scan]", "data.problem_types=[yes_no]", "rollout.environment=zoom",
+               "rollout.max_turns=2", "rollout.max_new_tokens=6", task="image-qa")
+    assert len(rows) == 2
+    rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert any(len(r["turns"]) == 2 for r in rollouts)  # the environment answered and the policy took a 2nd turn
+
+
+@register_plugin("test_reward_bonus")
+class RewardBonus(Callback):
+    """Adds a constant to every reward and records the hooks it saw."""
+
+    calls: list[str] = []
+
+    def on_train_start(self) -> None:
+        RewardBonus.calls.append("start")
+
+    def on_rewards(self, episodes, rewards, components):
+        RewardBonus.calls.append("rewards")
+        return rewards + self.settings["bonus"]
+
+    def on_step_end(self, step, stats) -> None:
+        stats["plugin_step"] = step
+
+
+def test_plugin_callback_hooks(tmp_path: Path) -> None:
+    RewardBonus.calls.clear()
+    rows = run(tmp_path, "plugins={test_reward_bonus: {bonus: 10.0}}")
+    assert RewardBonus.calls[0] == "start" and RewardBonus.calls.count("rewards") == 2
+    assert all(r["reward"] >= 10.0 for r in rows)
+    assert [r["plugin_step"] for r in rows] == [1, 2]
