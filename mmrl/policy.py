@@ -158,7 +158,7 @@ class Policy:
         """Freeze switches for the vision tower (without merger), the merger, and the language model."""
         visual = self.base.visual
         for name, p in visual.named_parameters():
-            is_merger = name.startswith("merger") or name.startswith("deepstack_merger")
+            is_merger = name.startswith(("merger", "deepstack_merger"))
             p.requires_grad_(merger if is_merger else vision)
         for p in self.base.language_model.parameters():
             p.requires_grad_(llm)
@@ -372,13 +372,13 @@ class Policy:
                      for _ in range(num_return_sequences)] for g in once]
         batch = self.pad(seqs, left=True)
         encoder_outputs = self._encoder_outputs(seqs)
-        kwargs: dict[str, Any] = dict(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-            mm_token_type_ids=batch["mm_token_type_ids"], max_new_tokens=max_new_tokens,
-            do_sample=do_sample, num_return_sequences=num_return_sequences, output_logits=True,
-            return_dict_in_generate=True, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-            suppress_tokens=self.suppress_ids or None,
-        )
+        kwargs: dict[str, Any] = {
+            "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+            "mm_token_type_ids": batch["mm_token_type_ids"], "max_new_tokens": max_new_tokens,
+            "do_sample": do_sample, "num_return_sequences": num_return_sequences, "output_logits": True,
+            "return_dict_in_generate": True, "eos_token_id": self.eos_ids, "pad_token_id": self.pad_id,
+            "suppress_tokens": self.suppress_ids or None,
+        }
         if do_sample:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
         else:

@@ -69,8 +69,8 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
     before, after = summary.get("eval_before_rl"), summary.get("eval_after_rl")
     if before or after:
         lines += ["## Held-out evaluation", "",
-                  f"Split `{summary.get('eval_split')}`, greedy decoding; headline accuracy counts multiple-choice "
-                  f"questions with at least {summary.get('eval_min_options', 0)} options.", "",
+                  (f"Split `{summary.get('eval_split')}`, greedy decoding; headline accuracy counts multiple-choice "
+                  f"questions with at least {summary.get('eval_min_options', 0)} options."), "",
                   "| | before RL | after RL |", "| --- | --- | --- |"]
         b, a = before or {}, after or {}
         lines.append(f"| accuracy | {_fmt(b.get('accuracy'))} | {_fmt(a.get('accuracy'))} |")
@@ -89,8 +89,8 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
         for title, fname in plots:
             lines += [f"### {title}", "", f"![{title}]({fname})", ""]
     lines += ["## Files", "", "- `config.yaml`: the resolved configuration",
-              "- `metrics.jsonl`: one line per step and stage", "- `rollouts.jsonl`: sample completions with "
-              "every reward component", "- `checkpoint-*/`: Hugging Face model folders plus trainer state",
+              "- `metrics.jsonl`: one line per step and stage", ("- `rollouts.jsonl`: sample completions with "
+              "every reward component"), "- `checkpoint-*/`: Hugging Face model folders plus trainer state",
               "- `final/`: the trained model (load with `AutoModelForImageTextToText.from_pretrained`)", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))

@@ -81,14 +81,13 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress: bool = True) -> dict[str, Any]:
     import torch
+    from transformers.utils import logging as hf_logging
 
     from mmrl.checkpoint import latest_checkpoint, load_weights, seed_everything
     from mmrl.policy import load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
     from mmrl.trainer import GRPOTrainer
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from mmrl.checkpoint import latest_checkpoint, load_trainer_state, load_weights, save_checkpoint, set_rng_state
+from mmrl.checkpoint import (
+    latest_checkpoint,
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+    set_rng_state,
+)
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
 from mmrl.errors import MediaError, MmrlError

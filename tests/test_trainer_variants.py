@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -100,7 +101,7 @@ def test_multi_turn_environment_in_training(tmp_path: Path) -> None:
 class RewardBonus(Callback):
     """Adds a constant to every reward and records the hooks it saw."""
 
-    calls: list[str] = []
+    calls: ClassVar[list[str]] = []
 
     def on_train_start(self) -> None:
         RewardBonus.calls.append("start")
