@@ -111,7 +111,7 @@ def bench_rollout(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--reps", type=int, default=3, help="timed repetitions per mode (median reported)")
+    parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--only", choices=["step", "rollout"], default=None)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mmrl-bench-") as tmp:
