@@ -14,23 +14,17 @@ from typing import Any
 import numpy as np
 
 from mmrl.errors import ConfigError
+from mmrl.registry import Registry
 
-_SAMPLERS: dict[str, Callable[..., Sampler]] = {}
-
-
-def register_sampler(name: str) -> Callable:
-    def deco(cls: Callable[..., Sampler]) -> Callable[..., Sampler]:
-        _SAMPLERS[name] = cls
-        return cls
-    return deco
+SAMPLERS: Registry[Callable[..., Sampler]] = Registry("sampler", "data.sampler")
+register_sampler = SAMPLERS.register
 
 
 def make_sampler(name: str, samples: Sequence[Any], *, seed: int = 0, **kwargs: Any) -> Sampler:
-    if name not in _SAMPLERS:
-        raise ConfigError(f"data.sampler: unknown sampler '{name}'; available: {', '.join(sorted(_SAMPLERS))}")
+    factory = SAMPLERS.get(name)
     if not samples:
         raise ConfigError("data.train: the training set is empty")
-    return _SAMPLERS[name](samples, seed=seed, **kwargs)
+    return factory(samples, seed=seed, **kwargs)
 
 
 class Sampler:

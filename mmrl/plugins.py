@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mmrl.errors import ConfigError
+from mmrl.registry import Registry
 
 if TYPE_CHECKING:
     from mmrl.rollout import Episode
@@ -44,20 +44,9 @@ class Callback:
         pass
 
 
-_PLUGINS: dict[str, Callable[..., Callback]] = {}
-
-
-def register_plugin(name: str) -> Callable:
-    def deco(cls: Callable[..., Callback]) -> Callable[..., Callback]:
-        _PLUGINS[name] = cls
-        return cls
-    return deco
+PLUGINS: Registry[Callable[..., Callback]] = Registry("plug-in", "plugins")
+register_plugin = PLUGINS.register
 
 
 def build_plugins(settings: dict[str, dict[str, Any]], trainer: GRPOTrainer) -> dict[str, Callback]:
-    out = {}
-    for name, kwargs in settings.items():
-        if name not in _PLUGINS:
-            raise ConfigError(f"plugins.{name}: unknown plug-in; available: {', '.join(sorted(_PLUGINS)) or '(none)'}")
-        out[name] = _PLUGINS[name](trainer, **(kwargs or {}))
-    return out
+    return {name: PLUGINS.get(name)(trainer, **(kwargs or {})) for name, kwargs in settings.items()}

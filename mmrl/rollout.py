@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mmrl.errors import ConfigError
 from mmrl.policy import Generation, MediaInput, Policy, TokenSeq
+from mmrl.registry import Registry
 
 
 @dataclass
@@ -57,20 +57,13 @@ class HFBackend:
         return out
 
 
-_BACKENDS: dict[str, Callable[..., RolloutBackend]] = {"hf": HFBackend}
-
-
-def register_backend(name: str) -> Callable:
-    def deco(factory: Callable[..., RolloutBackend]) -> Callable[..., RolloutBackend]:
-        _BACKENDS[name] = factory
-        return factory
-    return deco
+BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend", "rollout.backend")
+BACKENDS.register("hf")(HFBackend)
+register_backend = BACKENDS.register
 
 
 def make_backend(name: str, policy: Policy, **kwargs: Any) -> RolloutBackend:
-    if name not in _BACKENDS:
-        raise ConfigError(f"rollout.backend: unknown backend '{name}'; available: {', '.join(sorted(_BACKENDS))}")
-    return _BACKENDS[name](policy, **kwargs)
+    return BACKENDS.get(name)(policy, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------ environments
@@ -95,23 +88,14 @@ class Environment:
         raise NotImplementedError
 
 
-_ENVIRONMENTS: dict[str, type[Environment]] = {}
-
-
-def register_environment(name: str) -> Callable[[type[Environment]], type[Environment]]:
-    def deco(cls: type[Environment]) -> type[Environment]:
-        _ENVIRONMENTS[name] = cls
-        return cls
-    return deco
+ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", "rollout.environment")
+register_environment = ENVIRONMENTS.register
 
 
 def get_environment(name: str) -> type[Environment]:
     import mmrl.environments  # noqa: F401  (built-in environments register on import)
 
-    if name not in _ENVIRONMENTS:
-        raise ConfigError(
-            f"rollout.environment: unknown environment '{name}'; available: {', '.join(sorted(_ENVIRONMENTS))}")
-    return _ENVIRONMENTS[name]
+    return ENVIRONMENTS.get(name)
 
 
 # ------------------------------------------------------------------------------------------ episodes

@@ -5,6 +5,8 @@ Every family has a registry (``register_xxx(name)`` decorator, ``get_xxx(name)``
 aggregations, KL estimators and token shapers from their own modules.
 """
 
+from mmrl.registry import Registry
+
 from .advantages import (
     GroupStats,
     broadcast_to_tokens,
@@ -40,7 +42,6 @@ from .losses import (
     register_policy_loss,
     sequence_log_ratio,
 )
-from .registry import Registry
 from .shaping import (
     ShapingInput,
     ShapingOutput,

@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from mmrl.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from .registry import Registry
+from mmrl.registry import Registry
 
 
 @dataclass(frozen=True)

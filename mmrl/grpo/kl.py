@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from mmrl.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from mmrl.registry import Registry
+
 from ._util import masked_max, masked_mean
-from .registry import Registry
 
 if TYPE_CHECKING:
     from .config import GRPOConfig

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from mmrl.registry import Registry
 
 if TYPE_CHECKING:
     from .config import GRPOConfig

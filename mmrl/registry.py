@@ -1,11 +1,14 @@
-"""A tiny name -> object registry shared by every GRPO family (advantages, losses, KL, ...).
+"""The name -> object registry behind every extension point of the engine.
 
-Methods plug in new pieces without editing mmrl: ``@register_policy_loss("my-loss")`` on a function in
-their own module is enough, and the name becomes valid in :class:`mmrl.grpo.config.GRPOConfig`.
+GRPO families (advantages, losses, aggregations, KL estimators, token shapers), rollout backends,
+environments, samplers and plug-ins each keep one :class:`Registry`. Methods plug in without editing mmrl:
+``@register_policy_loss("my-loss")`` on a function in their own module is enough, and the name becomes a
+valid config value.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -41,8 +44,10 @@ class Registry(Generic[T]):
             return self._items[name]
         except (KeyError, TypeError):
             where = f" (config key {self.config_key!r})" if self.config_key else ""
+            close = difflib.get_close_matches(str(name), list(self._items), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
-                f"unknown {self.kind} {name!r}{where}; valid: {', '.join(sorted(self._items))}"
+                f"unknown {self.kind} {name!r}{where}; {hint}valid: {', '.join(sorted(self._items)) or '(none)'}"
             ) from None
 
     def names(self) -> list[str]:
