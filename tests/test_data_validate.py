@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from data_pipelines.loaders import load_samples
-from data_pipelines.toy import ToyConfig, make_toy
+from data_pipelines.toy import ToyConfig, make_toy, toy_tasks
 from data_pipelines.toy.scan import render_scan
 from data_pipelines.toy.video_tasks import color_task
 from mmrl.cli import main as cli_main
@@ -120,4 +120,5 @@ def test_inspect_writes_contact_sheet(tmp_path: Path, capsys: pytest.CaptureFixt
     assert img.shape[0] > 5 * 96 and img.std() > 10  # five rows of real frames, not a blank page
     assert "problem type" in text and "multiple_choice" in text and "needle" in text
     assert re.search(r"duration \(s\)\s+2\s+2\s+24", text)
-    assert "images: 2 files" in text and "64x64" in text
+    n_image_tasks = sum(t.kind == "image" for t in toy_tasks().values())
+    assert f"images: {2 * n_image_tasks} files" in text and "64x64" in text

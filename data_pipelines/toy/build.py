@@ -34,7 +34,7 @@ from mmrl.errors import DataError
 
 from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, toy_tasks
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 SPLITS = ("train", "val", "test")
 SIZES: dict[str, dict[str, int]] = {  # records per task and split
     "small": {"train": 8, "val": 4, "test": 4},
