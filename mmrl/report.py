@@ -82,7 +82,13 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
         lines.append("")
     lines += ["## Stages", ""]
     for name, info in summary.get("stages", {}).items():
-        lines.append(f"- **{name}**: " + ", ".join(f"{k} {_fmt(v)}" for k, v in info.items()))
+        if name == "data":
+            for split, d in info.items():
+                if d:
+                    lines.append(f"- **{split} data**: {d['used']} samples used of {d['loaded']} loaded "
+                                 f"({d['skipped']} bad records skipped) from `{d['path']}`")
+            continue
+        lines.append(f"- **{name}**: " + ", ".join(f"{k} {_fmt(v)}" for k, v in (info or {}).items()))
     lines.append("")
     if plots:
         lines += ["## Training curves", ""]

@@ -49,7 +49,7 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
     result = load_samples(path, fmt=cfg.data.format, columns=cfg.data.columns or None,
                           media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample)
     samples = list(result.samples)
-    if cfg.data.toy_tasks:
+    if cfg.data.toy_tasks and getattr(cfg.data, split) is None:  # toy-world settings never filter user data
         samples = [s for s in samples if s.meta.get("task") in cfg.data.toy_tasks]
     if cfg.data.problem_types:
         samples = [s for s in samples if s.problem_type in cfg.data.problem_types]
