@@ -286,6 +286,19 @@ class RecordChecker:
         return CheckedRecord(raw.line, raw.unit, where, sample, problems)
 
 
+def locate_dataset(path: str | Path, fmt: str = "auto", media_root: str | Path | None = None
+                   ) -> tuple[Path, str, str, Path]:
+    """``(path, file format, record format, media base folder)`` of a dataset; DataError if it is missing."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"dataset not found: {path}")
+    file_fmt, rec_fmt = parse_fmt(fmt)
+    if file_fmt == "auto":
+        file_fmt = detect_file_format(path)
+    base_dir = Path(media_root) if media_root is not None else (path if path.is_dir() else path.parent)
+    return path, file_fmt, rec_fmt, base_dir
+
+
 def load_samples(
     path: str | Path,
     *,
@@ -308,13 +321,7 @@ def load_samples(
     """
     if on_bad_sample not in ("raise", "skip"):
         raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"dataset not found: {path}")
-    file_fmt, rec_fmt = parse_fmt(fmt)
-    if file_fmt == "auto":
-        file_fmt = detect_file_format(path)
-    base_dir = Path(media_root) if media_root is not None else (path if path.is_dir() else path.parent)
+    path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
     result = LoadResult(path=path, file_format=file_fmt, record_format=rec_fmt, base_dir=base_dir)
     mode = "exists" if check_media is True else (check_media or None)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir, media=mode)

@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from mmrl.errors import DataError
-
-from .loaders import RecordChecker, detect_file_format, iter_raw_records, parse_fmt
+from .loaders import RecordChecker, iter_raw_records, locate_dataset
 from .schema import Problem
 
 
@@ -54,13 +52,7 @@ def validate_dataset(
     progress: bool = False,
 ) -> ValidationReport:
     """Check every record of ``path`` (and, with ``check_media``, decode every media file)."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"dataset not found: {path}")
-    file_fmt, rec_fmt = parse_fmt(fmt)
-    if file_fmt == "auto":
-        file_fmt = detect_file_format(path)
-    base_dir = Path(media_root) if media_root is not None else (path if path.is_dir() else path.parent)
+    path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir,
                             media="decode" if check_media else None)
     report = ValidationReport(path=path, file_format=file_fmt, record_format=rec_fmt)
