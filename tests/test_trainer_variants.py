@@ -120,3 +120,35 @@ def test_plugin_callback_hooks(tmp_path: Path) -> None:
     assert RewardBonus.calls[0] == "start" and RewardBonus.calls.count("rewards") == 2
     assert all(r["reward"] >= 10.0 for r in rows)
     assert [r["plugin_step"] for r in rows] == [1, 2]
+
+
+def _corrupt_first_train_video(tmp_path: Path) -> Path:
+    """A copy of a tiny toy set whose first training video is cut to a third of its bytes."""
+    from data_pipelines.toy import make_toy
+
+    toy = make_toy(tmp_path / "toy", 0, size={"train": 4, "val": 0, "test": 2}, tasks=["color"], progress=False)
+    first = json.loads((toy / "train.jsonl").read_text().splitlines()[0])
+    video = toy / first["media"][0]["path"]
+    video.write_bytes(video.read_bytes()[: video.stat().st_size // 3])
+    return toy
+
+
+def test_corrupt_video_is_skipped_when_asked(tmp_path: Path) -> None:
+    toy = _corrupt_first_train_video(tmp_path)
+    cfg = load_run_config("video-qa", overrides=[
+        *BASE, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}",
+        "data.on_bad_sample=skip", "train.prompts_per_step=4"])  # step 1 draws all four samples
+    summary = train(cfg, run_dir=tmp_path / "run", show_progress=False)
+    assert summary["stages"]["rl"]["steps"] == 2
+    assert summary["stages"]["rl"]["skipped_samples"] >= 1
+
+
+def test_corrupt_video_names_sample_and_file_when_not_skipping(tmp_path: Path) -> None:
+    from mmrl.errors import MmrlError
+
+    toy = _corrupt_first_train_video(tmp_path)
+    first = json.loads((toy / "train.jsonl").read_text().splitlines()[0])
+    cfg = load_run_config("video-qa", overrides=[
+        *BASE, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}", "train.prompts_per_step=4"])
+    with pytest.raises(MmrlError, match=rf"sample {first['id']}: .*{first['media'][0]['path'].split('/')[-1]}.*skip"):
+        train(cfg, run_dir=tmp_path / "run", show_progress=False)
