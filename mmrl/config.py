@@ -45,6 +45,8 @@ class MediaConfig:
     video_max_pixels: int = 64 * 28 * 28
     image_min_pixels: int = 16 * 28 * 28
     image_max_pixels: int = 256 * 28 * 28
+    cache_mb: float = 1024
+    """Decoded media kept in memory between steps (LRU, megabytes of pixels; 0: no cache)."""
 
 
 @dataclass

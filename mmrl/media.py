@@ -3,8 +3,9 @@
 One place decides what the model sees: videos go through :func:`video.sample_video` (the ``qwen`` policy
 by default, which calls qwen-vl-utils so training, rollouts and evaluation see the same frames) and
 images through :func:`vision.open_image` and :func:`vision.fit_pixels`. Per-item ``sampling`` hints in the
-record override the run's settings. Decoded items are kept in a small LRU cache keyed by file and
-settings, so a prompt drawn again does not decode its video again.
+record override the run's settings. Decoded items are kept in an LRU cache keyed by file and settings
+(bounded by ``MediaConfig.cache_mb`` of decoded pixels), so a prompt drawn again does not decode its video
+again.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ def patch_size_for(family: str) -> int:
 
 
 class MediaPreparer:
-    def __init__(self, cfg: MediaConfig, *, family: str = "qwen2_5_vl", cache_items: int = 512):
+    def __init__(self, cfg: MediaConfig, *, family: str = "qwen2_5_vl"):
         self.cfg = cfg
         self.patch = patch_size_for(family)
-        self.cache: OrderedDict[str, MediaInput] = OrderedDict()
-        self.cache_items = cache_items
+        self.cache: OrderedDict[str, tuple[MediaInput, int]] = OrderedDict()
+        self.cache_limit = int(cfg.cache_mb * 2**20)
+        self.cache_used = 0
 
     def video_options(self, sampling: dict[str, Any]) -> dict[str, Any]:
         c = self.cfg
@@ -61,7 +63,7 @@ class MediaPreparer:
             key = f"image:{item.path}|{json.dumps(opts, sort_keys=True)}"
         if key in self.cache:
             self.cache.move_to_end(key)
-            return self.cache[key]
+            return self.cache[key][0]
         if item.type == "video":
             from video import sample_video
 
@@ -79,7 +81,11 @@ class MediaPreparer:
             media = MediaInput(key=key, kind="image", data=image)
         else:
             raise MediaError(item.path, f"unknown media type '{item.type}' (expected image or video)")
-        self.cache[key] = media
-        if len(self.cache) > self.cache_items:
-            self.cache.popitem(last=False)
+        size = int(media.data.frames.nbytes) if media.kind == "video" else media.data.width * media.data.height * 3
+        if size <= self.cache_limit:
+            self.cache[key] = (media, size)
+            self.cache_used += size
+            while self.cache_used > self.cache_limit:
+                _, (_, freed) = self.cache.popitem(last=False)
+                self.cache_used -= freed
         return media
