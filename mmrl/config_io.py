@@ -35,11 +35,13 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _nearest(key: str, valid: list[str]) -> str:
+def _nearest(key: str, valid: list[str], prefix: str = "") -> str:
+    """A hint naming the closest valid key in full (``train.steps``), or listing the valid ones."""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    dotted = f"{prefix}." if prefix else ""
     if close:
-        return f"did you mean '{close[0]}'?"
-    return "valid keys: " + ", ".join(sorted(valid))
+        return f"did you mean '{dotted}{close[0]}'?"
+    return "valid keys: " + ", ".join(dotted + k for k in sorted(valid))
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
@@ -125,7 +127,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            raise ConfigError(f"unknown config key '{dotted}': {_nearest(str(key), list(fields))}")
+            raise ConfigError(f"unknown config key '{dotted}': {_nearest(str(key), list(fields), prefix)}")
         kwargs[key] = _convert(value, hints[key], dotted)
     try:
         return cls(**kwargs)
@@ -173,7 +175,7 @@ def apply_overrides(cls: type, data: dict[str, Any], overrides: list[str]) -> di
             if dataclasses.is_dataclass(tp):
                 names = [f.name for f in dataclasses.fields(tp)]
                 if part not in names:
-                    raise ConfigError(f"unknown config key '{dotted}': {_nearest(part, names)}")
+                    raise ConfigError(f"unknown config key '{dotted}': {_nearest(part, names, '.'.join(path[:depth]))}")
                 field_tp = _strip_optional(get_type_hints(tp)[part])
             else:
                 field_tp = Any

@@ -29,7 +29,7 @@ def test_nested_values_and_defaults():
 
 
 def test_unknown_key_names_the_nearest():
-    with pytest.raises(ConfigError, match=r"unknown config key 'train\.stesp'.*'steps'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'train\.stesp'.*'train\.steps'"):
         from_dict(Outer, {"train": {"stesp": 3}})
 
 

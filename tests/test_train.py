@@ -171,7 +171,7 @@ def test_cli_errors_are_one_line(case: str, noproc_model: Path, cache: Path, tmp
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "empty-cache"))
     out = tmp_path / "run"
     args, expected = {
-        "unknown-key": (["train.stepz=3"], ["train.stepz", "did you mean", "steps"]),
+        "unknown-key": (["train.stepz=3"], ["train.stepz", "did you mean 'train.steps'"]),
         "wrong-type": (["train.steps=abc"], ["train.steps", "abc"]),
         "missing-data": (["--data", "/nope.jsonl"], ["/nope.jsonl", "not found"]),
         "no-processor": (["--model", str(noproc_model)], [str(noproc_model), "processor"]),
