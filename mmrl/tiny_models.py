@@ -488,29 +488,23 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "dtype": torch.float32,
     }
     patch = _PATCH[family]
+    # fields every family's vision config shares; the Qwen2.5/Qwen3 towers also share the width fields
+    grid = {"depth": size.vision_depth, "num_heads": size.vision_heads, "patch_size": patch,
+            "spatial_merge_size": _MERGE, "temporal_patch_size": _TEMPORAL_PATCH}
+    widths = {"hidden_size": size.vision_hidden_size, "intermediate_size": size.vision_intermediate_size,
+              "out_hidden_size": size.hidden_size}
     if family == "qwen2_vl":
         vision = {
-            "depth": size.vision_depth,
+            **grid,
             "embed_dim": size.vision_hidden_size,
             "hidden_size": size.hidden_size,
             "mlp_ratio": max(1, size.vision_intermediate_size // size.vision_hidden_size),
-            "num_heads": size.vision_heads,
-            "patch_size": patch,
-            "spatial_merge_size": _MERGE,
-            "temporal_patch_size": _TEMPORAL_PATCH,
             "hidden_act": "quick_gelu",
         }
         return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
     if family == "qwen2_5_vl":
         vision = {
-            "depth": size.vision_depth,
-            "hidden_size": size.vision_hidden_size,
-            "intermediate_size": size.vision_intermediate_size,
-            "num_heads": size.vision_heads,
-            "out_hidden_size": size.hidden_size,
-            "patch_size": patch,
-            "spatial_merge_size": _MERGE,
-            "temporal_patch_size": _TEMPORAL_PATCH,
+            **grid, **widths,
             "tokens_per_second": 2,
             "window_size": 2 * patch * _MERGE,  # 2x2 merged tokens per window (real: 112 px = 4x4)
             "fullatt_block_indexes": _full_attention_blocks(size.vision_depth),
@@ -520,14 +514,7 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
     text["head_dim"] = head_dim
     text["attention_bias"] = False
     vision = {
-        "depth": size.vision_depth,
-        "hidden_size": size.vision_hidden_size,
-        "intermediate_size": size.vision_intermediate_size,
-        "num_heads": size.vision_heads,
-        "out_hidden_size": size.hidden_size,
-        "patch_size": patch,
-        "spatial_merge_size": _MERGE,
-        "temporal_patch_size": _TEMPORAL_PATCH,
+        **grid, **widths,
         "num_position_embeddings": 2304,
         "deepstack_visual_indexes": _deepstack_indexes(size.vision_depth),
         "hidden_act": "gelu_pytorch_tanh",
