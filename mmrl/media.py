@@ -61,9 +61,9 @@ class MediaPreparer:
             opts = {"min_pixels": sampling.get("min_pixels", self.cfg.image_min_pixels),
                     "max_pixels": sampling.get("max_pixels", self.cfg.image_max_pixels)}
             key = f"image:{item.path}|{json.dumps(opts, sort_keys=True)}"
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key][0]
+        cached = self.recall(key)
+        if cached is not None:
+            return cached
         if item.type == "video":
             from video import sample_video
 
@@ -81,6 +81,17 @@ class MediaPreparer:
             media = MediaInput(key=key, kind="image", data=image)
         else:
             raise MediaError(item.path, f"unknown media type '{item.type}' (expected image or video)")
+        return self.remember(key, media)
+
+    def recall(self, key: str) -> MediaInput | None:
+        """A cached item (and mark it recently used), or None."""
+        if key not in self.cache:
+            return None
+        self.cache.move_to_end(key)
+        return self.cache[key][0]
+
+    def remember(self, key: str, media: MediaInput) -> MediaInput:
+        """Cache ``media`` under ``key``, evicting the least recently used items beyond the byte budget."""
         size = int(media.data.frames.nbytes) if media.kind == "video" else media.data.width * media.data.height * 3
         if size <= self.cache_limit:
             self.cache[key] = (media, size)

@@ -360,56 +360,70 @@ class Policy:
     def generate(
         self, seqs: Sequence[TokenSeq], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
         top_k: int = 0, do_sample: bool = True, stop: Sequence[str] = (), num_return_sequences: int = 1,
+        with_logprobs: bool = True,
     ) -> list[list[Generation]]:
         """Sample continuations for each sequence (``num_return_sequences`` each), with their log-probs.
 
         Log-probabilities are those of the temperature-scaled distribution (before top-p/top-k), the same
-        quantity :meth:`forward_logprobs` computes for training.
+        quantity :meth:`forward_logprobs` computes for training. They need every step's full-vocabulary
+        logits; ``with_logprobs=False`` skips them (the trainer recomputes log-probs itself).
         """
         if not do_sample and num_return_sequences > 1:  # greedy: n equal copies (HF refuses n > 1 here)
-            once = self.generate(seqs, max_new_tokens=max_new_tokens, do_sample=False, stop=stop)
+            once = self.generate(seqs, max_new_tokens=max_new_tokens, do_sample=False, stop=stop,
+                                 with_logprobs=with_logprobs)
             return [[replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
                      for _ in range(num_return_sequences)] for g in once]
+        from transformers import GenerationConfig
+
         batch = self.pad(seqs, left=True)
         encoder_outputs = self._encoder_outputs(seqs)
-        kwargs: dict[str, Any] = {
-            "input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-            "mm_token_type_ids": batch["mm_token_type_ids"], "max_new_tokens": max_new_tokens,
-            "do_sample": do_sample, "num_return_sequences": num_return_sequences, "output_logits": True,
-            "return_dict_in_generate": True, "eos_token_id": self.eos_ids, "pad_token_id": self.pad_id,
-            "suppress_tokens": self.suppress_ids or None,
-        }
-        if do_sample:
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+        # Finished rows are padded with a suppressed token (never sampled), so padding can never be
+        # mistaken for a sampled EOS (the tokenizer's pad, <|endoftext|>, is an EOS of Qwen checkpoints).
+        fill = self.suppress_ids[0] if self.suppress_ids else self.pad_id
+        # A clean generation config: the checkpoint's own (repetition penalty, min_p, ...) would make the
+        # sampling distribution differ from the one training computes log-probabilities for.
+        # transformers fills every unset (None) field from the checkpoint's generation config, so the
+        # neutral values of the processors that change the distribution are set explicitly.
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0, "typical_p": 1.0,
+                    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0} if do_sample else {}
+        gen = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=do_sample, num_return_sequences=num_return_sequences,
+            eos_token_id=self.eos_ids, pad_token_id=fill, suppress_tokens=self.suppress_ids or None,
+            output_logits=with_logprobs, return_dict_in_generate=True, repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
+            min_new_tokens=0, renormalize_logits=False, **sampling,
+            **({"stop_strings": list(stop)} if stop else {}))
+        kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+                                  "mm_token_type_ids": batch["mm_token_type_ids"], "generation_config": gen}
         if stop:
-            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+            kwargs["tokenizer"] = self.tokenizer
         if encoder_outputs:
             kwargs["mm_encoder_outputs"] = encoder_outputs
             kwargs.update(self._grid_kwargs(seqs))
         out = self.model.generate(**kwargs)
         prompt_len = batch["input_ids"].shape[1]
-        new = out.sequences[:, prompt_len:]
-        logits = torch.stack(out.logits, dim=1).float()  # (B*n, T, V)
-        scale = temperature if do_sample else 1.0
-        logp = F.log_softmax(logits / scale, dim=-1).gather(-1, new[..., None]).squeeze(-1)
+        new = out.sequences[:, prompt_len:].cpu()
+        logp = None
+        if with_logprobs:  # (B*n, T, V) float32: memory grows with length x vocabulary
+            logits = torch.stack(out.logits, dim=1).float()
+            scale = temperature if do_sample else 1.0
+            logp = F.log_softmax(logits / scale, dim=-1).gather(-1, new.to(logits.device)[..., None]).squeeze(-1)
         results: list[list[Generation]] = [[] for _ in seqs]
         for row in range(new.shape[0]):
             toks = new[row].tolist()
-            n = len(toks)
-            finished = False
+            n, finished = len(toks), False
             for j, t in enumerate(toks):
                 if t in self.eos_ids:
                     n, finished = j + 1, True
                     break
-                if t == self.pad_id:  # padding after a stop string ended this row
+                if t == fill:  # padding after a stop string ended this row
                     n, finished = j, True
                     break
             toks = toks[:n]
             text = self.tokenizer.decode(toks, skip_special_tokens=True)
             if not finished and stop and any(s in text for s in stop):
                 finished = True
-            results[row // num_return_sequences].append(
-                Generation(token_ids=toks, text=text, logprobs=logp[row, :n].tolist(), finished=finished))
+            results[row // num_return_sequences].append(Generation(
+                token_ids=toks, text=text, logprobs=logp[row, :n].tolist() if logp is not None else [],
+                finished=finished))
         return results

@@ -35,11 +35,16 @@ class RolloutBackend(Protocol):
 
 
 class HFBackend:
-    """Generation with ``transformers`` ``generate`` on the training model itself."""
+    """Generation with ``transformers`` ``generate`` on the training model itself.
 
-    def __init__(self, policy: Policy, max_batch: int = 64):
+    ``record_logprobs`` keeps the sampling log-probabilities on each generation (costs one float32
+    vocabulary row per generated token while generating; the trainer does not need them).
+    """
+
+    def __init__(self, policy: Policy, max_batch: int = 64, record_logprobs: bool = False):
         self.policy = policy
         self.max_batch = max_batch
+        self.record_logprobs = record_logprobs
 
     def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: SamplingParams) -> list[list[Generation]]:
         out: list[list[Generation]] = []
@@ -51,7 +56,8 @@ class HFBackend:
                 out.extend(self.policy.generate(
                     seqs[start:start + per_call], max_new_tokens=params.max_new_tokens,
                     temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                    do_sample=not params.greedy, stop=params.stop, num_return_sequences=n))
+                    do_sample=not params.greedy, stop=params.stop, num_return_sequences=n,
+                    with_logprobs=self.record_logprobs))
         finally:
             self.policy.model.train(was_training)
         return out
@@ -107,7 +113,7 @@ class Episode:
     prompt: TokenSeq
     seq: TokenSeq
     turns: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # aligned with the seq's loss-mask tokens
+    logprobs: list[float] = field(default_factory=list)  # per loss-mask token, when the backend records them
     finished: bool = False  # last turn ended on EOS/stop (not cut by max_new_tokens)
     env: Environment | None = None
 

@@ -81,7 +81,7 @@ def test_multi_turn_zoom_loop(policy: Policy, toy: dict[str, Sample], kind: str)
     torch.manual_seed(0)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     before = policy.vision_calls
-    episodes = run_episodes(policy, HFBackend(policy), [prompt], [sample], n=2, params=params,
+    episodes = run_episodes(policy, HFBackend(policy, record_logprobs=True), [prompt], [sample], n=2, params=params,
                             environment=factory, max_turns=3)
     assert len(episodes) == 2 and len(envs) == 2
     # the random model never answers: the environment reminds it of the format, the loop goes on to the limit
@@ -186,7 +186,7 @@ def test_turn_after_a_zoom_observation(policy: Policy, toy: dict[str, Sample]) -
     assert len(seq.media) == 2
     torch.manual_seed(3)
     before = policy.vision_calls
-    gens = HFBackend(policy).generate([seq], n=3, params=SamplingParams(max_new_tokens=6, temperature=0.7))[0]
+    gens = HFBackend(policy, record_logprobs=True).generate([seq], n=3, params=SamplingParams(max_new_tokens=6, temperature=0.7))[0]
     assert policy.vision_calls - before == 2  # the video and the zoomed image, once each for 3 samples
     full = [seq.extend(g.token_ids, trained=True) for g in gens]
     with torch.no_grad():
@@ -216,7 +216,7 @@ def test_stop_string_ends_generation(model_dir: Path) -> None:
         opt.step()
         if float(loss.detach()) < 0.02:
             break
-    backend = HFBackend(policy)
+    backend = HFBackend(policy, record_logprobs=True)
     free = backend.generate([prompt], n=1, params=SamplingParams(max_new_tokens=len(target), greedy=True))[0][0]
     assert free.text.startswith("<answer>red</answer> and"), free.text
     assert not free.finished  # cut by max_new_tokens
@@ -225,4 +225,14 @@ def test_stop_string_ends_generation(model_dir: Path) -> None:
     for g in stopped:
         assert g.finished and g.text.endswith("</answer>") and g.text == "<answer>red</answer>"
         assert len(g.token_ids) == len(g.logprobs) < len(target)
+    # batched with a row that runs longer: the stopped row is padded, and padding is never kept as a token
+    longer = prompt.extend(tok("<answer>red</answer> and", add_special_tokens=False)["input_ids"], trained=False)
+    together = backend.generate([prompt, longer], n=1, params=params)
+    assert together[0][0].token_ids == stopped[0].token_ids
+    assert not set(together[0][0].token_ids) & {tok.convert_tokens_to_ids("<|endoftext|>")}
+    # the checkpoint's own generation settings (e.g. a repetition penalty) do not change what is sampled
+    policy.model.generation_config.repetition_penalty = 3.0
+    policy.model.generation_config.no_repeat_ngram_size = 1
+    again = backend.generate([prompt], n=1, params=SamplingParams(max_new_tokens=len(target), greedy=True))[0][0]
+    assert again.token_ids == free.token_ids
     assert policy.model.training  # the backend restores the train/eval mode

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,8 @@ class BenchMediaPreparer(MediaPreparer):
     (e.g. ``total_pixels``). Not thread-safe (its cache); use one per worker thread."""
 
     def __init__(self, cfg: MediaConfig, *, family: str, extra: dict[str, Any] | None = None,
-                 cache_items: int = 8):
-        super().__init__(cfg, family=family, cache_items=cache_items)
+                 cache_mb: float = 256):
+        super().__init__(replace(cfg, cache_mb=min(cfg.cache_mb, cache_mb)), family=family)
         self.extra = dict(extra or {})
 
     def _item(self, item: MediaItem) -> MediaInput:
@@ -96,8 +97,9 @@ class BenchMediaPreparer(MediaPreparer):
     def _folder(self, item: MediaItem, fps: float) -> MediaInput:
         opts = self.video_options(dict(item.sampling))
         key = f"frames:{item.path}|{self.cfg.video_policy}|{sorted(opts.items())}"
-        if key in self.cache:
-            return self.cache[key]
+        cached = self.recall(key)
+        if cached is not None:
+            return cached
         start, end = opts.pop("start", None), opts.pop("end", None)
         reader = FrameFolderReader(item.path, fps)
         try:
@@ -110,8 +112,4 @@ class BenchMediaPreparer(MediaPreparer):
                 data = sample_video(reader, self.cfg.video_policy, start=start, end=end, **opts)
         except ValueError as exc:
             raise MediaError(item.path, str(exc)) from exc
-        media = MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps))
-        self.cache[key] = media
-        if len(self.cache) > self.cache_items:
-            self.cache.popitem(last=False)
-        return media
+        return self.remember(key, MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps)))
