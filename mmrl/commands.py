@@ -26,7 +26,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
-    from mmrl.config import load_run_config
+    from mmrl.config import load_run_config, resume_run_config
+    from mmrl.errors import MmrlError
 
     extra = dict(extra or {})
     if args.model:
@@ -38,6 +39,13 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
         extra.setdefault("eval", {})["split"] = "test"
     if args.out:
         extra["out"] = args.out
+    if getattr(args, "resume", False):  # continue with the settings the run started with
+        if not args.out:
+            raise MmrlError("--resume needs --out RUN_DIR (the folder of the run to continue)")
+        saved = Path(args.out) / "config.yaml"
+        if not saved.is_file():
+            raise MmrlError(f"--resume: {args.out} holds no run (no config.yaml)")
+        return resume_run_config(saved, overrides=args.overrides, extra=extra)
     return load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra)
 
 
@@ -120,7 +128,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics, preds = evaluate(
         policy, samples, prompt=cfg.prompt, preparer=MediaPreparer(cfg.data.media, family=policy.family),
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, show_progress=not args.quiet)
+        min_options=cfg.eval.min_options, stop=cfg.rollout.stop, show_progress=not args.quiet)
     out = Path(cfg.out) if cfg.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)

@@ -171,6 +171,15 @@ def task_recipe(task: str) -> dict[str, Any]:
     return load_yaml(path)
 
 
+def resume_run_config(saved: str | Path, overrides: list[str] | None = None,
+                      extra: dict[str, Any] | None = None) -> RunConfig:
+    """The configuration a run was started with (its ``config.yaml``), with new overrides on top."""
+    data = load_yaml(saved)
+    if extra:
+        data = deep_merge(data, extra)
+    return from_dict(RunConfig, apply_overrides(RunConfig, data, list(overrides or [])))
+
+
 def load_run_config(
     task: str | None = None,
     config_file: str | Path | None = None,

@@ -15,8 +15,9 @@ from typing import Any
 from mmrl.policy import MediaInput
 from mmrl.rollout import Environment, Observation, register_environment
 
+_NUM = r"(\d*\.?\d+)"
 _ZOOM = re.compile(
-    r"<zoom>\s*([0-9.]+)\s*,\s*([0-9.]+)\s*,\s*([0-9.]+)\s*,\s*([0-9.]+)\s*(?:@\s*([0-9.]+)\s*)?</zoom>")
+    rf"<zoom>\s*{_NUM}\s*,\s*{_NUM}\s*,\s*{_NUM}\s*,\s*{_NUM}\s*(?:@\s*{_NUM}\s*)?</zoom>")
 
 
 @register_environment("zoom")
@@ -38,9 +39,9 @@ class ZoomEnvironment(Environment):
                                     "otherwise give <answer>...</answer>.")
         from vision import zoom
 
-        box = [float(v) for v in match.groups()[:4]]
         at = match.group(5)
         try:
+            box = [float(v) for v in match.groups()[:4]]
             frame = self._frame(float(at) if at is not None else None)
             image = zoom(frame, box, max_pixels=self.max_pixels)
         except ValueError as exc:  # a bad box: tell the policy, do not crash the run

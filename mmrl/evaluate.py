@@ -32,14 +32,16 @@ def encode_prompt(policy: Policy, preparer: MediaPreparer, sample: Any, prompt: 
 def evaluate(
     policy: Policy, samples: Sequence[Any], *, prompt: PromptConfig, preparer: MediaPreparer,
     max_new_tokens: int = 64, batch_size: int = 16, min_options: int = 0, desc: str = "eval",
+    stop: Sequence[str] = (),
     skip_bad: bool = True, show_progress: bool = True,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Greedy evaluation; returns ``(metrics, predictions)``."""
+    """Greedy evaluation; returns ``(metrics, predictions)``. ``stop``: the training rollouts' stop strings,
+    so evaluation reads the same answer the rewards read."""
     from rewards import get_reward
 
     accuracy = get_reward("accuracy")
     backend = HFBackend(policy, max_batch=batch_size)
-    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop=list(stop))
     predictions: list[dict[str, Any]] = []
     skipped = 0
     bar = tqdm(total=len(samples), desc=desc, unit="q", disable=not show_progress, leave=False)
@@ -62,6 +64,7 @@ def evaluate(
                 predictions.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
                                     "n_options": len(s.options or []), "answer": s.answer,
                                     "completion": text, "score": float(score or 0.0)})
+        policy.media.clear()  # this batch's pixel values are no longer needed
         bar.update(len(chunk))
     bar.close()
     return summarize(predictions, min_options=min_options, skipped=skipped), predictions

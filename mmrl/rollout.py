@@ -169,6 +169,9 @@ def run_episodes(
             if obs is None:
                 ep.env = _Done(ep.env)
                 continue
+            im_end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if ep.seq.ids[-1] != im_end:  # the turn was cut (length, stop string): close it, untrained
+                ep.seq = ep.seq.extend([im_end], trained=False)
             frag = observation_fragment(policy, obs)
             ep.seq = ep.seq.extend(frag.ids, trained=False, mm_types=frag.mm_types, media=frag.media)
             active.append(ep)

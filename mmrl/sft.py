@@ -63,6 +63,9 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s.warmup_steps, s.steps, 0.0))
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     order: list[int] = []
+    bad = 0
+    if log is not None:
+        log.truncate_after("sft", 0)  # a cold start that was killed is redone from its first step
     policy.model.train()
     last = {}
     bar = tqdm(range(s.steps), desc="sft", unit="step", disable=not show_progress, dynamic_ncols=True)
@@ -75,9 +78,13 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
             sample = samples[order.pop()]
             try:
                 prompt, _ = encode_prompt(policy, preparer, sample, cfg.prompt)
-            except MediaError:
+            except MediaError as exc:
                 if cfg.data.on_bad_sample != "skip":
-                    raise
+                    raise MmrlError(f"sample {sample.id}: {exc} (set data.on_bad_sample=skip to skip bad samples)"
+                                    ) from exc
+                bad += 1
+                if bad > 10 * max(1, s.batch_size) + len(samples):
+                    raise MmrlError("sft: too many unreadable samples; run `mmrl data validate` on the data") from exc
                 continue
             answer = answer_text(sample) if s.target == "gold" else random_answer(sample, samples, rng)
             ids = policy.tokenizer(target_text(sample, answer, cfg.prompt.answer_format),

@@ -324,7 +324,7 @@ class GRPOTrainer:
                 "advantage": float(adv[i]) if adv is not None and i < len(adv) else None,
                 "response_length": ep.response_length,
             })
-        self.log.rollouts("rl", self.step, records)
+        self.log.rollouts("rl", self.step + 1, records)  # the step being taken (metrics use the same number)
 
     # ------------------------------------------------------------------------------------ loop
     def _summary_line(self, stats: dict[str, Any]) -> str:
@@ -346,6 +346,7 @@ class GRPOTrainer:
         """Load the latest checkpoint of this run, if there is one; True when resumed."""
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
+            self.log.truncate_after("rl", 0)  # a run killed before its first checkpoint starts RL afresh
             return False
         state = load_trainer_state(ckpt)
         load_weights(self.policy.model, ckpt)
@@ -372,6 +373,7 @@ class GRPOTrainer:
             self.policy, self.eval_samples, prompt=self.cfg.prompt, preparer=self.preparer,
             max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
             batch_size=self.cfg.eval.batch_size, min_options=self.cfg.eval.min_options, desc=tag,
+            stop=self.cfg.rollout.stop,
             show_progress=self.show_progress)
         self.policy.media.clear()
         return metrics

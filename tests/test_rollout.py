@@ -105,6 +105,10 @@ def test_multi_turn_zoom_loop(policy: Policy, toy: dict[str, Sample], kind: str)
         masked_text = policy.tokenizer.decode([t for t, m in zip(seq.ids, seq.loss_mask) if not m])
         assert masked_text.count("To look closer reply <zoom>") == 2
         assert masked_text.count("<|im_start|>user") == 3 and masked_text.count("<|im_start|>assistant") == 3
+        # every assistant turn is closed before the environment's user turn, even when it was cut short
+        full = policy.tokenizer.decode(seq.ids)
+        users = [i for i in range(len(full)) if full.startswith("<|im_start|>user", i)]
+        assert len(users) == 3 and all(full[:i].endswith("<|im_end|>\n") for i in users[1:])
         start = next(j for j in range(len(seq.ids)) if seq.ids[j:j + len(reminder)] == reminder)
         assert all(m == 0 for m in seq.loss_mask[start:start + len(reminder)])
         assert seq.media == prompt.media
@@ -122,6 +126,10 @@ def test_answer_ends_the_episode(toy: dict[str, Sample], policy: Policy) -> None
     assert env.step("<zoom>0,0,0.5,0.5</zoom>") is None  # zoom budget spent
     bad = ZoomEnvironment(toy["image"], media).step("<zoom>0.8,0.1,0.2,0.5</zoom>")
     assert bad is not None and bad.media == [] and "Invalid zoom" in bad.text
+    # a malformed number is an invalid action (a reminder), never a crash
+    for text in ("<zoom>0.1,0.1,0.5,0.5.</zoom>", "<zoom>.,0,1,1</zoom>"):
+        reply = ZoomEnvironment(toy["image"], media).step(text)
+        assert reply is not None and reply.media == [] and "<zoom>" in reply.text
 
 
 def quadrant_image() -> Image.Image:

@@ -152,3 +152,48 @@ def test_corrupt_video_names_sample_and_file_when_not_skipping(tmp_path: Path) -
         *BASE, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}", "train.prompts_per_step=4"])
     with pytest.raises(MmrlError, match=rf"sample {first['id']}: .*{first['media'][0]['path'].split('/')[-1]}.*skip"):
         train(cfg, run_dir=tmp_path / "run", show_progress=False)
+
+
+def test_rollout_log_steps_match_metrics_and_resume_keeps_the_run_config(tmp_path: Path) -> None:
+    from mmrl import cli
+
+    out = tmp_path / "r"
+    overrides = [*BASE, "train.steps=3", "train.save_every=1", "train.log_rollouts=2", "grpo.entropy_coef=0.05"]
+    assert cli.main(["train", "--quiet", "--out", str(out), *overrides]) == 0
+    rollouts = [json.loads(line)["step"] for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+               if json.loads(line)["stage"] == "rl"]
+    assert rollouts == [1, 1, 2, 2, 3, 3] and metrics == [1, 2, 3]
+    # --resume without repeating the overrides continues with the run's own settings, not the recipe's
+    assert cli.main(["train", "--quiet", "--out", str(out), "--resume"]) == 0
+    import yaml
+
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["train"]["steps"] == 3 and saved["rollout"]["group_size"] == 4
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["stage"] == "rl"] == [1, 2, 3]
+
+
+def test_evaluation_releases_media_after_each_batch(tmp_path: Path) -> None:
+    from data_pipelines.loaders import load_samples
+    from data_pipelines.toy import make_toy
+    from mmrl.evaluate import evaluate
+    from mmrl.media import MediaPreparer
+    from mmrl.policy import load_policy
+    from mmrl.tiny_models import ensure_tiny
+
+    toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
+    samples = load_samples(toy / "test.jsonl").samples
+    cfg = load_run_config("video-qa", overrides=BASE)
+    policy = load_policy(ensure_tiny("qwen2_5_vl"))
+    seen: list[int] = []
+    original = policy.generate
+
+    def spy(*args, **kwargs):
+        seen.append(len(policy.media))
+        return original(*args, **kwargs)
+
+    policy.generate = spy
+    metrics, _ = evaluate(policy, samples, prompt=cfg.prompt, preparer=MediaPreparer(cfg.data.media),
+                          max_new_tokens=4, batch_size=2, show_progress=False, stop=["</answer>"])
+    assert metrics["n_total"] == 4 and seen == [2, 2] and len(policy.media) == 0
