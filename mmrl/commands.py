@@ -95,7 +95,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
     samples, _ = load_split(cfg, "train")
-    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype)
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
     result = run_sft(cfg, policy, samples, log=RunLog(run_dir), show_progress=not args.quiet)
@@ -124,7 +124,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     samples, _ = load_split(cfg, cfg.eval.split)
     if cfg.eval.limit:
         samples = samples[:cfg.eval.limit]
-    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype)
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     metrics, preds = evaluate(
         policy, samples, prompt=cfg.prompt, preparer=MediaPreparer(cfg.data.media, family=policy.family),
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,

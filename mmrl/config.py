@@ -25,6 +25,8 @@ class ModelConfig:
     tiny_seed: int = 0
     tiny_size: dict[str, int] = field(default_factory=dict)
     dtype: Literal["fp32", "bf16"] = "fp32"
+    device: str = "auto"
+    """`auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda`, `cuda:1`, ..."""
     freeze_vision: bool = False
     freeze_merger: bool = False
     freeze_llm: bool = False

@@ -108,8 +108,17 @@ def check_model_dir(path: str | Path) -> Path:
     return path
 
 
-def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: str = "sdpa") -> Policy:
-    """Load any Qwen-VL folder in Hugging Face format; errors name the folder and what is missing."""
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: str = "sdpa",
+                device: str = "auto") -> Policy:
+    """Load any Qwen-VL folder in Hugging Face format onto ``device``; errors name the folder and what is
+    missing."""
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
     path = check_model_dir(path)
@@ -121,7 +130,7 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     processor = AutoProcessor.from_pretrained(path)
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=torch_dtype, attn_implementation=attn_implementation)
-    return Policy(model, processor)
+    return Policy(model.to(resolve_device(device)), processor)
 
 
 class Policy:
@@ -149,6 +158,10 @@ class Policy:
         self.suppress_ids = sorted({tok.convert_tokens_to_ids(t) for t in (
             "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
             if tok.convert_tokens_to_ids(t) is not None})
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def _count_vision_call(self, *_: Any) -> None:
         self.vision_calls += 1
@@ -253,11 +266,12 @@ class Policy:
         feats: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         for key in dict.fromkeys(keys):
             m = self.media[key]
-            grid = m.grid_thw.view(1, 3)
+            grid = m.grid_thw.view(1, 3).to(self.device)
+            pixels = m.pixel_values.to(self.device)
             if m.kind == "image":
-                out = self.base.get_image_features(m.pixel_values, grid, return_dict=True)
+                out = self.base.get_image_features(pixels, grid, return_dict=True)
             else:
-                out = self.base.get_video_features(m.pixel_values, grid, return_dict=True)
+                out = self.base.get_video_features(pixels, grid, return_dict=True)
             embeds = out.pooler_output[0]
             deep = [d[0] for d in getattr(out, "deepstack_features", None) or []]
             feats[key] = (embeds, deep)
@@ -288,12 +302,12 @@ class Policy:
         image_grids = [self.media[k].grid_thw for s in seqs for k in s.media if self.media[k].kind == "image"]
         videos = [self.media[k] for s in seqs for k in s.media if self.media[k].kind == "video"]
         if image_grids:
-            kw["image_grid_thw"] = torch.stack(image_grids)
+            kw["image_grid_thw"] = torch.stack(image_grids).to(self.device)
         if videos:
-            kw["video_grid_thw"] = torch.stack([v.grid_thw for v in videos])
+            kw["video_grid_thw"] = torch.stack([v.grid_thw for v in videos]).to(self.device)
             if self._rope_takes_seconds:
                 kw["second_per_grid_ts"] = torch.tensor(
-                    [v.second_per_grid if v.second_per_grid is not None else 1.0 for v in videos])
+                    [v.second_per_grid if v.second_per_grid is not None else 1.0 for v in videos], device=self.device)
         return kw
 
     # ---------------------------------------------------------------------------------------- batching
@@ -309,7 +323,8 @@ class Policy:
             types[i, sl] = torch.tensor(s.mm_types)
             attn[i, sl] = 1
             loss[i, sl] = torch.tensor(s.loss_mask)
-        return {"input_ids": ids, "mm_token_type_ids": types, "attention_mask": attn, "loss_mask": loss}
+        out = {"input_ids": ids, "mm_token_type_ids": types, "attention_mask": attn, "loss_mask": loss}
+        return {k: v.to(self.device) for k, v in out.items()}
 
     def position_ids(self, batch: dict[str, torch.Tensor], seqs: Sequence[TokenSeq]) -> torch.Tensor:
         """(3, B, L) M-RoPE positions from the model's own rope-index function, for a padded batch."""
@@ -347,12 +362,12 @@ class Policy:
         logits = self.model.lm_head(hidden[rows, cols - 1]).float() / temperature
         logp_all = F.log_softmax(logits, dim=-1)
         targets = batch["input_ids"][rows, cols]
-        logps = torch.zeros(mask.shape, dtype=torch.float32)
+        logps = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
         logps = logps.index_put((rows, cols), logp_all.gather(-1, targets[:, None]).squeeze(-1))
         entropies = None
         if with_entropy:
             ent = -(logp_all.exp() * logp_all).sum(-1)
-            entropies = torch.zeros(mask.shape, dtype=torch.float32).index_put((rows, cols), ent)
+            entropies = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), ent)
         return logps, entropies, mask
 
     # ---------------------------------------------------------------------------------------- generate

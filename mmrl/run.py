@@ -109,7 +109,8 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
         eval_samples = eval_samples[:cfg.eval.limit]
     if not train_samples:
         raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
-    policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation)
+    policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                         device=cfg.model.device)
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
     if cfg.model.gradient_checkpointing:

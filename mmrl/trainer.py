@@ -260,8 +260,8 @@ class GRPOTrainer:
                 for ci, idx in enumerate(chunks):
                     lp, _, mask = self.policy.forward_logprobs([seqs[i] for i in idx],
                                                                temperature=cfg.rollout.temperature)
-                    kl_terms.append(kl_in_reward(torch.zeros(len(idx)), lp, ref_logps[ci], mask, g.kl_coef,
-                                                 g.kl_estimator)[0])
+                    kl_terms.append(kl_in_reward(torch.zeros(len(idx), device=lp.device), lp, ref_logps[ci], mask,
+                                                 g.kl_coef, g.kl_estimator)[0].cpu())
                 rewards = rewards + torch.cat(kl_terms)
 
         advantages = compute_advantages(rewards, group_size=G, estimator=g.advantage_estimator, eps=g.adv_eps)
@@ -271,7 +271,8 @@ class GRPOTrainer:
             for ci, idx in enumerate(chunks):
                 lengths = torch.tensor([episodes[i].response_length for i in idx])
                 eos = torch.tensor([episodes[i].finished for i in idx])
-                masks[ci] = masks[ci] * overlong_keep_mask(lengths, eos, g.max_response_length)[:, None]
+                keep = overlong_keep_mask(lengths, eos, g.max_response_length)
+                masks[ci] = masks[ci] * keep.to(masks[ci].device)[:, None]
         for m in masks:
             m[:, 0] = 0
         counts = global_counts(masks)
@@ -292,7 +293,8 @@ class GRPOTrainer:
                 logp, ent, _ = self.policy.forward_logprobs([seqs[i] for i in idx],
                                                             temperature=cfg.rollout.temperature, with_entropy=True)
                 loss, st = compute_policy_loss(
-                    logp, old_logps[ci], advantages[idx], masks[ci], g, ref_logp=ref_logps[ci], entropies=ent,
+                    logp, old_logps[ci], advantages[idx].to(logp.device), masks[ci], g, ref_logp=ref_logps[ci],
+                    entropies=ent,
                     global_tokens=counts.tokens, global_seqs=counts.seqs, shaper=self.shaper)
                 loss.backward()
                 weight = float(masks[ci].sum()) / max(1.0, counts.tokens)
