@@ -24,3 +24,16 @@ class MediaError(MmrlError):
 
 class DataError(MmrlError):
     """A bad dataset record. The message names the file and line (or sample id)."""
+
+
+def check_media_path(path, kind: str) -> None:
+    """Raise :class:`MediaError` when ``path`` is missing, a folder, or empty; ``kind`` is "image" or "video"."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise MediaError(path, "file not found")
+    if path.is_dir():
+        raise MediaError(path, f"is a directory, not {'an' if kind[0] in 'aeiou' else 'a'} {kind} file")
+    if path.stat().st_size == 0:
+        raise MediaError(path, "file is empty (0 bytes)")

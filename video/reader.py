@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from mmrl.errors import MediaError
+from mmrl.errors import MediaError, check_media_path
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -33,12 +33,7 @@ def decord_available() -> bool:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise MediaError(path, "file not found")
-    if path.is_dir():
-        raise MediaError(path, "is a directory, not a video file")
-    if path.stat().st_size == 0:
-        raise MediaError(path, "file is empty (0 bytes)")
+    check_media_path(path, "video")
 
 
 class VideoReader:

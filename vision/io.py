@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmrl.errors import MediaError
+from mmrl.errors import MediaError, check_media_path
 
 Window = tuple[float, float]
 _TIFF_SUFFIXES = {".tif", ".tiff"}
@@ -119,12 +119,7 @@ def open_image(path: str | os.PathLike[str], *, window: Window | None = None) ->
     DICOM files are read with pydicom when it is installed.
     """
     p = Path(path)
-    if not p.exists():
-        raise MediaError(p, "file not found")
-    if p.is_dir():
-        raise MediaError(p, "is a directory, not an image file")
-    if p.stat().st_size == 0:
-        raise MediaError(p, "file is empty (0 bytes)")
+    check_media_path(p, "image")
     if p.suffix.lower() == ".dcm" or _is_dicom(p):
         return _open_dicom(p, window)
     try:
