@@ -25,7 +25,7 @@ bench: setup
 	$(PY) -m benchmarks
 
 lint: setup
-	$(VENV)/bin/ruff check mmrl vision video rewards data_pipelines tests benchmarks
+	$(VENV)/bin/ruff check mmrl mmrl_common vision video rewards data_pipelines tests benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -8,10 +8,10 @@ Built in:
   free-form``, ``data_type`` image/video, ``path``).
 * ``easyr1``: EasyR1 / verl style (``prompt`` or ``problem`` with ``<image>``/``<video>`` placeholders,
   ``answer``, ``images``, ``videos``). Embedded image bytes or PIL images are written once to
-  ``mmrl.paths.cache_dir()/media/`` (named by content hash) so every sample has a file path.
+  ``mmrl_common.paths.cache_dir()/media/`` (named by content hash) so every sample has a file path.
 
 Each importer is ``convert(record, index) -> dict`` returning a native dict; it raises
-:class:`~mmrl.errors.DataError` when the record cannot be converted (the loader reports that at the
+:class:`~mmrl_common.errors.DataError` when the record cannot be converted (the loader reports that at the
 record's file and line). :func:`detect_record_format` picks an importer from one record's keys. Add more
 with :func:`register_importer`.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 from .schema import guess_media_type, parse_number
 
@@ -170,7 +170,7 @@ def _infer_problem_type(answer: Any, options: Any) -> str:
 def store_embedded_image(value: Any) -> str:
     """Write embedded image bytes (``{"bytes": ..}``, raw bytes, or a PIL image) to the media cache once
     and return the file path."""
-    from mmrl.paths import cache_dir
+    from mmrl_common.paths import cache_dir
 
     if hasattr(value, "save") and hasattr(value, "tobytes"):  # PIL image
         buf = io.BytesIO()

@@ -108,7 +108,7 @@ def inspect_dataset(
 
 
 def _media_stats(samples: list[Sample], report: InspectReport, max_media: int, progress: bool) -> None:
-    from mmrl.errors import MmrlError
+    from mmrl_common.errors import MmrlError
 
     files: dict[str, str] = {}
     for s in samples:

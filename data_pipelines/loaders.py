@@ -6,7 +6,7 @@
 Every bad record becomes a :class:`~data_pipelines.schema.Problem` at its place in the file: the 1-based
 line for JSONL (``file:12: reason``), the 0-based record index for JSON, Parquet and ``datasets`` folders
 (``file:record 3: reason``). A broken JSON line is a problem at that line, never a crash.
-``on_bad_sample="raise"`` raises :class:`~mmrl.errors.DataError` listing them; ``"skip"`` keeps every
+``on_bad_sample="raise"`` raises :class:`~mmrl_common.errors.DataError` listing them; ``"skip"`` keeps every
 good record and counts the skipped ones.
 
 Record formats (our own, Video-R1, EasyR1, see :mod:`data_pipelines.importers`) are detected from the
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 from .importers import detect_record_format, get_importer, record_formats
 from .schema import Problem, Sample, check_record

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmrl.errors import MediaError
+from mmrl_common.errors import MediaError
 
 from .schema import MediaItem, Sample
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.errors import ConfigError
-from mmrl.registry import Registry
+from mmrl_common.errors import ConfigError
+from mmrl_common.registry import Registry
 
 SAMPLERS: Registry[Callable[..., Sampler]] = Registry("sampler", "data.sampler")
 register_sampler = SAMPLERS.register

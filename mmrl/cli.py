@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from mmrl import __version__
-from mmrl.errors import MmrlError
+from mmrl_common.errors import MmrlError
 
 # command name -> ("module:function" that adds its parser, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

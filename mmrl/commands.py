@@ -27,7 +27,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
     from mmrl.config import load_run_config, resume_run_config
-    from mmrl.errors import MmrlError
+    from mmrl_common.errors import MmrlError
 
     extra = dict(extra or {})
     if args.model:
@@ -50,7 +50,7 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
 
 
 def _check_paths(cfg) -> None:
-    from mmrl.errors import ConfigError
+    from mmrl_common.errors import ConfigError
 
     if cfg.model.path and not Path(cfg.model.path).exists():
         raise ConfigError(f"model.path: folder not found: {cfg.model.path}")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
-from mmrl.errors import ConfigError
 from mmrl.grpo.config import GRPOConfig
+from mmrl_common.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 

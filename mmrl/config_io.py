@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 
 T = TypeVar("T")
 

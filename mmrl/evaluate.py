@@ -14,11 +14,11 @@ from typing import Any
 from tqdm import tqdm
 
 from mmrl.config import PromptConfig
-from mmrl.errors import MediaError
 from mmrl.media import MediaPreparer
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import build_messages
 from mmrl.rollout import HFBackend, SamplingParams
+from mmrl_common.errors import MediaError
 
 
 def encode_prompt(policy: Policy, preparer: MediaPreparer, sample: Any, prompt: PromptConfig,

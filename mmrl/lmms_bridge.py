@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmrl.errors import MmrlError
+from mmrl_common.errors import MmrlError
 
 # mmrl benchmark -> lmms-eval task (research/eval.md §1.6, §2.4, §3.1, §3.2, §3.4)
 LMMS_TASKS = {

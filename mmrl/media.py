@@ -15,8 +15,8 @@ from collections import OrderedDict
 from typing import Any
 
 from mmrl.config import MediaConfig
-from mmrl.errors import MediaError
 from mmrl.policy import MediaInput
+from mmrl_common.errors import MediaError
 
 
 def patch_size_for(family: str) -> int:

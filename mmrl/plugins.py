@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 if TYPE_CHECKING:
     from mmrl.rollout import Episode

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mmrl.errors import MmrlError
+from mmrl_common.errors import MmrlError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TEXT, IMAGE, VIDEO = 0, 1, 2

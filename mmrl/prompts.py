@@ -12,7 +12,7 @@ import string
 from typing import Any
 
 from mmrl.config import PromptConfig
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 
 _TEMPLATES: dict[str, str] = {
     "default": "{question}\n{options}{instruction}",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mmrl.policy import Generation, MediaInput, Policy, TokenSeq
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 
 @dataclass

@@ -17,8 +17,8 @@ import yaml
 
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
-from mmrl.errors import ConfigError, MmrlError
 from mmrl.run_log import RunLog
+from mmrl_common.errors import ConfigError, MmrlError
 
 
 def resolve_model(cfg: RunConfig) -> Path:

@@ -17,12 +17,12 @@ import torch
 from tqdm import tqdm
 
 from mmrl.config import RunConfig
-from mmrl.errors import MediaError, MmrlError
 from mmrl.evaluate import encode_prompt
 from mmrl.media import MediaPreparer
 from mmrl.policy import Policy
 from mmrl.run_log import RunLog
 from mmrl.trainer import lr_lambda
+from mmrl_common.errors import MediaError, MmrlError
 
 THINK = "<think>I look at the media and compare it with the question.</think>"
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from mmrl import __version__ as MMRL_VERSION
-from mmrl.errors import ConfigError, MmrlError
-from mmrl.paths import cache_dir
+from mmrl_common.errors import ConfigError, MmrlError
+from mmrl_common.paths import cache_dir
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 

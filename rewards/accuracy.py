@@ -36,7 +36,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 from rewards import answers as A
 from rewards.metrics import rouge_l, temporal_iou, token_f1
 from rewards.registry import _suggest, normalize_completions, per_sample_error, register_reward

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmrl.errors import ConfigError, MmrlError
+from mmrl_common.errors import ConfigError, MmrlError
 
 __all__ = [
     "CombinedReward",

@@ -9,9 +9,9 @@ import pytest
 from data_pipelines.benchmarks import load_benchmark
 from data_pipelines.benchmarks.fixtures import write_fixture
 from mmrl.benchmarks_eval import read_predictions, run_benchmark, summarize
-from mmrl.errors import MmrlError
 from mmrl.policy import load_policy
 from mmrl.tiny_models import ensure_tiny
+from mmrl_common.errors import MmrlError
 
 BENCHMARKS = ("mvbench", "videomme", "longvideobench", "mmvu", "vqa-rad", "pathvqa", "slake", "toy")
 FAST = {"frames": 4, "max_pixels": 56 * 56, "max_new_tokens": 6, "batch_size": 2, "workers": 1,

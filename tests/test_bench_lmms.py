@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from mmrl.errors import MmrlError
 from mmrl.lmms_bridge import build_command, run_lmms_eval
 from mmrl.tiny_models import ensure_tiny
+from mmrl_common.errors import MmrlError
 
 
 def test_command_for_a_checkpoint(tmp_path) -> None:

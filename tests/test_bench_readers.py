@@ -11,7 +11,7 @@ from data_pipelines.benchmarks.fixtures import write_fixture
 from mmrl.benchmarks_eval.media import BenchMediaPreparer, lvb_indices, mvbench_folder_indices
 from mmrl.benchmarks_eval.protocols import make_protocol
 from mmrl.benchmarks_eval.runner import media_config
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from mmrl.config_io import apply_overrides, from_dict, parse_override
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 
 
 @dataclass

@@ -12,7 +12,7 @@ from PIL import Image
 
 from data_pipelines.importers import detect_record_format, extract_answer_tag, split_option
 from data_pipelines.loaders import load_samples, write_jsonl
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 # Source records with differently named columns, mapped by COLUMNS onto the schema.
 ROWS = [

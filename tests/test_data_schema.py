@@ -17,7 +17,7 @@ from data_pipelines.schema import (
     register_problem_type,
     validate_sample,
 )
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 
 def rec(**kw):

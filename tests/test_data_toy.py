@@ -15,7 +15,7 @@ from data_pipelines.loaders import load_samples
 from data_pipelines.toy import COLOR_NAMES, COLORS, DIFFICULTIES, SPLITS, ensure_toy, make_toy, toy_tasks
 from data_pipelines.validate import validate_dataset
 from mmrl.cli import main as cli_main
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 from video.reader import open_video
 
 TINY = {"train": 2, "val": 1, "test": 1}

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from mmrl.errors import ConfigError
 from mmrl.grpo import (
     broadcast_to_tokens,
     compute_advantages,
@@ -11,6 +10,7 @@ from mmrl.grpo import (
     register_advantage,
 )
 from mmrl.grpo.advantages import ADVANTAGES
+from mmrl_common.errors import ConfigError
 
 # Two groups of G=3, contiguous: A = [1, 2, 3], B = [0, 0, 3]
 R = torch.tensor([1.0, 2.0, 3.0, 0.0, 0.0, 3.0])

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from mmrl.errors import ConfigError
 from mmrl.grpo import (
     GroupAccumulator,
     accumulate_groups,
@@ -17,6 +16,7 @@ from mmrl.grpo import (
     overlong_keep_mask,
     soft_overlong_penalty,
 )
+from mmrl_common.errors import ConfigError
 
 D = torch.float64
 

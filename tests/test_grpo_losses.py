@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from mmrl.errors import ConfigError
 from mmrl.grpo import (
     GRPOConfig,
     aggregate,
@@ -21,6 +20,7 @@ from mmrl.grpo import (
 )
 from mmrl.grpo.losses import POLICY_LOSSES, PolicyLossOutput
 from mmrl.grpo.shaping import ShapingInput
+from mmrl_common.errors import ConfigError
 
 D = torch.float64
 

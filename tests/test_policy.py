@@ -19,9 +19,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.errors import MmrlError
 from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
 from mmrl.tiny_models import make_tiny
+from mmrl_common.errors import MmrlError
 from video import sample_video
 from video.writer import write_mp4
 

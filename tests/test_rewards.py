@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rewards
-from mmrl.errors import ConfigError, MmrlError
+from mmrl_common.errors import ConfigError, MmrlError
 from rewards import (
     CombinedReward,
     RewardError,

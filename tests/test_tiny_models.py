@@ -14,7 +14,6 @@ import torch
 from PIL import Image, ImageDraw
 
 from mmrl import cli
-from mmrl.errors import ConfigError, MmrlError
 from mmrl.tiny_models import (
     FAMILIES,
     INFO_FILE,
@@ -24,6 +23,7 @@ from mmrl.tiny_models import (
     mrope_section,
     tiny_dir,
 )
+from mmrl_common.errors import ConfigError, MmrlError
 
 MAX_PARAMS = 5_000_000
 EXPECTED_CLASS = {

@@ -144,7 +144,7 @@ def test_corrupt_video_is_skipped_when_asked(tmp_path: Path) -> None:
 
 
 def test_corrupt_video_names_sample_and_file_when_not_skipping(tmp_path: Path) -> None:
-    from mmrl.errors import MmrlError
+    from mmrl_common.errors import MmrlError
 
     toy = _corrupt_first_train_video(tmp_path)
     first = json.loads((toy / "train.jsonl").read_text().splitlines()[0])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.errors import MediaError
+from mmrl_common.errors import MediaError
 from video import (
     FrameIndexError,
     SampledVideo,

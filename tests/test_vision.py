@@ -9,7 +9,7 @@ import pytest
 import tifffile
 from PIL import Image
 
-from mmrl.errors import MediaError
+from mmrl_common.errors import MediaError
 from vision import box_to_pixels, crop, fit_pixels, fitted_size, open_image, validate_box, zoom
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from mmrl.errors import MediaError, check_media_path
+from mmrl_common.errors import MediaError, check_media_path
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -283,7 +283,7 @@ def _first_line(exc: BaseException) -> str:
 def open_video(path: str | os.PathLike[str], backend: Backend = "auto") -> VideoReader:
     """Open a video. ``"auto"`` tries decord, then PyAV when decord is missing or cannot open the file.
 
-    Raises :class:`mmrl.errors.MediaError` naming the file (missing, empty, truncated/corrupt, no video).
+    Raises :class:`mmrl_common.errors.MediaError` naming the file (missing, empty, truncated/corrupt, no video).
     """
     p = Path(path)
     if backend not in ("auto", "decord", "pyav"):

@@ -4,7 +4,7 @@ Decisions: transparency (RGBA, LA, PA, P with a transparent colour) is composite
 qwen-vl-utils' ``to_rgb`` does. High-bit-depth data (16-bit PNG/TIFF, 32-bit integer, float, DICOM)
 is windowed to 8 bits: ``window=(lo, hi)`` maps ``lo -> 0`` and ``hi -> 255`` (values outside clip);
 the default window is the image's own min..max (a constant image becomes black). 8-bit images are
-never windowed. EXIF orientation is applied. Every failure raises :class:`mmrl.errors.MediaError`
+never windowed. EXIF orientation is applied. Every failure raises :class:`mmrl_common.errors.MediaError`
 naming the file.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmrl.errors import MediaError, check_media_path
+from mmrl_common.errors import MediaError, check_media_path
 
 Window = tuple[float, float]
 _TIFF_SUFFIXES = {".tif", ".tiff"}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks._common import BenchmarkData, LayoutError
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 
 __all__ = ["BenchmarkData", "LayoutError", "available_benchmarks", "get_benchmark", "load_benchmark",
            "register_benchmark"]
@@ -88,7 +88,7 @@ def load_benchmark(name: str, root: str | os.PathLike[str], *, split: str | None
     if split not in reader.splits:
         raise ConfigError(f"{reader.title} has no split '{split}' with answers; use one of {', '.join(reader.splits)}")
     if media_cache is None:
-        from mmrl.paths import cache_dir
+        from mmrl_common.paths import cache_dir
 
         media_cache = cache_dir() / "benchmark-images"
     return reader.fn(Path(root), split=split, media_cache=Path(media_cache), **options)

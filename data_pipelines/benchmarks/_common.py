@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.schema import Sample
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".avi", ".mkv", ".mov", ".m4v")
 

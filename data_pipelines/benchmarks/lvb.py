@@ -22,7 +22,7 @@ from data_pipelines.benchmarks._common import (
     read_json,
 )
 from data_pipelines.schema import MediaItem, Sample
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 TITLE = "LongVideoBench"
 EXPECTED = (

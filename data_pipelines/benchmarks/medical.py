@@ -28,7 +28,7 @@ from data_pipelines.benchmarks._common import (
     save_embedded_image,
 )
 from data_pipelines.schema import MediaItem, Sample
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 from rewards.answers import normalize_text
 
 _SPLIT_FILES = {"test": ("test",), "val": ("validation", "val"), "train": ("train",)}

@@ -22,7 +22,7 @@ from data_pipelines.benchmarks._common import (
     read_parquet,
 )
 from data_pipelines.schema import MediaItem, Sample
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 TITLE = "Video-MME"
 COLUMNS = ("video_id", "duration", "domain", "sub_category", "videoID", "question_id", "task_type", "question",

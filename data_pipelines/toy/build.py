@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.errors import DataError
+from mmrl_common.errors import DataError
 
 from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, toy_tasks
 
@@ -232,12 +232,12 @@ def toy_key(seed: int = 0, *, size: str | Mapping[str, int] = "default", tasks: 
 
 def ensure_toy(seed: int = 0, *, size: str | Mapping[str, int] = "default", tasks: Sequence[str] | None = None,
                shuffle_options: bool = False, resolution: int = 64, progress: bool = True) -> Path:
-    """The toy world for these parameters under ``mmrl.paths.cache_dir()/toy/<hash>``, built on first use.
+    """The toy world for these parameters under ``mmrl_common.paths.cache_dir()/toy/<hash>``, built on first use.
 
     Built in a temporary folder and renamed into place, so concurrent callers never see a half-written
     dataset; if another process wins the race, its copy is used.
     """
-    from mmrl.paths import cache_dir
+    from mmrl_common.paths import cache_dir
 
     root = cache_dir() / "toy"
     final = root / toy_key(seed, size=size, tasks=tasks, shuffle_options=shuffle_options, resolution=resolution)

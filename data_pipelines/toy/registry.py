@@ -82,7 +82,7 @@ def toy_tasks() -> dict[str, ToyTask]:
 def get_task(name: str) -> ToyTask:
     tasks = toy_tasks()
     if name not in tasks:
-        from mmrl.errors import DataError
+        from mmrl_common.errors import DataError
 
         raise DataError(f"unknown toy task {name!r}; known tasks: {', '.join(tasks)}")
     return tasks[name]

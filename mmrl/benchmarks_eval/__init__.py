@@ -22,8 +22,8 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
     """``mmrl eval --benchmark ...``: ``cfg`` is the run config (model path, dtype, eval.* overrides)."""
     from pathlib import Path
 
-    from mmrl.errors import MmrlError
     from mmrl.run import resolve_model
+    from mmrl_common.errors import MmrlError
 
     if not args.data_root:
         raise MmrlError("--benchmark needs --data-root DIR (the folder the benchmark was downloaded to)")

@@ -18,9 +18,9 @@ import numpy as np
 
 from data_pipelines.schema import MediaItem
 from mmrl.config import MediaConfig
-from mmrl.errors import MediaError
 from mmrl.media import MediaPreparer
 from mmrl.policy import MediaInput
+from mmrl_common.errors import MediaError
 from video.reader import VideoReader
 from video.sampling import decode_indices, register_policy, sample_video
 

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mmrl.errors import ConfigError
 from mmrl.prompts import instruction
+from mmrl_common.errors import ConfigError
 
 MVBENCH_SYSTEM = (
     "Carefully watch the video and pay attention to the cause and sequence of events, the detail and movement "

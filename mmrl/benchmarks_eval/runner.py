@@ -32,7 +32,7 @@ from mmrl.benchmarks_eval.protocols import Protocol, build_prompt, make_protocol
 from mmrl.benchmarks_eval.report import markdown
 from mmrl.benchmarks_eval.scoring import GROUPS, MEDICAL, score_item, summarize
 from mmrl.config import MediaConfig
-from mmrl.errors import MmrlError
+from mmrl_common.errors import MmrlError
 
 # settings that must match for a folder's predictions to be reused
 _RESUME_KEYS = ("benchmark", "split", "model", "protocol", "subtitles")

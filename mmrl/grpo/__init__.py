@@ -1,11 +1,11 @@
 """GRPO building blocks: advantages, policy losses, aggregation, KL, DAPO filters, token shaping, config.
 
 Every family has a registry (``register_xxx(name)`` decorator, ``get_xxx(name)`` raising
-:class:`mmrl.errors.ConfigError` that lists the valid names), so methods add estimators, losses,
+:class:`mmrl_common.errors.ConfigError` that lists the valid names), so methods add estimators, losses,
 aggregations, KL estimators and token shapers from their own modules.
 """
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 from .advantages import (
     GroupStats,

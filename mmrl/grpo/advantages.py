@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def register_advantage(name: str, *, overwrite: bool = False) -> Callable[[Advan
 
 
 def get_advantage(name: str) -> AdvantageEstimator:
-    """The estimator registered under ``name``; :class:`~mmrl.errors.ConfigError` listing valid names."""
+    """The estimator registered under ``name``; :class:`~mmrl_common.errors.ConfigError` listing valid names."""
     return ADVANTAGES.get(name)
 
 

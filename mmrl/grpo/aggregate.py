@@ -38,7 +38,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def register_aggregation(name: str, *, overwrite: bool = False) -> Callable[[Agg
 
 
 def get_aggregation(name: str) -> Aggregation:
-    """The aggregation registered under ``name``; :class:`~mmrl.errors.ConfigError` listing valid names."""
+    """The aggregation registered under ``name``; :class:`~mmrl_common.errors.ConfigError` listing valid names."""
     return AGGREGATIONS.get(name)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import Tensor
 
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 
 from ._util import masked_mean
 from .advantages import broadcast_to_tokens, get_advantage

@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -45,7 +45,7 @@ def register_kl(name: str, *, overwrite: bool = False) -> Callable[[KLEstimator]
 
 
 def get_kl(name: str) -> KLEstimator:
-    """The estimator registered under ``name``; :class:`~mmrl.errors.ConfigError` listing valid names."""
+    """The estimator registered under ``name``; :class:`~mmrl_common.errors.ConfigError` listing valid names."""
     return KL_ESTIMATORS.get(name)
 
 

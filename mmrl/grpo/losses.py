@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 from ._util import masked_max, masked_mean
 
@@ -69,7 +69,7 @@ def register_policy_loss(name: str, *, overwrite: bool = False) -> Callable[[Pol
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
-    """The loss registered under ``name``; :class:`~mmrl.errors.ConfigError` listing valid names."""
+    """The loss registered under ``name``; :class:`~mmrl_common.errors.ConfigError` listing valid names."""
     return POLICY_LOSSES.get(name)
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 
-from mmrl.registry import Registry
+from mmrl_common.registry import Registry
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
@@ -62,7 +62,7 @@ def register_shaper(name: str, *, overwrite: bool = False):
 
 
 def get_shaper(name: str) -> Callable[..., TokenShaper]:
-    """The shaper factory registered under ``name``; :class:`~mmrl.errors.ConfigError` listing valid names."""
+    """The shaper factory registered under ``name``; :class:`~mmrl_common.errors.ConfigError` listing valid names."""
     return SHAPERS.get(name)
 
 

@@ -12,7 +12,7 @@ import difflib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from mmrl.errors import ConfigError
+from mmrl_common.errors import ConfigError
 
 T = TypeVar("T")
 
