@@ -15,18 +15,10 @@ from tqdm import tqdm
 
 from mmrl.config import PromptConfig
 from mmrl.media import MediaPreparer
-from mmrl.policy import Policy, TokenSeq
-from mmrl.prompts import build_messages
+from mmrl.policy import Policy
+from mmrl.prompts import encode_prompt
 from mmrl.rollout import HFBackend, SamplingParams
 from mmrl_common.errors import MediaError
-
-
-def encode_prompt(policy: Policy, preparer: MediaPreparer, sample: Any, prompt: PromptConfig,
-                  options: list[str] | None = None) -> tuple[TokenSeq, list[Any]]:
-    """A sample's prompt tokens and its decoded media (the one place prompts are built)."""
-    media = preparer.prepare(sample)
-    messages = build_messages(sample, prompt, [m.kind for m in media], options=options)
-    return policy.encode(policy.render(messages), media), media
 
 
 def evaluate(

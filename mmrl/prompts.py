@@ -9,10 +9,14 @@ registered name is used as the format string itself.
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmrl.config import PromptConfig
 from mmrl_common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mmrl.media import MediaPreparer
+    from mmrl.policy import Policy, TokenSeq
 
 _TEMPLATES: dict[str, str] = {
     "default": "{question}\n{options}{instruction}",
@@ -68,3 +72,11 @@ def build_messages(sample: Any, cfg: PromptConfig, media_kinds: list[str],
         messages.append({"role": "system", "content": [{"type": "text", "text": cfg.system}]})
     messages.append({"role": "user", "content": content})
     return messages
+
+
+def encode_prompt(policy: Policy, preparer: MediaPreparer, sample: Any, prompt: PromptConfig,
+                  options: list[str] | None = None) -> tuple[TokenSeq, list[Any]]:
+    """A sample's prompt tokens and its decoded media (the one place prompts are built)."""
+    media = preparer.prepare(sample)
+    messages = build_messages(sample, prompt, [m.kind for m in media], options=options)
+    return policy.encode(policy.render(messages), media), media

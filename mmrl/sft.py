@@ -17,9 +17,9 @@ import torch
 from tqdm import tqdm
 
 from mmrl.config import RunConfig
-from mmrl.evaluate import encode_prompt
 from mmrl.media import MediaPreparer
 from mmrl.policy import Policy
+from mmrl.prompts import encode_prompt
 from mmrl.run_log import RunLog
 from mmrl.trainer import lr_lambda
 from mmrl_common.errors import MediaError, MmrlError

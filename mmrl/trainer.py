@@ -29,13 +29,14 @@ from mmrl.checkpoint import (
 )
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
-from mmrl.evaluate import encode_prompt, evaluate
+from mmrl.evaluate import evaluate
 from mmrl.grpo import compute_advantages, compute_policy_loss, global_counts, informative_groups
 from mmrl.grpo.filters import overlong_keep_mask, soft_overlong_penalty
 from mmrl.grpo.kl import kl_in_reward
 from mmrl.media import MediaPreparer
 from mmrl.plugins import build_plugins
 from mmrl.policy import Policy, TokenSeq
+from mmrl.prompts import encode_prompt
 from mmrl.rollout import Episode, SamplingParams, get_environment, make_backend, run_episodes
 from mmrl.run_log import RunLog
 from mmrl_common.errors import MediaError, MmrlError

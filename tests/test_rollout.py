@@ -15,9 +15,9 @@ from data_pipelines.schema import MediaItem, Sample
 from data_pipelines.toy import make_toy
 from mmrl.config import MediaConfig, PromptConfig
 from mmrl.environments import ZoomEnvironment
-from mmrl.evaluate import encode_prompt
 from mmrl.media import MediaPreparer
 from mmrl.policy import IMAGE, Policy, TokenSeq, load_policy
+from mmrl.prompts import encode_prompt
 from mmrl.rollout import HFBackend, Observation, SamplingParams, observation_fragment, run_episodes
 from mmrl.tiny_models import make_tiny
 from video.writer import write_mp4
