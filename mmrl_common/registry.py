@@ -1,57 +1,235 @@
-"""The name -> object registry behind every extension point of the engine.
+"""The name -> object registry behind every extension point of mmrl.
 
 GRPO families (advantages, losses, aggregations, KL estimators, token shapers), rollout backends,
-environments, samplers and plug-ins each keep one :class:`Registry`. Methods plug in without editing mmrl:
-``@register_policy_loss("my-loss")`` on a function in their own module is enough, and the name becomes a
-valid config value.
+environments, samplers, plug-ins, rewards, answer scorers, problem types, toy tasks, video sampling
+policies, benchmark readers, record importers and prompt templates each keep one :class:`Registry`. Methods
+plug in without editing mmrl: ``@register_policy_loss("my-loss")`` on a function in their own module is
+enough, and the name becomes a valid config value.
+
+One class, so every family behaves the same way:
+
+* an unknown name raises one error (``error``, :class:`~mmrl_common.errors.ConfigError` by default) naming
+  the family, the config key, the nearest registered name and all valid names;
+* registering a taken name raises (``register_error``) unless ``overwrite=True``; ``duplicates`` says which
+  re-registrations are harmless (see :class:`Registry`);
+* entries may have aliases (other spellings that resolve to the name) and metadata (a small dict per entry);
+* ``normalize`` makes look-ups tolerant of spelling (case, ``_`` vs ``-``) for the families that want it.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, Generic, Literal, TypeVar
 
 from mmrl_common.errors import ConfigError
 
 T = TypeVar("T")
 
+Duplicates = Literal["error", "same-object", "same-qualname", "replace"]
+_DUPLICATES = ("error", "same-object", "same-qualname", "replace")
+
+
+def nearest(name: str, candidates: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """Up to ``n`` candidates closest to ``name`` (``difflib``), retrying without case when none is close."""
+    cands = list(dict.fromkeys(str(c) for c in candidates))
+    name = str(name)
+    near = difflib.get_close_matches(name, cands, n=n, cutoff=cutoff)
+    if not near:
+        lowered: dict[str, str] = {}
+        for c in cands:
+            lowered.setdefault(c.lower(), c)
+        near = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=cutoff)]
+    return near
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """``"did you mean 'x'? "`` for the nearest candidate, or ``""`` when none is close."""
+    near = nearest(name, candidates)
+    return f"did you mean {near[0]!r}? " if near else ""
+
+
+def origin(obj: Any) -> str | None:
+    """``module.qualname`` of a function or class, None for other objects."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}.{qualname}"
+    return None
+
 
 class Registry(Generic[T]):
-    """Maps names to objects of one family; ``kind`` names the family in error messages."""
+    """Maps names to objects of one family; ``kind`` names the family in error messages.
 
-    def __init__(self, kind: str, config_key: str | None = None) -> None:
+    ``config_key``: the config key whose values are names from this registry (shown in errors).
+    ``error``: exception class for an unknown name. ``register_error``: exception class for a bad
+    registration (empty name, taken name, clashing alias).
+    ``duplicates``: what registering a taken name without ``overwrite=True`` does:
+
+    * ``"error"``: always an error;
+    * ``"same-object"`` (default): registering the very same object again is a no-op, anything else an error;
+    * ``"same-qualname"``: as ``"same-object"``, and an object with the same module and qualified name (a
+      re-run notebook cell, a reloaded module) replaces the old one silently;
+    * ``"replace"``: the new object replaces the old one silently.
+
+    ``normalize``: a function mapping a spelling to a look-up key (e.g. lower case, ``_`` -> ``-``); names
+    and aliases are then matched by key. Without it look-ups are exact.
+    """
+
+    def __init__(self, kind: str, config_key: str | None = None, *, error: type[Exception] = ConfigError,
+                 register_error: type[Exception] = ValueError, duplicates: Duplicates = "same-object",
+                 normalize: Callable[[str], str] | None = None) -> None:
+        if duplicates not in _DUPLICATES:
+            raise ValueError(f"duplicates must be one of {', '.join(_DUPLICATES)}, got {duplicates!r}")
         self.kind = kind
         self.config_key = config_key
-        self._items: dict[str, T] = {}
+        self.error = error
+        self.register_error = register_error
+        self.duplicates = duplicates
+        self._normalize = normalize
+        self._items: dict[str, T] = {}  # canonical name -> object, in registration order
+        self._meta: dict[str, dict[str, Any]] = {}
+        self._aliases: dict[str, str] = {}  # look-up key of an alias -> canonical name
 
-    def register(self, name: str, *, overwrite: bool = False) -> Callable[[T], T]:
-        """Decorator registering ``obj`` under ``name``; a duplicate name is an error unless ``overwrite``."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+    # ------------------------------------------------------------------------------------ registering
+    def register(self, name: str, *, overwrite: bool = False, aliases: Iterable[str] = (),
+                 meta: Mapping[str, Any] | None = None) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name`` (see :meth:`add`); returns ``obj`` unchanged."""
+        self._check_name(name)
 
         def deco(obj: T) -> T:
-            if name in self._items and not overwrite and self._items[name] is not obj:
-                raise ValueError(f"{self.kind} {name!r} is already registered (pass overwrite=True)")
-            self._items[name] = obj
-            return obj
+            return self.add(name, obj, overwrite=overwrite, aliases=aliases, meta=meta)
 
         return deco
 
+    def add(self, name: str, obj: T, *, overwrite: bool = False, aliases: Iterable[str] = (),
+            meta: Mapping[str, Any] | None = None) -> T:
+        """Register ``obj`` under ``name`` with optional ``aliases`` and ``meta``; returns ``obj``."""
+        self._check_name(name)
+        aliases = [aliases] if isinstance(aliases, str) else list(aliases)
+        if name in self._items and not overwrite and not self._harmless(self._items[name], obj):
+            where = origin(self._items[name])
+            raise self.register_error(
+                f"{self.kind} {name!r} is already registered{f' ({where})' if where else ''}; "
+                "pass overwrite=True to replace it or pick another name")
+        for alias in aliases:
+            self._check_alias(alias, name, overwrite)
+        self._items[name] = obj
+        self._meta[name] = dict(meta or {})
+        for alias in aliases:
+            self._aliases[self._key(alias)] = name
+        return obj
+
+    def alias(self, alias: str, name: str, *, overwrite: bool = False) -> None:
+        """Make ``alias`` another spelling of the registered ``name``."""
+        canonical = self.canonical(name)
+        if canonical is None:
+            raise self.unknown(name)
+        self._check_alias(alias, canonical, overwrite)
+        self._aliases[self._key(alias)] = canonical
+
+    def unregister(self, name: str) -> T:
+        """Remove ``name`` (or the entry an alias names) with its aliases and metadata; returns its object."""
+        canonical = self.canonical(name)
+        if canonical is None:
+            raise self.unknown(name)
+        self._meta.pop(canonical, None)
+        self._aliases = {k: v for k, v in self._aliases.items() if v != canonical}
+        return self._items.pop(canonical)
+
+    def _check_name(self, name: object) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise self.register_error(f"a {self.kind} name must be a non-empty string, got {name!r}")
+
+    def _check_alias(self, alias: object, name: str, overwrite: bool) -> None:
+        if not isinstance(alias, str) or not alias.strip():
+            raise self.register_error(f"a {self.kind} alias must be a non-empty string, got {alias!r}")
+        taken = self._aliases.get(self._key(alias))
+        if taken is not None and taken != name and taken in self._items and not overwrite:
+            raise self.register_error(f"{self.kind} alias {alias!r} already names {taken!r}; "
+                                      "pass overwrite=True to move it")
+
+    def _harmless(self, old: T, new: T) -> bool:
+        if self.duplicates == "replace":
+            return True
+        if self.duplicates == "error":
+            return False
+        if old is new:
+            return True
+        return self.duplicates == "same-qualname" and origin(old) is not None and origin(old) == origin(new)
+
+    # --------------------------------------------------------------------------------------- look-ups
+    def _key(self, name: str) -> str:
+        return self._normalize(name) if self._normalize is not None else name
+
+    def canonical(self, name: object) -> str | None:
+        """The registered name that ``name`` (a name, an alias, or, with ``normalize``, another spelling of
+        either) stands for; None when it names nothing."""
+        if not isinstance(name, str):
+            return None
+        if name in self._items:
+            return name
+        key = self._key(name)
+        target = self._aliases.get(key)
+        if target is not None and target in self._items:
+            return target
+        if self._normalize is not None:
+            for registered in self._items:
+                if self._key(registered) == key:
+                    return registered
+        return None
+
     def get(self, name: str) -> T:
-        """The object registered under ``name``; :class:`ConfigError` naming the valid ones otherwise."""
-        try:
-            return self._items[name]
-        except (KeyError, TypeError):
-            where = f" (config key {self.config_key!r})" if self.config_key else ""
-            close = difflib.get_close_matches(str(name), list(self._items), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}{where}; {hint}valid: {', '.join(sorted(self._items)) or '(none)'}"
-            ) from None
+        """The object registered under ``name`` (or an alias); ``error`` naming the valid ones otherwise."""
+        canonical = self.canonical(name)
+        if canonical is None:
+            raise self.unknown(name)
+        return self._items[canonical]
+
+    def find(self, name: object) -> T | None:
+        """The object registered under ``name`` (or an alias), None when it names nothing."""
+        canonical = self.canonical(name)
+        return None if canonical is None else self._items[canonical]
+
+    def meta(self, name: str) -> Mapping[str, Any]:
+        """The metadata registered with ``name`` (read-only; empty when none was given)."""
+        canonical = self.canonical(name)
+        if canonical is None:
+            raise self.unknown(name)
+        return MappingProxyType(self._meta.get(canonical, {}))
+
+    def unknown(self, name: object, *, where: str | None = None) -> Exception:
+        """The error for an unknown ``name``: the family, where the name came from (``where``, default the
+        config key), the nearest registered name and all valid names."""
+        where = where if where is not None else (f"config key {self.config_key!r}" if self.config_key else "")
+        spellings = {n: n for n in self._items}
+        spellings.update({a: t for a, t in self._aliases.items() if t in self._items})
+        near = nearest(str(name), spellings)
+        hint = f"did you mean {spellings[near[0]]!r}? " if near else ""
+        return self.error(f"unknown {self.kind} {name!r}{f' ({where})' if where else ''}; {hint}"
+                          f"valid: {', '.join(self.names()) or '(none)'}")
 
     def names(self) -> list[str]:
+        """Registered names, sorted."""
         return sorted(self._items)
 
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, object)`` pairs in registration order."""
+        return list(self._items.items())
+
+    def values(self) -> list[T]:
+        """Registered objects in registration order."""
+        return list(self._items.values())
+
+    def __iter__(self) -> Iterator[str]:
+        """Registered names in registration order."""
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return self.canonical(name) is not None
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {len(self)} entries)"
