@@ -37,11 +37,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mmrl_common.errors import ConfigError
+from mmrl_common.registry import Registry
 from rewards import answers as A
 from rewards.metrics import rouge_l, temporal_iou, token_f1
-from rewards.registry import _suggest, normalize_completions, per_sample_error, register_reward
+from rewards.registry import normalize_completions, per_sample_error, register_reward
 
 __all__ = [
+    "SCORERS",
+    "TEXT_METRICS",
     "available_scorers",
     "get_scorer",
     "register_scorer",
@@ -49,7 +52,8 @@ __all__ = [
 ]
 
 Scorer = Callable[..., "float | None"]
-_SCORERS: dict[str, Scorer] = {}
+SCORERS: Registry[Scorer] = Registry("accuracy scorer for problem type", register_error=ConfigError)
+"""The accuracy scorer of every problem type, by problem type name."""
 
 
 def register_scorer(problem_type: str, fn: Scorer | None = None, *, overwrite: bool = False):
@@ -58,31 +62,24 @@ def register_scorer(problem_type: str, fn: Scorer | None = None, *, overwrite: b
         raise ConfigError(f"a problem type must be a non-empty string, got {problem_type!r}")
 
     def decorate(f: Scorer) -> Scorer:
-        if problem_type in _SCORERS and _SCORERS[problem_type] is not f and not overwrite:
-            raise ConfigError(
-                f"an accuracy scorer for problem type {problem_type!r} is already registered; "
-                "pass overwrite=True to replace it"
-            )
-        _SCORERS[problem_type] = f
-        return f
+        return SCORERS.add(problem_type, f, overwrite=overwrite)
 
     return decorate(fn) if fn is not None else decorate
 
 
 def get_scorer(problem_type: str) -> Scorer:
-    if problem_type not in _SCORERS:
-        raise ConfigError(
-            f"no accuracy scorer for problem type {problem_type!r}; {_suggest(str(problem_type), _SCORERS)}"
-        )
-    return _SCORERS[problem_type]
+    """The scorer for ``problem_type``; :class:`ConfigError` naming the nearest and the valid types otherwise."""
+    return SCORERS.get(problem_type)
 
 
 def available_scorers() -> list[str]:
-    return sorted(_SCORERS)
+    return SCORERS.names()
 
 
 def unregister_scorer(problem_type: str) -> None:
-    _SCORERS.pop(problem_type, None)
+    """Remove the scorer for ``problem_type``; a type without one is ignored."""
+    if problem_type in SCORERS:
+        SCORERS.unregister(problem_type)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -120,17 +117,15 @@ def _references(row: Mapping[str, Any]) -> list[str]:
     return refs
 
 
-_TEXT_METRICS: dict[str, Callable[[Any, Any], float]] = {
-    "token_f1": token_f1,
-    "rouge_l": rouge_l,
-    "exact": lambda p, r: float(A.normalize_text(p) == A.normalize_text(r)),
-}
+TEXT_METRICS: Registry[Callable[[Any, Any], float]] = Registry("text metric", register_error=ConfigError)
+"""The metrics of the ``open`` and ``free_form`` scorers (settings ``open_metric``, ``free_form_metric``)."""
+TEXT_METRICS.add("token_f1", token_f1)
+TEXT_METRICS.add("rouge_l", rouge_l)
+TEXT_METRICS.add("exact", lambda p, r: float(A.normalize_text(p) == A.normalize_text(r)))
 
 
 def _text_score(prediction: str, row: Mapping[str, Any], metric: str) -> float:
-    fn = _TEXT_METRICS.get(metric)
-    if fn is None:
-        raise ConfigError(f"unknown text metric {metric!r}; {_suggest(str(metric), _TEXT_METRICS)}")
+    fn = TEXT_METRICS.get(metric)
     return max(fn(prediction, ref) for ref in _references(row))
 
 
@@ -260,11 +255,11 @@ def accuracy(completions: list[Any], **columns: Any) -> list[float | None]:
 
     def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
         ptype = row.get("problem_type")
-        scorer = _SCORERS.get(ptype) if isinstance(ptype, str) else None
+        scorer = SCORERS.find(ptype)
         if scorer is None:
             if on_unknown == "none":
                 return None
-            get_scorer(str(ptype))  # raises ConfigError with suggestions
+            raise SCORERS.unknown(ptype)  # names the nearest problem type and the valid ones
         return scorer(prediction, row, **settings)
 
     return _map(completions, columns, one)

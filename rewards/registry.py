@@ -23,7 +23,6 @@ and combine rewards from a config list of ``{name, weight, kwargs}``::
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,8 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmrl_common.errors import ConfigError, MmrlError
+from mmrl_common.registry import Registry, did_you_mean
 
 __all__ = [
+    "REWARDS",
     "CombinedReward",
     "RewardBreakdown",
     "RewardError",
@@ -135,30 +136,14 @@ def normalize_completions(completions: Iterable[Any]) -> list[str]:
 # --------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Entry:
-    name: str
-    fn: RewardFn
-    locate_errors: bool
-
-
-_REGISTRY: dict[str, _Entry] = {}
-
-
-def _nearest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-    cands = list(candidates)
-    near = difflib.get_close_matches(name, cands, n=n, cutoff=0.5)
-    if not near:
-        lowered = {c.lower(): c for c in cands}
-        near = [lowered[c] for c in difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)]
-    return near
+REWARDS: Registry[RewardFn] = Registry("reward", "rewards", register_error=ConfigError, duplicates="same-qualname")
+"""Every reward function by name; an entry's metadata holds ``locate_errors``."""
 
 
 def _suggest(name: str, candidates: Iterable[str]) -> str:
-    near = _nearest(name, candidates)
-    if near:
-        return "did you mean " + " or ".join(repr(x) for x in near) + "?"
-    return "available: " + ", ".join(sorted(candidates))
+    """``did you mean 'x'?`` for the nearest of ``candidates``, else the list of them."""
+    hint = did_you_mean(str(name), candidates)
+    return hint.strip() if hint else "valid: " + ", ".join(sorted(candidates))
 
 
 def register_reward(
@@ -184,47 +169,26 @@ def register_reward(
     def decorate(f: RewardFn) -> RewardFn:
         if not callable(f):
             raise ConfigError(f"reward {name!r}: {f!r} is not callable")
-        old = _REGISTRY.get(name)
-        if old is not None and old.fn is not f and not overwrite:
-            same = (getattr(old.fn, "__module__", None), getattr(old.fn, "__qualname__", None)) == (
-                getattr(f, "__module__", None),
-                getattr(f, "__qualname__", None),
-            )
-            if not same:
-                raise ConfigError(
-                    f"reward {name!r} is already registered ({_describe(old.fn)}); "
-                    "pass overwrite=True to replace it or pick another name"
-                )
-        _REGISTRY[name] = _Entry(name, f, locate_errors)
-        return f
+        return REWARDS.add(name, f, overwrite=overwrite, meta={"locate_errors": bool(locate_errors)})
 
     if fn is not None:
         return decorate(fn)
     return decorate
 
 
-def _describe(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
 def unregister_reward(name: str) -> None:
     """Remove a registered reward (mainly for tests); unknown names raise :class:`ConfigError`."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown reward {name!r}; {_suggest(name, _REGISTRY)}")
-    del _REGISTRY[name]
+    REWARDS.unregister(name)
 
 
 def get_reward(name: str) -> RewardFn:
     """The function registered under ``name``; an unknown name raises :class:`ConfigError` with suggestions."""
-    entry = _REGISTRY.get(name) if isinstance(name, str) else None
-    if entry is None:
-        raise ConfigError(f"unknown reward {name!r}; {_suggest(str(name), _REGISTRY)}")
-    return entry.fn
+    return REWARDS.get(name)
 
 
 def available_rewards() -> list[str]:
     """Sorted names of all registered rewards."""
-    return sorted(_REGISTRY)
+    return REWARDS.names()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -390,13 +354,11 @@ class CombinedReward:
         seen: set[str] = set()
         for i, spec in enumerate(self.specs):
             if isinstance(spec.name, str):
-                entry = _REGISTRY.get(spec.name)
-                if entry is None:
-                    raise ConfigError(
-                        f"{where}[{i}]: unknown reward {spec.name!r}; {_suggest(spec.name, _REGISTRY)}"
-                    )
-                self._fns.append(entry.fn)
-                self._locate.append(entry.locate_errors)
+                name = REWARDS.canonical(spec.name)
+                if name is None:
+                    raise REWARDS.unknown(spec.name, where=f"{where}[{i}]")
+                self._fns.append(REWARDS.get(name))
+                self._locate.append(bool(REWARDS.meta(name).get("locate_errors", True)))
             else:
                 self._fns.append(spec.name)
                 self._locate.append(True)

@@ -66,7 +66,7 @@ def test_unknown_reward_names_the_nearest():
     assert "'acuracy'" in msg and "'accuracy'" in msg
     with pytest.raises(ConfigError, match="'format'"):
         CombinedReward([{"name": "fromat"}])
-    with pytest.raises(ConfigError, match="available: "):
+    with pytest.raises(ConfigError, match="valid: accuracy, format, "):
         get_reward("zzzzzzzz")
 
 
