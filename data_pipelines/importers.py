@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmrl_common.errors import DataError
+from mmrl_common.registry import Registry
 
 from .schema import guess_media_type, parse_number
 
@@ -40,33 +41,36 @@ class Importer:
     convert: Convert
 
 
-_IMPORTERS: dict[str, Importer] = {}
+def _spelling(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
 
 
-def register_importer(name: str, detect: Detect, convert: Convert, *, overwrite: bool = False) -> None:
+IMPORTERS: Registry[Importer] = Registry("record format", "data.format", error=DataError, duplicates="error",
+                                         normalize=_spelling)
+"""Every record format by name, in registration (= detection) order; case and ``_`` vs ``-`` do not matter."""
+
+
+def register_importer(name: str, detect: Detect, convert: Convert, *, overwrite: bool = False,
+                      aliases: tuple[str, ...] = ()) -> None:
     """Add a record format. Detection tries importers in registration order; ``native`` comes first."""
-    if name in _IMPORTERS and not overwrite:
-        raise ValueError(f"importer {name!r} is already registered; pass overwrite=True to replace it")
-    _IMPORTERS[name] = Importer(name, detect, convert)
+    IMPORTERS.add(name, Importer(name, detect, convert), overwrite=overwrite, aliases=aliases)
 
 
 def record_formats() -> list[str]:
-    return list(_IMPORTERS)
+    """Record format names in detection order."""
+    return list(IMPORTERS)
 
 
 def get_importer(name: str) -> Importer:
-    key = name.lower().replace("_", "-")
-    key = {"videor1": "video-r1", "easy-r1": "easyr1", "verl": "easyr1", "mmrl": "native"}.get(key, key)
-    if key not in _IMPORTERS:
-        raise DataError(f"unknown record format {name!r}; known: {', '.join(_IMPORTERS)}")
-    return _IMPORTERS[key]
+    """The importer of record format ``name`` (any spelling or alias); :class:`DataError` otherwise."""
+    return IMPORTERS.get(name)
 
 
 def detect_record_format(record: Any) -> str | None:
     """Name of the first importer whose ``detect`` accepts ``record``; None when none does."""
     if not isinstance(record, Mapping):
         return None
-    for imp in _IMPORTERS.values():
+    for imp in IMPORTERS.values():
         if imp.detect(record):
             return imp.name
     return None
@@ -233,15 +237,15 @@ def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
             "options": options, "answer": answer, "media": media, "meta": meta}
 
 
-register_importer("native", _detect_native, _convert_native)
-register_importer("video-r1", _detect_video_r1, _convert_video_r1)
-register_importer("easyr1", _detect_easyr1, _convert_easyr1)
+register_importer("native", _detect_native, _convert_native, aliases=("mmrl",))
+register_importer("video-r1", _detect_video_r1, _convert_video_r1, aliases=("videor1",))
+register_importer("easyr1", _detect_easyr1, _convert_easyr1, aliases=("easy-r1", "verl"))
 
 
 def import_record(record: Mapping[str, Any], index: int, fmt: str = "auto") -> tuple[str, dict[str, Any]]:
     """Convert one record; returns (format used, native dict). ``fmt="auto"`` detects it."""
     name = detect_record_format(record) if fmt == "auto" else get_importer(fmt).name
-    imp = _IMPORTERS[name or "native"]
+    imp = IMPORTERS.get(name or "native")
     return imp.name, imp.convert(record, index)
 
 

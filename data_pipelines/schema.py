@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl_common.errors import DataError
+from mmrl_common.registry import Registry
 
 MEDIA_TYPES = ("image", "video")
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".dcm"}
@@ -184,8 +185,13 @@ class ProblemType:
     description: str = ""
 
 
-_PROBLEM_TYPES: dict[str, ProblemType] = {}
-_ALIASES: dict[str, str] = {}
+def _alias_key(name: str) -> str:
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+PROBLEM_TYPES: Registry[ProblemType] = Registry("problem type", "problem_type", duplicates="error",
+                                                normalize=_alias_key)
+"""Every problem type by name; aliases (other spellings) resolve to the name, ignoring case and punctuation."""
 
 
 def register_problem_type(
@@ -200,28 +206,19 @@ def register_problem_type(
     ``None``: any answer is accepted). ``aliases`` are other spellings that normalise to ``name``."""
     if not name or not isinstance(name, str):
         raise ValueError("problem type name must be a non-empty string")
-    if name in _PROBLEM_TYPES and not overwrite:
-        raise ValueError(f"problem type {name!r} is already registered; pass overwrite=True to replace it")
-    _PROBLEM_TYPES[name] = ProblemType(name, check or (lambda s: []), description)
-    for alias in aliases:
-        _ALIASES[_alias_key(alias)] = name
+    PROBLEM_TYPES.add(name, ProblemType(name, check or (lambda s: []), description), aliases=aliases,
+                      overwrite=overwrite)
 
 
 def problem_types() -> list[str]:
     """The registered problem type names."""
-    return sorted(_PROBLEM_TYPES)
+    return PROBLEM_TYPES.names()
 
 
 def normalize_problem_type(name: str) -> str:
     """Canonical name for a spelling such as ``"multiple choice"`` or ``"Multiple-Choice"``; unknown
     names come back unchanged (validation then reports them)."""
-    if name in _PROBLEM_TYPES:
-        return name
-    return _ALIASES.get(_alias_key(name), name)
-
-
-def _alias_key(name: str) -> str:
-    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+    return PROBLEM_TYPES.canonical(name) or name
 
 
 def option_letters(n: int) -> list[str]:
@@ -416,8 +413,8 @@ def validate_sample(sample: Sample) -> list[str]:
         reasons.append("'id' is empty; give every record a unique id")
     if not isinstance(sample.question, str) or not sample.question.strip():
         reasons.append("'question' is empty; every record needs the question text")
-    ptype = _PROBLEM_TYPES.get(sample.problem_type)
-    if ptype is None:
+    ptype = PROBLEM_TYPES.find(sample.problem_type)
+    if ptype is None or ptype.name != sample.problem_type:
         reasons.append(f"unknown problem_type {sample.problem_type!r}; known types are "
                        f"{', '.join(problem_types())} (register new ones with "
                        "data_pipelines.schema.register_problem_type)")

@@ -29,6 +29,7 @@ from typing import Any
 
 from data_pipelines.benchmarks._common import BenchmarkData, LayoutError
 from mmrl_common.errors import ConfigError
+from mmrl_common.registry import Registry
 
 __all__ = ["BenchmarkData", "LayoutError", "available_benchmarks", "get_benchmark", "load_benchmark",
            "register_benchmark"]
@@ -43,12 +44,19 @@ class BenchmarkReader:
     splits: tuple[str, ...] = ("test",)
 
 
-_READERS: dict[str, BenchmarkReader] = {}
+def _spelling(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
 
 
-def register_benchmark(name: str, *, title: str, kind: str, splits: tuple[str, ...] = ("test",)) -> Callable:
+READERS: Registry[BenchmarkReader] = Registry("benchmark", duplicates="replace", normalize=_spelling)
+"""Every benchmark reader by name; case, ``_`` vs ``-`` and the aliases below do not matter."""
+
+
+def register_benchmark(name: str, *, title: str, kind: str, splits: tuple[str, ...] = ("test",),
+                       aliases: tuple[str, ...] = ()) -> Callable:
+    """Decorator registering a reader ``fn(root, *, split, media_cache, **options) -> BenchmarkData``."""
     def deco(fn: Callable[..., BenchmarkData]) -> Callable[..., BenchmarkData]:
-        _READERS[name] = BenchmarkReader(name, fn, title, kind, splits)
+        READERS.add(name, BenchmarkReader(name, fn, title, kind, splits), aliases=aliases)
         return fn
     return deco
 
@@ -66,17 +74,13 @@ def _builtins() -> None:
 
 def available_benchmarks() -> list[str]:
     _builtins()
-    return sorted(_READERS)
+    return READERS.names()
 
 
 def get_benchmark(name: str) -> BenchmarkReader:
+    """The reader of benchmark ``name`` (any spelling or alias); :class:`ConfigError` naming the valid ones."""
     _builtins()
-    key = name.strip().lower().replace("_", "-")
-    key = {"vqarad": "vqa-rad", "path-vqa": "pathvqa", "video-mme": "videomme", "lvb": "longvideobench",
-           "long-video-bench": "longvideobench"}.get(key, key)
-    if key not in _READERS:
-        raise ConfigError(f"unknown benchmark '{name}'; available: {', '.join(sorted(_READERS))}")
-    return _READERS[key]
+    return READERS.get(name)
 
 
 def load_benchmark(name: str, root: str | os.PathLike[str], *, split: str | None = None,

@@ -44,7 +44,8 @@ def _options(raw: dict[str, Any]) -> list[str]:
     return out
 
 
-@register_benchmark("longvideobench", title=TITLE, kind="video_mc", splits=("val",))
+@register_benchmark("longvideobench", title=TITLE, kind="video_mc", splits=("val",),
+                    aliases=("lvb", "long-video-bench"))
 def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
     root = check_root(TITLE, root, EXPECTED)
     path = first_existing([root / "lvb_val.json", root / "val.json"])

@@ -72,9 +72,10 @@ def _parquet_reader(name: str, title: str) -> Any:
     return load
 
 
-register_benchmark("vqa-rad", title="VQA-RAD", kind="medical", splits=("test", "train"))(
+register_benchmark("vqa-rad", title="VQA-RAD", kind="medical", splits=("test", "train"), aliases=("vqarad",))(
     _parquet_reader("vqa-rad", "VQA-RAD"))
-register_benchmark("pathvqa", title="PathVQA", kind="medical", splits=("test", "val", "train"))(
+register_benchmark("pathvqa", title="PathVQA", kind="medical", splits=("test", "val", "train"),
+                   aliases=("path-vqa",))(
     _parquet_reader("pathvqa", "PathVQA"))
 
 SLAKE_EXPECTED = (

@@ -55,7 +55,7 @@ def parse_srt(path: Path) -> list[tuple[float, float, str]]:
     return cues
 
 
-@register_benchmark("videomme", title=TITLE, kind="video_mc")
+@register_benchmark("videomme", title=TITLE, kind="video_mc", aliases=("video-mme",))
 def load_videomme(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
     root = check_root(TITLE, root, EXPECTED)
     tables = sorted((root / "videomme").glob("*.parquet")) or sorted(root.glob("*.parquet"))

@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from mmrl_common.errors import DataError
+from mmrl_common.registry import Registry
+
 DIFFICULTIES = ("easy", "medium", "hard")
 
 
@@ -54,7 +57,8 @@ class ToyTask:
     description: str = ""
 
 
-_TASKS: dict[str, ToyTask] = {}
+TASKS: Registry[ToyTask] = Registry("toy task", "data.toy_tasks", error=DataError, duplicates="error")
+"""Every toy task by name, in registration order (built-ins first once :func:`toy_tasks` ran)."""
 
 
 def register_task(name: str, *, kind: str, description: str = "",
@@ -64,9 +68,7 @@ def register_task(name: str, *, kind: str, description: str = "",
         raise ValueError(f"task kind must be 'video' or 'image', got {kind!r}")
 
     def deco(fn: TaskFn) -> TaskFn:
-        if name in _TASKS and not overwrite:
-            raise ValueError(f"toy task {name!r} is already registered; pass overwrite=True to replace it")
-        _TASKS[name] = ToyTask(name, fn, kind, description)
+        TASKS.add(name, ToyTask(name, fn, kind, description), overwrite=overwrite)
         return fn
 
     return deco
@@ -76,16 +78,13 @@ def toy_tasks() -> dict[str, ToyTask]:
     """Registered tasks in registration order (built-ins first)."""
     from . import video_tasks, image_tasks, scan  # noqa: F401, I001  (registration order: videos first)
 
-    return dict(_TASKS)
+    return dict(TASKS.items())
 
 
 def get_task(name: str) -> ToyTask:
-    tasks = toy_tasks()
-    if name not in tasks:
-        from mmrl_common.errors import DataError
-
-        raise DataError(f"unknown toy task {name!r}; known tasks: {', '.join(tasks)}")
-    return tasks[name]
+    """The task registered as ``name``; :class:`DataError` naming the nearest and the valid tasks otherwise."""
+    toy_tasks()
+    return TASKS.get(name)
 
 
 def cycle(index: int, n_classes: int, n_variants: int = 1) -> tuple[int, int]:
