@@ -23,7 +23,7 @@ from video import (
     sample_video,
     write_mp4,
 )
-from video.sampling import _POLICIES
+from video.sampling import unregister_policy
 
 W, H = 64, 48
 
@@ -303,8 +303,9 @@ def test_policy_registry(media: dict) -> None:
         with pytest.raises(ValueError, match="already registered"):
             register_policy("test_last_two", last_two)
     finally:
-        _POLICIES.pop("test_last_two", None)
-    with pytest.raises(ValueError, match="unknown sampling policy"):
+        unregister_policy("test_last_two")
+    assert "test_last_two" not in available_policies()
+    with pytest.raises(ValueError, match="unknown sampling policy 'nope'.*valid: .*qwen"):
         sample_video(media["v30"], "nope")
     with pytest.raises(ValueError, match="bad options"):
         sample_video(media["v30"], "uniform", fps=2.0)

@@ -19,6 +19,7 @@ _EXPORTS = {
     "SampledVideo": "sampling",
     "sample_video": "sampling",
     "register_policy": "sampling",
+    "unregister_policy": "sampling",
     "available_policies": "sampling",
     "get_policy": "sampling",
     "frame_window": "sampling",
@@ -50,6 +51,7 @@ __all__ = [
     "resample_video",
     "resize_frames",
     "sample_video",
+    "unregister_policy",
     "video_frame_size",
     "write_mp4",
 ]

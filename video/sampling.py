@@ -29,10 +29,14 @@ from qwen_vl_utils import vision_process as qvu
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
+from mmrl_common.registry import Registry
+
 from .reader import VideoReader, open_video
 
 PolicyFn = Callable[..., list[int]]
-_POLICIES: dict[str, PolicyFn] = {}
+POLICIES: Registry[PolicyFn] = Registry("sampling policy", "data.media.video_policy", error=ValueError,
+                                        duplicates="error")
+"""Every frame-sampling policy by name."""
 
 
 def register_policy(name: str, fn: PolicyFn | None = None, *, overwrite: bool = False) -> Any:
@@ -42,25 +46,24 @@ def register_policy(name: str, fn: PolicyFn | None = None, *, overwrite: bool = 
     """
 
     def add(f: PolicyFn) -> PolicyFn:
-        if name in _POLICIES and not overwrite:
-            raise ValueError(f"sampling policy {name!r} is already registered")
-        _POLICIES[name] = f
-        return f
+        return POLICIES.add(name, f, overwrite=overwrite)
 
     return add(fn) if fn is not None else add
 
 
+def unregister_policy(name: str) -> None:
+    """Remove the policy registered as ``name`` (ValueError naming the known ones otherwise)."""
+    POLICIES.unregister(name)
+
+
 def available_policies() -> list[str]:
     """Names of the registered sampling policies."""
-    return sorted(_POLICIES)
+    return POLICIES.names()
 
 
 def get_policy(name: str) -> PolicyFn:
-    """The policy registered as ``name`` (ValueError listing the known ones otherwise)."""
-    try:
-        return _POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown sampling policy {name!r}; known: {', '.join(available_policies())}") from None
+    """The policy registered as ``name`` (ValueError naming the nearest and the known ones otherwise)."""
+    return POLICIES.get(name)
 
 
 def frame_window(num_frames: int, fps: float, start: float | None = None, end: float | None = None) -> tuple[int, int]:
