@@ -1,7 +1,8 @@
 """Prompt samplers: which samples the next training step draws.
 
 A sampler draws indices into the training set and may learn from the step's rollouts through
-:meth:`Sampler.update` (pass rates, reward spread), which is how variance-aware sampling plugs in. Its
+:meth:`Sampler.update`, which receives the step's whole rollout batch (rewards and their components,
+completions, groups), which is how variance-aware sampling plugs in. Its
 whole state (position, RNG, statistics) round-trips through ``state_dict`` so a resumed run draws exactly
 the same prompts. Register new samplers with :func:`register_sampler`.
 """
@@ -35,8 +36,11 @@ class Sampler:
     def draw(self, n: int) -> list[int]:
         raise NotImplementedError
 
-    def update(self, indices: Sequence[int], rewards: Sequence[Sequence[float]], **info: Any) -> None:
-        """Rollout feedback: ``rewards[i]`` are the group's rewards for prompt ``indices[i]``."""
+    def update(self, batch: Any) -> None:
+        """Rollout feedback after every step: ``batch`` is the step's :class:`mmrl.batch.RolloutBatch` with
+        every drawn group (kept by dynamic sampling or not). ``batch.prompt_index`` holds the indices this
+        sampler drew, ``batch.group_index`` the groups, ``batch.rewards`` the totals,
+        ``batch.component("accuracy")`` one reward component, ``batch.completions`` the texts."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

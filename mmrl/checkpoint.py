@@ -1,8 +1,10 @@
 """Checkpoints: the model in Hugging Face format (safetensors) plus the trainer state for an exact resume.
 
 A checkpoint folder ``checkpoint-<step>/`` holds ``model.safetensors``, ``config.json``, the processor
-files, and ``trainer_state.pt`` (optimizer, scheduler, the RNG states of Python, NumPy and torch, the
-sampler position, plugin states, the step). It is written to a temporary folder and renamed, so a run
+files, and ``trainer_state.pt`` (optimizer, scheduler, the RNG states of Python, NumPy, torch and CUDA, the
+sampler position, the curriculum stage, plugin states, the step; plain data and tensors, loaded with
+``weights_only=True``), and ``reference.safetensors`` when the KL reference differs from the run's starting
+model. It is written to a temporary folder and renamed, so a run
 killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one.
 """
 
@@ -18,13 +20,29 @@ import torch
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG as plain data and tensors (loadable with ``weights_only=True``)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def seed_everything(seed: int) -> None:
@@ -33,13 +51,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+REFERENCE_FILE = "reference.safetensors"
+
+
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor: Any,
-                    state: dict[str, Any], keep: int = 2) -> Path:
+                    state: dict[str, Any], keep: int = 2, reference: torch.nn.Module | None = None) -> Path:
+    """``reference``: the KL reference model, given only when it differs from the run's starting model
+    (a curriculum reset it); it is stored beside the weights as ``reference.safetensors``."""
+    from safetensors.torch import save_model
+
     final = run_dir / f"checkpoint-{step}"
     tmp = run_dir / f".tmp-checkpoint-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     processor.save_pretrained(tmp)
+    if reference is not None:
+        save_model(reference, str(tmp / REFERENCE_FILE))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -61,7 +88,20 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    """The trainer state on the CPU (the optimizer moves its tensors to the parameters' device); plain data
+    and tensors only, no pickled objects."""
+    return torch.load(checkpoint / "trainer_state.pt", weights_only=True, map_location="cpu")
+
+
+def load_reference(model: torch.nn.Module, checkpoint: Path) -> bool:
+    """Load a stored reference model into ``model``; False when the checkpoint holds none."""
+    from safetensors.torch import load_model
+
+    path = checkpoint / REFERENCE_FILE
+    if not path.is_file():
+        return False
+    load_model(model, str(path), device=str(next(model.parameters()).device))
+    return True
 
 
 def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:

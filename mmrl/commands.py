@@ -111,9 +111,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         return cli_run(args, _load(args))
     from mmrl.evaluate import evaluate
-    from mmrl.media import MediaPreparer
     from mmrl.policy import load_policy
     from mmrl.run import load_split, resolve_model
+    from mmrl.service import RolloutService
 
     cfg = _load(args)
     if args.split:
@@ -126,9 +126,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         samples = samples[:cfg.eval.limit]
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     metrics, preds = evaluate(
-        policy, samples, prompt=cfg.prompt, preparer=MediaPreparer(cfg.data.media, family=policy.family),
+        RolloutService.from_config(policy, cfg), samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, stop=cfg.rollout.stop, show_progress=not args.quiet)
+        min_options=cfg.eval.min_options, show_progress=not args.quiet)
     out = Path(cfg.out) if cfg.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,21 @@ class RolloutConfig:
     environment: str | None = None
     environment_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int = 1
+    record_logprobs: bool = False
+    """Keep the sampling log-probabilities of every rollout token in the batch (``rollout_logprobs``)."""
+    record_entropies: bool = False
+    """Keep the per-token entropies of every rollout in the batch (``entropies``; rewards see them)."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError(f"rollout.group_size={self.group_size}: GRPO compares the rollouts of a prompt "
+                              "with each other, so one rollout per prompt has advantage 0 and never learns; "
+                              "use 2 or more (8 is usual)")
+        if self.temperature <= 0:
+            raise ConfigError(f"rollout.temperature={self.temperature}: training rollouts must be sampled "
+                              "(every rollout of a group would be the same greedy answer); use e.g. 1.0")
+        if self.max_turns < 1:
+            raise ConfigError(f"rollout.max_turns={self.max_turns}: must be >= 1")
 
 
 @dataclass
@@ -162,6 +177,8 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Method plugins by registered name (samplers, curricula, callbacks) with their settings."""
+    imports: list[str] = field(default_factory=list)
+    """Modules or .py files to import first (they register rewards, samplers, plug-ins, shapers, ...)."""
 
 
 def task_recipe(task: str) -> dict[str, Any]:
@@ -173,13 +190,26 @@ def task_recipe(task: str) -> dict[str, Any]:
     return load_yaml(path)
 
 
+def _with_imports(data: dict[str, Any], base: str | Path | None = None) -> dict[str, Any]:
+    """Import the ``imports:`` entries (so their registered names are valid below); store them resolved."""
+    from mmrl.imports import import_all
+
+    entries = data.get("imports") or []
+    if isinstance(entries, str):
+        entries = [entries]
+    if not isinstance(entries, list):
+        raise ConfigError(f"imports: expected a list of module names or .py files, got {entries!r}")
+    return {**data, "imports": import_all(entries, base)} if entries else data
+
+
 def resume_run_config(saved: str | Path, overrides: list[str] | None = None,
                       extra: dict[str, Any] | None = None) -> RunConfig:
     """The configuration a run was started with (its ``config.yaml``), with new overrides on top."""
     data = load_yaml(saved)
     if extra:
         data = deep_merge(data, extra)
-    return from_dict(RunConfig, apply_overrides(RunConfig, data, list(overrides or [])))
+    data = _with_imports(apply_overrides(RunConfig, data, list(overrides or [])))
+    return from_dict(RunConfig, data)
 
 
 def load_run_config(
@@ -188,7 +218,10 @@ def load_run_config(
     overrides: list[str] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> RunConfig:
-    """Task recipe, then the user's YAML, then ``extra`` (from CLI flags), then dotted overrides."""
+    """Task recipe, then the user's YAML, then ``extra`` (from CLI flags), then dotted overrides.
+
+    The ``imports:`` entries are imported before the configuration is checked (a file named in a YAML
+    resolves against that YAML's folder, one given as an override against the working directory)."""
     data: dict[str, Any] = {}
     if config_file:
         user = load_yaml(config_file)
@@ -196,9 +229,10 @@ def load_run_config(
     task = task or "video-qa"
     data = deep_merge(task_recipe(task), data)
     if config_file:
-        data = deep_merge(data, load_yaml(config_file))
+        user = _with_imports(load_yaml(config_file), Path(config_file).resolve().parent)
+        data = deep_merge(data, user)
     data["task"] = task
     if extra:
         data = deep_merge(data, extra)
-    data = apply_overrides(RunConfig, data, list(overrides or []))
+    data = _with_imports(apply_overrides(RunConfig, data, list(overrides or [])))
     return from_dict(RunConfig, data)

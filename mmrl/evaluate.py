@@ -13,59 +13,50 @@ from typing import Any
 
 from tqdm import tqdm
 
-from mmrl.config import PromptConfig
-from mmrl.media import MediaPreparer
-from mmrl.policy import Policy
-from mmrl.prompts import encode_prompt
-from mmrl.rollout import HFBackend, SamplingParams
+from mmrl.service import RolloutService
 from mmrl_common.errors import MediaError
 
 
 def evaluate(
-    policy: Policy, samples: Sequence[Any], *, prompt: PromptConfig, preparer: MediaPreparer,
-    max_new_tokens: int = 64, batch_size: int = 16, min_options: int = 0, desc: str = "eval",
-    stop: Sequence[str] = (),
-    skip_bad: bool = True, show_progress: bool = True,
+    service: RolloutService, samples: Sequence[Any], *, max_new_tokens: int = 64, batch_size: int = 16,
+    min_options: int = 0, desc: str = "eval", skip_bad: bool = True, show_progress: bool = True,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Greedy evaluation; returns ``(metrics, predictions)``. ``stop``: the training rollouts' stop strings,
-    so evaluation reads the same answer the rewards read."""
+    """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
+    evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``."""
     from rewards import get_reward
 
     accuracy = get_reward("accuracy")
-    backend = HFBackend(policy, max_batch=batch_size)
-    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop=list(stop))
     predictions: list[dict[str, Any]] = []
     skipped = 0
     bar = tqdm(total=len(samples), desc=desc, unit="q", disable=not show_progress, leave=False)
     for start in range(0, len(samples), batch_size):
         chunk = list(samples[start:start + batch_size])
-        seqs, kept = [], []
-        for s in chunk:
+        kept = []
+        for s in chunk:  # decode first, so one unreadable sample does not sink the batch
             try:
-                seqs.append(encode_prompt(policy, preparer, s, prompt)[0])
+                service.preparer.prepare(s)
                 kept.append(s)
             except MediaError:
                 if not skip_bad:
                     raise
                 skipped += 1
-        if seqs:
-            gens = backend.generate(seqs, n=1, params=params)
-            texts = [g[0].text for g in gens]
-            scores = accuracy(texts, **_columns(kept))
+        if kept:
+            texts = [a[0].text for a in service.generate(kept, max_new_tokens=max_new_tokens)]
+            scores = accuracy(texts, **reward_columns(kept))
             for s, text, score in zip(kept, texts, scores):
                 predictions.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
                                     "n_options": len(s.options or []), "answer": s.answer,
                                     "completion": text, "score": float(score or 0.0)})
-        policy.media.clear()  # this batch's pixel values are no longer needed
         bar.update(len(chunk))
     bar.close()
     return summarize(predictions, min_options=min_options, skipped=skipped), predictions
 
 
-def _columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
+def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
+    """The reward columns of a list of samples (TRL style: one list per field); built here only."""
     return {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
-            "options": [s.options for s in samples], "answer": [s.answer for s in samples],
-            "question": [s.question for s in samples], "meta": [s.meta for s in samples]}
+            "question": [s.question for s in samples], "options": [s.options for s in samples],
+            "answer": [s.answer for s in samples], "meta": [s.meta for s in samples]}
 
 
 def summarize(predictions: list[dict[str, Any]], *, min_options: int = 0, skipped: int = 0) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 A plug-in subclasses :class:`Callback`, registers under a name with :func:`register_plugin`, and is turned
 on by the run config (``plugins: {name: {settings}}``). The trainer calls every hook at a fixed point of
-the step, so curricula (switch data stage, reset the KL reference), reward shapers that need the whole
-group (temporal contrast, length bonuses), samplers' statistics and loggers all plug in here. Rewards,
+the step, so curricula (``trainer.set_stage``: switch the data pool, the rewards, the reference), reward
+shapers that need the whole group (temporal contrast, length bonuses) and loggers all plug in here. Rewards,
 samplers, environments, advantage estimators, losses and token shapers have registries of their own.
 """
 
@@ -12,16 +12,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from mmrl_common.registry import Registry
 
 if TYPE_CHECKING:
-    from mmrl.rollout import Episode
+    from mmrl.batch import RolloutBatch
     from mmrl.trainer import GRPOTrainer
 
 
 class Callback:
+    """Hooks at fixed points of every step, in this order (``batch`` is the step's
+    :class:`~mmrl.batch.RolloutBatch`; hooks may change it in place):
+
+    1. ``after_rollout(batch)`` -- completions, turns, environment info; no rewards yet;
+    2. ``after_rewards(batch)`` -- ``batch.rewards`` (total) and ``batch.reward_components``; change the totals
+       here for group-level shaping (they feed dynamic sampling and the advantages);
+    3. ``after_advantages(batch)`` -- ``batch.advantages``; set ``batch.seq_kl_weights``/``seq_loss_weights``
+       or ``extra`` fields here;
+    4. ``after_update(batch, stats)`` -- after the optimizer step(s);
+    5. ``on_step_end(step, stats)`` -- the step is counted; switch a curriculum stage here
+       (``trainer.set_stage``), entries added to ``stats`` are logged.
+
+    Hooks 1-2 run once per generation round (dynamic sampling may draw several rounds per step), 3-4 once
+    on the batch that trains. ``trainer.service`` is the rollout service for extra gradient-free passes.
+    ``state_dict`` must return plain data (numbers, strings, lists, dicts, tensors): it is saved with
+    every checkpoint and loaded without unpickling arbitrary objects.
+    """
+
     def __init__(self, trainer: GRPOTrainer, **settings: Any):
         self.trainer = trainer
         self.settings = settings
@@ -29,13 +45,20 @@ class Callback:
     def on_train_start(self) -> None:
         """Before the first step (also after a resume)."""
 
-    def on_rewards(self, episodes: list[Episode], rewards: torch.Tensor, components: dict[str, list[float]]
-                   ) -> torch.Tensor:
-        """Change the step's total rewards (one per episode, grouped by prompt); return them."""
-        return rewards
+    def after_rollout(self, batch: RolloutBatch) -> None:
+        """The round's rollouts, before rewards."""
+
+    def after_rewards(self, batch: RolloutBatch) -> None:
+        """The round's rewards are in ``batch.rewards`` / ``batch.reward_components``."""
+
+    def after_advantages(self, batch: RolloutBatch) -> None:
+        """``batch.advantages`` are set; token shaping and the update follow."""
+
+    def after_update(self, batch: RolloutBatch, stats: dict[str, Any]) -> None:
+        """After the optimizer step(s) of this batch."""
 
     def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
-        """After the optimizer step; may add entries to ``stats`` (they are logged)."""
+        """After the step; may add entries to ``stats`` (they are logged) or switch the stage."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -14,8 +14,9 @@ and entropies. Two things matter for speed and correctness:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mmrl_common.errors import MmrlError
+from mmrl_common.errors import MediaError, MmrlError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 TEXT, IMAGE, VIDEO = 0, 1, 2
@@ -90,6 +91,7 @@ class Generation:
     text: str
     logprobs: list[float]
     finished: bool  # ended on EOS or a stop string (not cut by max_new_tokens)
+    entropies: list[float] = field(default_factory=list)  # per token, when asked for
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -141,9 +143,11 @@ class Policy:
         self.family: str = model.config.model_type
         self.base = model.model  # the Qwen-VL base model: .visual, .language_model, get_rope_index
         self.media: dict[str, EncodedMedia] = {}
-        self.vision_calls = 0  # vision-tower forward calls, for tests and benchmarks
+        self._calls = _CallCounter()  # vision-tower forward calls, for tests and benchmarks
         self.share_vision_features = True
-        self.base.visual.register_forward_hook(self._count_vision_call)
+        # The hook holds a small counter, not this Policy: a copy of the model (the reference) must not
+        # drag a second Policy (processor, media) along.
+        self.base.visual.register_forward_hook(self._calls)
         params = inspect.signature(self.base.get_rope_index).parameters
         self._rope_takes_seconds = "second_per_grid_ts" in params
         tok = self.tokenizer
@@ -163,8 +167,34 @@ class Policy:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _count_vision_call(self, *_: Any) -> None:
-        self.vision_calls += 1
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        """Eval mode, gradient checkpointing off, no grad; the previous state comes back afterwards.
+
+        Generation with the model left in train mode and gradient checkpointing on drops the KV cache
+        and samples from a different distribution; every gradient-free pass goes through here.
+        """
+        model = self.model
+        was_training = model.training
+        checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+        if checkpointing:
+            model.gradient_checkpointing_disable()
+        model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            model.train(was_training)
+            if checkpointing:
+                model.gradient_checkpointing_enable()
+
+    @property
+    def vision_calls(self) -> int:
+        return self._calls.n
+
+    @vision_calls.setter
+    def vision_calls(self, value: int) -> None:
+        self._calls.n = value
 
     # ----------------------------------------------------------------------------------------- freezing
     def set_trainable(self, *, vision: bool = True, merger: bool = True, llm: bool = True) -> None:
@@ -200,8 +230,9 @@ class Policy:
         try:
             out = self.processor(**kwargs)
         except (ValueError, RuntimeError) as exc:
-            keys = ", ".join(m.key for m in media) or "(text only)"
-            raise MmrlError(f"the processor rejected a prompt with media {keys}: {exc}") from exc
+            # a media problem the user can skip (on_bad_sample: skip), named by its file
+            paths = ", ".join(m.key.split("|")[0].split(":", 1)[-1] for m in media) or "(text only)"
+            raise MediaError(paths, f"the processor rejected this media: {exc}") from exc
         ids = out["input_ids"][0].tolist()
         mm_types = out["mm_token_type_ids"][0].tolist() if "mm_token_type_ids" in out else [
             IMAGE if i == self.image_token_id else VIDEO if i == self.video_token_id else TEXT for i in ids]
@@ -230,12 +261,17 @@ class Policy:
                 offsets.append(offsets[-1] + int(g.prod()))
             seconds = out.get("second_per_grid_ts") if kind == "video" else None
             for i, item in enumerate(items):
-                if item.key in self.media:
+                pixels = out[pix_key][offsets[i]:offsets[i + 1]]
+                known = self.media.get(item.key)
+                if known is not None:
+                    if not (known.pixel_values.shape == pixels.shape and torch.equal(known.pixel_values, pixels)):
+                        raise MmrlError(
+                            f"media key {item.key!r} is already registered with different pixels; give each "
+                            "distinct image or video (a crop, a re-sampled clip) a key of its own")
                     continue
                 sec = float(seconds[i]) if seconds is not None else None
                 self.media[item.key] = EncodedMedia(
-                    key=item.key, kind=kind, pixel_values=out[pix_key][offsets[i]:offsets[i + 1]],
-                    grid_thw=grids[i].clone(), second_per_grid=sec)
+                    key=item.key, kind=kind, pixel_values=pixels, grid_thw=grids[i].clone(), second_per_grid=sec)
 
     def _media_order(self, ids: list[int], media: Sequence[MediaInput]) -> list[str]:
         """Media keys in placeholder order (images and videos interleaved as they appear in the text).
@@ -340,12 +376,14 @@ class Policy:
     # ---------------------------------------------------------------------------------------- forward
     def forward_logprobs(
         self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0, with_entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Per-token log-probabilities (and entropies) of each sequence's own tokens.
 
         Returns ``(logps, entropies, mask)``, each (B, L): entry ``t`` scores token ``t`` given tokens
         ``< t``; ``mask`` is the loss mask (1 on policy-produced tokens). Only masked positions are
         computed through the LM head (the rest are 0), which keeps memory flat for long prompts.
+        ``entropy_grad=False`` computes the entropies without a graph (for logging and shaping only).
         """
         batch = self.pad(seqs, left=False)
         position_ids = self.position_ids(batch, seqs)
@@ -366,7 +404,11 @@ class Policy:
         logps = logps.index_put((rows, cols), logp_all.gather(-1, targets[:, None]).squeeze(-1))
         entropies = None
         if with_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
+            if entropy_grad:
+                ent = -(logp_all.exp() * logp_all).sum(-1)
+            else:
+                with torch.no_grad():
+                    ent = -(logp_all.exp() * logp_all).sum(-1)
             entropies = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), ent)
         return logps, entropies, mask
 
@@ -375,7 +417,7 @@ class Policy:
     def generate(
         self, seqs: Sequence[TokenSeq], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
         top_k: int = 0, do_sample: bool = True, stop: Sequence[str] = (), num_return_sequences: int = 1,
-        with_logprobs: bool = True,
+        with_logprobs: bool = True, with_entropies: bool = False,
     ) -> list[list[Generation]]:
         """Sample continuations for each sequence (``num_return_sequences`` each), with their log-probs.
 
@@ -385,8 +427,9 @@ class Policy:
         """
         if not do_sample and num_return_sequences > 1:  # greedy: n equal copies (HF refuses n > 1 here)
             once = self.generate(seqs, max_new_tokens=max_new_tokens, do_sample=False, stop=stop,
-                                 with_logprobs=with_logprobs)
-            return [[replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
+                                 with_logprobs=with_logprobs, with_entropies=with_entropies)
+            return [[replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs),
+                             entropies=list(g[0].entropies))
                      for _ in range(num_return_sequences)] for g in once]
         from transformers import GenerationConfig
 
@@ -404,7 +447,7 @@ class Policy:
         gen = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=do_sample, num_return_sequences=num_return_sequences,
             eos_token_id=self.eos_ids, pad_token_id=fill, suppress_tokens=self.suppress_ids or None,
-            output_logits=with_logprobs, return_dict_in_generate=True, repetition_penalty=1.0,
+            output_logits=with_logprobs or with_entropies, return_dict_in_generate=True, repetition_penalty=1.0,
             encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
             min_new_tokens=0, renormalize_logits=False, **sampling,
             **({"stop_strings": list(stop)} if stop else {}))
@@ -418,11 +461,14 @@ class Policy:
         out = self.model.generate(**kwargs)
         prompt_len = batch["input_ids"].shape[1]
         new = out.sequences[:, prompt_len:].cpu()
-        logp = None
-        if with_logprobs:  # (B*n, T, V) float32: memory grows with length x vocabulary
+        logp = ent = None
+        if with_logprobs or with_entropies:  # (B*n, T, V) float32: memory grows with length x vocabulary
             logits = torch.stack(out.logits, dim=1).float()
             scale = temperature if do_sample else 1.0
-            logp = F.log_softmax(logits / scale, dim=-1).gather(-1, new.to(logits.device)[..., None]).squeeze(-1)
+            logp_all = F.log_softmax(logits / scale, dim=-1)
+            logp = logp_all.gather(-1, new.to(logits.device)[..., None]).squeeze(-1) if with_logprobs else None
+            ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropies else None
+            del logits, logp_all
         results: list[list[Generation]] = [[] for _ in seqs]
         for row in range(new.shape[0]):
             toks = new[row].tolist()
@@ -440,5 +486,15 @@ class Policy:
                 finished = True
             results[row // num_return_sequences].append(Generation(
                 token_ids=toks, text=text, logprobs=logp[row, :n].tolist() if logp is not None else [],
-                finished=finished))
+                finished=finished, entropies=ent[row, :n].tolist() if ent is not None else []))
         return results
+
+
+class _CallCounter:
+    """A forward hook that counts calls."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, *_: Any) -> None:
+        self.n += 1

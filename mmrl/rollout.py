@@ -26,6 +26,10 @@ class SamplingParams:
     top_k: int = 0
     stop: list[str] = field(default_factory=list)
     greedy: bool = False
+    logprobs: bool = False
+    """Keep the sampling log-probability of every generated token."""
+    entropies: bool = False
+    """Keep the entropy of the sampling distribution at every generated token."""
 
 
 class RolloutBackend(Protocol):
@@ -35,10 +39,11 @@ class RolloutBackend(Protocol):
 
 
 class HFBackend:
-    """Generation with ``transformers`` ``generate`` on the training model itself.
+    """Generation with ``transformers`` ``generate`` on the training model itself (in eval mode, gradient
+    checkpointing off, no grad: :meth:`Policy.inference`).
 
-    ``record_logprobs`` keeps the sampling log-probabilities on each generation (costs one float32
-    vocabulary row per generated token while generating; the trainer does not need them).
+    Log-probabilities and entropies are kept when ``params`` asks (or ``record_logprobs``); each costs one
+    float32 vocabulary row per generated token while generating, and the trainer does not need them.
     """
 
     def __init__(self, policy: Policy, max_batch: int = 64, record_logprobs: bool = False):
@@ -49,17 +54,13 @@ class HFBackend:
     def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: SamplingParams) -> list[list[Generation]]:
         out: list[list[Generation]] = []
         per_call = max(1, self.max_batch // max(1, n))
-        was_training = self.policy.model.training
-        self.policy.model.eval()
-        try:
+        with self.policy.inference():
             for start in range(0, len(seqs), per_call):
                 out.extend(self.policy.generate(
                     seqs[start:start + per_call], max_new_tokens=params.max_new_tokens,
                     temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                     do_sample=not params.greedy, stop=params.stop, num_return_sequences=n,
-                    with_logprobs=self.record_logprobs))
-        finally:
-            self.policy.model.train(was_training)
+                    with_logprobs=self.record_logprobs or params.logprobs, with_entropies=params.entropies))
         return out
 
 
@@ -114,6 +115,7 @@ class Episode:
     seq: TokenSeq
     turns: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # per loss-mask token, when the backend records them
+    entropies: list[float] = field(default_factory=list)  # per loss-mask token, when asked for
     finished: bool = False  # last turn ended on EOS/stop (not cut by max_new_tokens)
     env: Environment | None = None
 
@@ -198,4 +200,5 @@ def _append_turn(ep: Episode, g: Generation) -> None:
     ep.seq = ep.seq.extend(g.token_ids, trained=True)
     ep.turns.append(g.text)
     ep.logprobs.extend(g.logprobs)
+    ep.entropies.extend(g.entropies)
     ep.finished = g.finished

@@ -1,18 +1,22 @@
 """The GRPO training loop.
 
-One step: draw prompts (sampler) -> decode media -> roll out G episodes per prompt (HF generate or another
-backend; multi-turn through an environment) -> rewards (weighted registry rewards, overlong shaping,
-plug-in hooks) -> dynamic sampling (optional) -> advantages -> old/reference log-probs -> PPO-style
-update over micro-batches with exact gradient accumulation, for ``ppo_epochs`` passes -> sampler and
-plug-in updates, logging, evaluation and checkpoints on their schedules.
+One step (:meth:`GRPOTrainer.train_step` reads top to bottom): draw prompts -> roll out G episodes per
+prompt -> rewards -> (dynamic sampling: more rounds until enough informative groups) -> sampler feedback ->
+reference / old log-probs (KL in the reward) -> advantages -> token shaping -> update (mini-batches x PPO
+epochs, micro-batches with exact gradient accumulation; a non-finite loss or gradient skips the optimizer
+step) -> LR schedule. The step's sequences travel as one :class:`~mmrl.batch.RolloutBatch`; plug-ins see it
+at fixed points (:class:`~mmrl.plugins.Callback`). A curriculum switches the pool, the rewards, GRPO
+settings and the reference with :meth:`GRPOTrainer.set_stage`, saved and restored with the checkpoints.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mmrl.batch import RolloutBatch
 from mmrl.checkpoint import (
     latest_checkpoint,
+    load_reference,
     load_trainer_state,
     load_weights,
     save_checkpoint,
@@ -29,17 +35,19 @@ from mmrl.checkpoint import (
 )
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
-from mmrl.evaluate import evaluate
-from mmrl.grpo import compute_advantages, compute_policy_loss, global_counts, informative_groups
+from mmrl.evaluate import evaluate, reward_columns
+from mmrl.grpo import GroupAccumulator, compute_advantages, compute_policy_loss, global_counts
 from mmrl.grpo.filters import overlong_keep_mask, soft_overlong_penalty
 from mmrl.grpo.kl import kl_in_reward
+from mmrl.grpo.shaping import ShapingInput
 from mmrl.media import MediaPreparer
 from mmrl.plugins import build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
-from mmrl.rollout import Episode, SamplingParams, get_environment, make_backend, run_episodes
+from mmrl.rollout import SamplingParams, get_environment, make_backend, run_episodes
 from mmrl.run_log import RunLog
-from mmrl_common.errors import MediaError, MmrlError
+from mmrl.service import RolloutService
+from mmrl_common.errors import ConfigError, MediaError, MmrlError
 
 
 @dataclass
@@ -60,17 +68,9 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return fn
 
 
-def sample_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
-    """The reward columns of a list of samples (TRL style: one list per field)."""
-    return {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
-            "question": [s.question for s in samples], "options": [s.options for s in samples],
-            "answer": [s.answer for s in samples], "meta": [s.meta for s in samples]}
-
-
 class GRPOTrainer:
     def __init__(self, cfg: RunConfig, policy: Policy, train_samples: Sequence[Any], *, run_dir: Path,
                  eval_samples: Sequence[Any] = (), log: RunLog | None = None, show_progress: bool = True):
-        from data_pipelines.samplers import make_sampler
         from rewards import CombinedReward
 
         self.cfg = cfg
@@ -82,20 +82,28 @@ class GRPOTrainer:
         self.show_progress = show_progress
         self.step = 0
         self.skipped_samples = 0
+        self.skipped_updates = 0
         policy.share_vision_features = cfg.model.share_vision_features
         self.preparer = MediaPreparer(cfg.data.media, family=policy.family)
-        self.sampler = make_sampler(cfg.data.sampler, self.train_samples, seed=cfg.train.seed,
-                                    **cfg.data.sampler_kwargs)
-        self.rewards = CombinedReward([to_dict(r) for r in cfg.rewards])
         self.backend = make_backend(cfg.rollout.backend, policy)
-        self.params = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, stop=list(cfg.rollout.stop))
-        self.env_cls = get_environment(cfg.rollout.environment) if cfg.rollout.environment else None
+        self.service = RolloutService.from_config(policy, cfg, backend=self.backend, preparer=self.preparer)
+        r = cfg.rollout
+        self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                     top_k=r.top_k, stop=list(r.stop), logprobs=r.record_logprobs,
+                                     entropies=r.record_entropies)
+        self.env_cls = get_environment(r.environment) if r.environment else None
+        self._base_grpo = cfg.grpo
+        self._base_rewards = [to_dict(spec) for spec in cfg.rewards]
+        self.rewards = CombinedReward(self._base_rewards)
         self.shaper = cfg.grpo.build_shaper()
+        # the stage: the training pool (indices into train_samples), rewards and GRPO overrides
+        self.stage: dict[str, Any] = {"name": "default", "index": 0, "pool": None, "rewards": None, "grpo": None}
+        self.pool = list(range(len(self.train_samples)))
+        self.sampler = self._make_sampler()
         self.ref: Policy | None = None
+        self.ref_is_start = True  # the reference equals the run's starting model (not stored in checkpoints)
         if cfg.grpo.uses_reference:
-            self.ref = self._make_reference()
+            self.reset_reference()
         params = [p for p in policy.model.parameters() if p.requires_grad]
         if not params:
             raise MmrlError("nothing to train: model.freeze_vision, freeze_merger and freeze_llm are all on")
@@ -105,30 +113,149 @@ class GRPOTrainer:
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self)
 
-    # ------------------------------------------------------------------------------------ reference
-    def _make_reference(self) -> Policy:
-        ref_model = copy.deepcopy(self.policy.model).eval()
-        for p in ref_model.parameters():
-            p.requires_grad_(False)
-        ref = Policy(ref_model, self.policy.processor)
-        ref.media = self.policy.media  # same encoded media, same keys
-        ref.share_vision_features = self.policy.share_vision_features
-        return ref
+    # ------------------------------------------------------------------------------------ stages
+    def _make_sampler(self):
+        from data_pipelines.samplers import make_sampler
+
+        d = self.cfg.data
+        seed = self.cfg.train.seed + 1000 * int(self.stage["index"])
+        return make_sampler(d.sampler, [self.train_samples[i] for i in self.pool], seed=seed, **d.sampler_kwargs)
+
+    def set_stage(self, name: str, *, pool: Sequence[str] | Callable[[Any], bool] | None = None,
+                  rewards: Sequence[Any] | None = None, grpo: dict[str, Any] | None = None,
+                  reset_reference: bool = False) -> None:
+        """Switch the curriculum stage at a step boundary (call it from a plug-in's ``on_step_end``).
+
+        ``pool``: the training samples from now on, as sample ids or a predicate on samples (None: all);
+        ``rewards``: the reward entries (``{name, weight, kwargs, label}``) from now on (None: the run's);
+        ``grpo``: GRPO settings that differ from the run's (e.g. ``{"kl_coef": 0.01}``);
+        ``reset_reference``: make the KL reference a copy of the current policy (created if there is none).
+        The sampler starts afresh over the new pool. Everything is saved with the checkpoints and restored
+        on ``--resume``.
+        """
+        if callable(pool):
+            ids: list[str] | None = [s.id for s in self.train_samples if pool(s)]
+        else:
+            ids = None if pool is None else [str(i) for i in pool]
+        stage = {"name": str(name), "index": int(self.stage["index"]) + 1, "pool": ids,
+                 "rewards": [to_dict(r) if dataclasses.is_dataclass(r) else r for r in rewards]
+                 if rewards is not None else None,
+                 "grpo": dict(grpo) if grpo else None}
+        self._apply_stage(stage)
+        if reset_reference:
+            self.reset_reference()
+        tqdm.write(f"stage {stage['name']!r} from step {self.step}: {len(self.pool)} training samples")
+
+    def _apply_stage(self, stage: dict[str, Any]) -> None:
+        from rewards import CombinedReward
+
+        where = f"stage {stage['name']!r}"
+        if stage["pool"] is None:
+            pool = list(range(len(self.train_samples)))
+        else:
+            index = {s.id: i for i, s in enumerate(self.train_samples)}
+            missing = [i for i in stage["pool"] if i not in index]
+            if missing:
+                raise MmrlError(f"{where}: sample ids not in the training set: {', '.join(missing[:5])}")
+            pool = [index[i] for i in stage["pool"]]
+        if not pool:
+            raise MmrlError(f"{where}: the training pool is empty")
+        try:
+            grpo = dataclasses.replace(self._base_grpo, **(stage["grpo"] or {}))
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        combined = CombinedReward(stage["rewards"] if stage["rewards"] is not None else self._base_rewards,
+                                  where=f"{where} rewards")
+        self.stage, self.pool, self.rewards = stage, pool, combined
+        self.cfg.grpo = grpo
+        self.shaper = grpo.build_shaper()
+        self.sampler = self._make_sampler()
+        if grpo.uses_reference and self.ref is None:
+            self.reset_reference()
 
     def reset_reference(self) -> None:
-        """Make the KL reference a copy of the current policy (curricula call this between stages)."""
-        if self.ref is not None:
+        """Make the KL reference a copy of the current policy, creating it when there is none."""
+        if self.ref is None:
+            ref_model = copy.deepcopy(self.policy.model).eval()
+            for p in ref_model.parameters():
+                p.requires_grad_(False)
+            self.ref = Policy(ref_model, self.policy.processor)
+            self.ref.media = self.policy.media  # same encoded media, same keys
+            self.ref.share_vision_features = self.policy.share_vision_features
+        else:
             self.ref.model.load_state_dict(self.policy.model.state_dict())
+        self.ref_is_start = self.step == 0
 
-    # ------------------------------------------------------------------------------------ prompts
+    # ------------------------------------------------------------------------------------ one step
+    def train_step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
+        self.sampler.update(drawn)
+        stats.update(self.reward_metrics(drawn))
+        stats["time/rollout_s"] = time.perf_counter() - t0
+        if batch is not None:
+            self.reference_pass(batch)
+            self.compute_advantages(batch)
+            self.shape_tokens(batch)
+            stats.update(self.update(batch))
+            self._hook("after_update", batch, stats)
+        else:
+            stats["skipped_update"] = 1
+        with warnings.catch_warnings():  # a skipped update is not a misordered optimizer/scheduler call
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()  # the schedule follows the steps, skipped updates included
+        stats.update(self.step_metrics(drawn, batch))
+        stats["time/step_s"] = time.perf_counter() - t0
+        self._log_rollouts(batch if batch is not None else drawn)
+        self.policy.media.clear()
+        return stats
+
+    def _hook(self, name: str, *args: Any) -> None:
+        for plugin in self.plugins.values():
+            getattr(plugin, name)(*args)
+
+    # ------------------------------------------------------------------------------------ rollouts
+    def collect(self) -> tuple[RolloutBatch | None, RolloutBatch, dict[str, Any]]:
+        """``(batch to train on or None, every drawn group, stats)``. With dynamic sampling, rounds are
+        drawn until ``prompts_per_step`` informative groups or ``max_draws`` extra rounds."""
+        g, target = self.cfg.grpo, self.cfg.train.prompts_per_step
+        if not g.dynamic_sampling:
+            batch = self.rollout_round(target)
+            return batch, batch, {"groups_dropped": 0, "generation_rounds": 1}
+        acc: GroupAccumulator[tuple[RolloutBatch, list[int]]] = GroupAccumulator(
+            target_groups=target, max_draws=g.max_draws, tol=g.dynamic_sampling_tol)
+        rounds: list[RolloutBatch] = []
+        while acc.needs_more():
+            batch = self.rollout_round(target - len(acc.groups))
+            rounds.append(batch)
+            groups = list(batch.groups())
+            acc.add([(batch, rows) for rows in groups], [batch.rewards[rows] for rows in groups])
+        kept = [b.select(rows) for b, rows in acc.groups]
+        stats = {"groups_dropped": acc.dropped, "generation_rounds": acc.rounds}
+        return (RolloutBatch.concat(kept) if kept else None), RolloutBatch.concat(rounds), stats
+
+    def rollout_round(self, n_prompts: int) -> RolloutBatch:
+        """Draw ``n_prompts`` prompts, roll out G episodes each, score them."""
+        prompts = self.prepare(self.sampler.draw(n_prompts))
+        episodes = run_episodes(
+            self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
+            n=self.cfg.rollout.group_size, params=self.params, environment=self._environment(prompts),
+            max_turns=self.cfg.rollout.max_turns)
+        batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], self.cfg.rollout.group_size)
+        self._hook("after_rollout", batch)
+        self.score(batch)
+        self._hook("after_rewards", batch)
+        return batch
+
     def prepare(self, indices: Sequence[int]) -> list[PreparedPrompt]:
-        """Encode the drawn prompts; a bad sample is skipped and replaced when ``on_bad_sample: skip``."""
+        """Encode the drawn prompts; a bad sample (unreadable media, or media the processor rejects) is
+        skipped and replaced when ``on_bad_sample: skip``."""
         out: list[PreparedPrompt] = []
         queue = list(indices)
         attempts = 0
         while queue:
             i = queue.pop(0)
-            sample = self.train_samples[i]
+            sample = self.sampler.samples[i]
             try:
                 seq, media = encode_prompt(self.policy, self.preparer, sample, self.cfg.prompt)
             except MediaError as exc:
@@ -153,183 +280,202 @@ class GRPOTrainer:
         kwargs = self.cfg.rollout.environment_kwargs
         return lambda sample: self.env_cls(sample, by_id[id(sample)].media, **kwargs)
 
-    # ------------------------------------------------------------------------------------ rollouts
-    def rollout(self, prompts: list[PreparedPrompt]) -> list[Episode]:
-        return run_episodes(
-            self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
-            n=self.cfg.rollout.group_size, params=self.params, environment=self._environment(prompts),
-            max_turns=self.cfg.rollout.max_turns)
-
-    def score(self, episodes: list[Episode]) -> tuple[torch.Tensor, dict[str, list[float]]]:
-        samples = [ep.sample for ep in episodes]
-        columns: dict[str, Any] = sample_columns(samples)
-        columns["transcript"] = [ep.transcript for ep in episodes]
-        columns["env_info"] = [dict(ep.env.info) if ep.env is not None else {} for ep in episodes]
-        columns["trainer_state"] = {"step": self.step}
-        columns["policy"] = self.policy
-        result = self.rewards.compute([ep.completion for ep in episodes], columns)
+    def score(self, batch: RolloutBatch) -> None:
+        """``batch.rewards`` and ``batch.reward_components`` (plus the DAPO soft overlong penalty)."""
+        columns: dict[str, Any] = reward_columns(batch.samples)
+        columns["transcript"] = ["\n".join(t) for t in batch.turns]
+        columns["env_info"] = batch.env_info
+        columns["entropies"] = None if batch.entropies is None else [
+            batch.entropies[i][batch.loss_mask[i] > 0].tolist() for i in range(len(batch))]
+        columns["trainer_state"] = {"step": self.step, "stage": self.stage["name"]}
+        columns["rollout_service"] = self.service
+        columns["rollout_batch"] = batch
+        result = self.rewards.compute(batch.completions, columns)
         rewards = torch.tensor(result.total, dtype=torch.float32)
-        components = dict(result.components)
+        components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
         g = self.cfg.grpo
         if g.overlong_penalty:
-            lengths = torch.tensor([ep.response_length for ep in episodes])
-            pen = soft_overlong_penalty(lengths, g.max_response_length, g.overlong_cache, g.overlong_penalty_factor)
+            pen = soft_overlong_penalty(batch.response_length, g.max_response_length, g.overlong_cache,
+                                        g.overlong_penalty_factor)
             rewards = rewards + pen
-            components["overlong_penalty"] = pen.tolist()
-        for plugin in self.plugins.values():
-            rewards = plugin.on_rewards(episodes, rewards, components)
-        return rewards, components
+            components["overlong_penalty"] = pen
+        batch.rewards, batch.reward_components = rewards, components
 
-    # ------------------------------------------------------------------------------------ one step
-    def train_step(self) -> dict[str, Any]:
-        cfg, g = self.cfg, self.cfg.grpo
-        t0 = time.perf_counter()
-        G = cfg.rollout.group_size
-        target = cfg.train.prompts_per_step
-        episodes: list[Episode] = []
-        rewards_l: list[torch.Tensor] = []
-        components: dict[str, list[float]] = {}  # of the kept groups (rollouts log)
-        drawn_components: dict[str, list[float]] = {}  # of every drawn group (step metrics)
-        prompt_indices: list[int] = []
-        group_rewards: list[list[float]] = []  # every drawn group, kept or not (the sampler learns from all)
-        drawn_indices: list[int] = []
-        draws = dropped = 0
-        while True:
-            prompts = self.prepare(self.sampler.draw(target - len(prompt_indices) if g.dynamic_sampling else target))
-            eps = self.rollout(prompts)
-            rew, comp = self.score(eps)
-            for p, r in zip(prompts, rew.view(-1, G)):
-                drawn_indices.append(p.index)
-                group_rewards.append(r.tolist())
-            for k, v in comp.items():
-                drawn_components.setdefault(k, []).extend(v)
-            keep = informative_groups(rew, group_size=G, tol=g.dynamic_sampling_tol) if g.dynamic_sampling \
-                else torch.ones(len(prompts), dtype=torch.bool)
-            for gi, p in enumerate(prompts):
-                if not keep[gi]:
-                    dropped += 1
-                    continue
-                prompt_indices.append(p.index)
-                episodes.extend(eps[gi * G:(gi + 1) * G])
-                rewards_l.append(rew[gi * G:(gi + 1) * G])
-                for k, v in comp.items():
-                    components.setdefault(k, []).extend(v[gi * G:(gi + 1) * G])
-            draws += 1
-            if not g.dynamic_sampling or len(prompt_indices) >= target or draws > g.max_draws:
-                break
-        self.sampler.update(drawn_indices, group_rewards)
-        stats: dict[str, Any] = {"groups_dropped": dropped, "generation_rounds": draws}
-        t_roll = time.perf_counter()
-        if episodes:
-            stats.update(self._update(episodes, torch.cat(rewards_l)))
-        else:
-            stats["skipped_update"] = 1
-        all_rewards = [r for grp in group_rewards for r in grp]
-        stats["reward"] = sum(all_rewards) / max(1, len(all_rewards))
-        for k, v in drawn_components.items():
-            stats[f"reward/{k}"] = sum(v) / max(1, len(v))
-        if episodes:
-            lengths = [ep.response_length for ep in episodes]
-            stats["response_length"] = sum(lengths) / len(lengths)
-            stats["truncated_frac"] = sum(not ep.finished for ep in episodes) / len(episodes)
+    # ------------------------------------------------------------------------------------ before the update
+    def _minibatches(self, n: int) -> list[list[int]]:
+        size = self.cfg.grpo.ppo_mini_batch_size or n
+        return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+    def _chunks(self, rows: Sequence[int]) -> list[list[int]]:
+        mb = max(1, self.cfg.train.micro_batch_size)
+        rows = list(rows)
+        return [rows[i:i + mb] for i in range(0, len(rows), mb)]
+
+    def _logprobs(self, policy: Policy, batch: RolloutBatch, *, entropies: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(N, L) log-probs (and entropies) of the batch's tokens under ``policy``, gradient-free."""
+        logps = torch.zeros(len(batch), batch.width)
+        ents = torch.zeros(len(batch), batch.width) if entropies else None
+        with policy.inference():
+            for idx in self._chunks(range(len(batch))):
+                seqs, width = batch.micro_batch(idx)
+                lp, ent, _ = policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
+                                                     with_entropy=entropies)
+                logps[idx, :width] = lp.float().cpu()
+                if ents is not None:
+                    ents[idx, :width] = ent.float().cpu()
+        return logps, ents
+
+    def reference_pass(self, batch: RolloutBatch) -> None:
+        """Reference log-probs (when there is a reference), the pre-update policy's log-probs when the update
+        or the shaper needs them, and the KL folded into the reward (``kl_in_reward``)."""
+        g = self.cfg.grpo
+        needs = set(getattr(self.shaper, "requires", ()))
+        off_policy = g.ppo_epochs > 1 or len(self._minibatches(len(batch))) > 1
+        if self.ref is not None:
+            batch.ref_logprobs = self._logprobs(self.ref, batch)[0]
+        want_old = off_policy or "logprobs" in needs or (g.kl_in_reward and self.ref is not None)
+        want_ent = "entropies" in needs and batch.entropies is None
+        if want_old or want_ent:
+            old, ent = self._logprobs(self.policy, batch, entropies=want_ent)
+            batch.old_logprobs = old if want_old else None
+            if want_ent:
+                batch.entropies = ent
+        if g.kl_in_reward and self.ref is not None and g.kl_coef > 0:
+            new, seq_kl = kl_in_reward(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask,
+                                       g.kl_coef, g.kl_reward_estimator, clamp=g.kl_clamp)
+            batch.rewards = new
+            batch.reward_components["kl_penalty"] = -g.kl_coef * seq_kl
+            if not off_policy and "logprobs" not in needs:
+                batch.old_logprobs = None  # on-policy: the update uses its own detached log-probs
+
+    def compute_advantages(self, batch: RolloutBatch) -> None:
+        g = self.cfg.grpo
+        batch.advantages = compute_advantages(batch.rewards, group_index=batch.group_index,
+                                              estimator=g.advantage_estimator, eps=g.adv_eps)
+        if g.overlong_filter:
+            keep = overlong_keep_mask(batch.response_length, batch.finished, g.max_response_length)
+            batch.loss_mask = batch.loss_mask * keep[:, None].to(batch.loss_mask.dtype)
+        self._hook("after_advantages", batch)
+
+    def shape_tokens(self, batch: RolloutBatch) -> None:
+        """Run the token shaper once on the whole batch (its mask decides the step's token counts)."""
+        mask = batch.loss_mask
+        adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None] * mask
+        out = self.shaper(ShapingInput(
+            advantages=adv * mask, mask=mask, logp=batch.old_logprobs, old_logp=batch.old_logprobs,
+            entropies=batch.entropies, cfg=self.cfg.grpo, group_index=batch.group_index, rewards=batch.rewards,
+            components=batch.reward_components, extra=batch.extra, batch=batch))
+        batch.advantages = out.advantages
+        if out.mask is not None:
+            batch.loss_mask = out.mask.to(mask.dtype)
+        if out.weights is not None:
+            batch.token_loss_weights = batch.token_loss_weights * out.weights
+        if out.kl_weights is not None:
+            batch.token_kl_weights = batch.token_kl_weights * out.kl_weights
+
+    # ------------------------------------------------------------------------------------ the update
+    def update(self, batch: RolloutBatch) -> dict[str, Any]:
+        """``ppo_epochs`` passes over the batch's mini-batches, one optimizer step per mini-batch. A loss or
+        gradient norm that is not finite skips that optimizer step (counted in ``skipped_updates``)."""
+        g = self.cfg.grpo
+        minis = self._minibatches(len(batch))
+        trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.policy.model.train()
+        sums: dict[str, float] = {}
+        norms: list[float] = []
+        n_updates = g.ppo_epochs * len(minis)
+        for _epoch in range(g.ppo_epochs):
+            for mini in minis:
+                chunks = self._chunks(mini)
+                counts = global_counts([batch.tokens("loss_mask", idx, batch.micro_batch(idx)[1]) for idx in chunks])
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                for idx in chunks:
+                    finite = self._micro_step(batch, idx, counts, sums, n_updates) and finite
+                    if not finite:
+                        break
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, self.cfg.train.max_grad_norm)
+                if finite and bool(torch.isfinite(grad_norm)):
+                    self.optimizer.step()
+                    norms.append(float(grad_norm))
+                else:
+                    self.skipped_updates += 1
+                    tqdm.write(f"step {self.step + 1}: non-finite loss or gradient; optimizer step skipped "
+                               f"({self.skipped_updates} so far)")
+                self.optimizer.zero_grad(set_to_none=True)
+        stats: dict[str, Any] = dict(sums)
+        stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        stats["optimizer_steps"] = len(norms)
+        stats["skipped_updates"] = self.skipped_updates
+        adv = batch.advantages
+        seq_adv = adv if adv.dim() == 1 else (adv * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1).clamp(min=1)
+        stats["advantage_abs"] = float(seq_adv.abs().mean())
+        stats["reward_std"] = float(torch.stack([batch.rewards[rows].std(unbiased=False)
+                                                 for rows in batch.groups()]).mean())
+        return stats
+
+    def _micro_step(self, batch: RolloutBatch, idx: list[int], counts: Any, sums: dict[str, float],
+                    n_updates: int) -> bool:
+        g = self.cfg.grpo
+        seqs, width = batch.micro_batch(idx)
+        logp, ent, _ = self.policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
+                                                    with_entropy=True, entropy_grad=bool(g.entropy_coef))
+        dev = logp.device
+
+        def tok(name: str) -> torch.Tensor | None:
+            t = batch.tokens(name, idx, width)
+            return None if t is None else t.to(dev)
+
+        adv = batch.advantages
+        adv = adv[idx].to(dev) if adv.dim() == 1 else tok("advantages")
+        mask = tok("loss_mask")
+        loss, st = compute_policy_loss(
+            logp, tok("old_logprobs"), adv, mask, g, ref_logp=tok("ref_logprobs"), entropies=ent,
+            global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=tok("loss_weights"),
+            kl_weights=tok("kl_weights") if batch.ref_logprobs is not None else None)
+        if not bool(torch.isfinite(loss)):
+            return False
+        loss.backward()
+        weight = float(mask.sum()) / max(1.0, counts.tokens) / n_updates
+        for k, v in st.items():
+            if k != "n_tokens":
+                sums[k] = sums.get(k, 0.0) + float(v) * weight
+        return True
+
+    # ------------------------------------------------------------------------------------ logging
+    @staticmethod
+    def reward_metrics(drawn: RolloutBatch) -> dict[str, Any]:
+        """Mean reward and components over every drawn group (kept by dynamic sampling or not)."""
+        stats: dict[str, Any] = {"reward": float(drawn.rewards.mean())}
+        for k, v in drawn.reward_components.items():
+            stats[f"reward/{k}"] = float(v.mean())
+        return stats
+
+    def step_metrics(self, drawn: RolloutBatch, batch: RolloutBatch | None) -> dict[str, Any]:
+        stats: dict[str, Any] = {}
+        if batch is not None:
+            stats["response_length"] = float(batch.response_length.float().mean())
+            stats["truncated_frac"] = float((~batch.finished).float().mean())
         stats["lr"] = self.scheduler.get_last_lr()[0]
         stats["skipped_samples"] = self.skipped_samples
-        stats["time/rollout_s"] = t_roll - t0
-        stats["time/step_s"] = time.perf_counter() - t0
-        self._log_rollouts(episodes, components)
-        self.policy.media.clear()
         return stats
 
-    def _update(self, episodes: list[Episode], rewards: torch.Tensor) -> dict[str, Any]:
-        cfg, g = self.cfg, self.cfg.grpo
-        G = cfg.rollout.group_size
-        seqs = [ep.seq for ep in episodes]
-        mb = max(1, cfg.train.micro_batch_size)
-        chunks = [list(range(i, min(i + mb, len(seqs)))) for i in range(0, len(seqs), mb)]
-        stats: dict[str, Any] = {}
-
-        # reference log-probs (and KL folded into the reward, if so configured)
-        ref_logps: list[torch.Tensor | None] = [None] * len(chunks)
-        if self.ref is not None:
-            with torch.no_grad():
-                for ci, idx in enumerate(chunks):
-                    ref_logps[ci] = self.ref.forward_logprobs([seqs[i] for i in idx],
-                                                              temperature=cfg.rollout.temperature)[0]
-        if self.ref is not None and g.kl_in_reward:
-            with torch.no_grad():
-                kl_terms = []
-                for ci, idx in enumerate(chunks):
-                    lp, _, mask = self.policy.forward_logprobs([seqs[i] for i in idx],
-                                                               temperature=cfg.rollout.temperature)
-                    kl_terms.append(kl_in_reward(torch.zeros(len(idx), device=lp.device), lp, ref_logps[ci], mask,
-                                                 g.kl_coef, g.kl_estimator)[0].cpu())
-                rewards = rewards + torch.cat(kl_terms)
-
-        advantages = compute_advantages(rewards, group_size=G, estimator=g.advantage_estimator, eps=g.adv_eps)
-
-        masks = [self.policy.pad([seqs[i] for i in idx], left=False)["loss_mask"].clone() for idx in chunks]
-        if g.overlong_filter:
-            for ci, idx in enumerate(chunks):
-                lengths = torch.tensor([episodes[i].response_length for i in idx])
-                eos = torch.tensor([episodes[i].finished for i in idx])
-                keep = overlong_keep_mask(lengths, eos, g.max_response_length)
-                masks[ci] = masks[ci] * keep.to(masks[ci].device)[:, None]
-        for m in masks:
-            m[:, 0] = 0
-        counts = global_counts(masks)
-
-        old_logps: list[torch.Tensor | None] = [None] * len(chunks)
-        if g.ppo_epochs > 1:
-            with torch.no_grad():
-                for ci, idx in enumerate(chunks):
-                    old_logps[ci] = self.policy.forward_logprobs([seqs[i] for i in idx],
-                                                                 temperature=cfg.rollout.temperature)[0]
-
-        self.policy.model.train()
-        trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
-        sums: dict[str, float] = {}
-        for _epoch in range(g.ppo_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for ci, idx in enumerate(chunks):
-                logp, ent, _ = self.policy.forward_logprobs([seqs[i] for i in idx],
-                                                            temperature=cfg.rollout.temperature, with_entropy=True)
-                loss, st = compute_policy_loss(
-                    logp, old_logps[ci], advantages[idx].to(logp.device), masks[ci], g, ref_logp=ref_logps[ci],
-                    entropies=ent,
-                    global_tokens=counts.tokens, global_seqs=counts.seqs, shaper=self.shaper)
-                loss.backward()
-                weight = float(masks[ci].sum()) / max(1.0, counts.tokens)
-                for k, v in st.items():
-                    if k in ("n_tokens", "n_pg_tokens"):
-                        continue
-                    sums[k] = sums.get(k, 0.0) + float(v) * weight / g.ppo_epochs
-            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, self.cfg.train.max_grad_norm)
-            self.optimizer.step()
-        self.scheduler.step()
-        stats.update(sums)
-        stats["grad_norm"] = float(grad_norm)
-        stats["advantage_abs"] = float(advantages.abs().mean())
-        stats["reward_std"] = float(rewards.view(-1, G).std(dim=1, unbiased=False).mean())
-        self._last_advantages = advantages
-        return stats
-
-    def _log_rollouts(self, episodes: list[Episode], components: dict[str, list[float]]) -> None:
-        n = min(self.cfg.train.log_rollouts, len(episodes))
+    def _log_rollouts(self, batch: RolloutBatch) -> None:
+        n = min(self.cfg.train.log_rollouts, len(batch))
         if n <= 0:
             return
-        adv = getattr(self, "_last_advantages", None)
+        adv = batch.advantages
         records = []
         for i in range(n):
-            ep = episodes[i]
+            a = None if adv is None else float(adv[i] if adv.dim() == 1 else adv[i][batch.loss_mask[i] > 0].mean())
             records.append({
-                "id": ep.sample.id, "answer": ep.sample.answer, "turns": ep.turns,
-                "rewards": {k: v[i] for k, v in components.items()},
-                "advantage": float(adv[i]) if adv is not None and i < len(adv) else None,
-                "response_length": ep.response_length,
+                "id": batch.samples[i].id, "answer": batch.samples[i].answer, "turns": batch.turns[i],
+                "rewards": {k: float(v[i]) for k, v in batch.reward_components.items()},
+                "advantage": a, "response_length": int(batch.response_length[i]),
             })
         self.log.rollouts("rl", self.step + 1, records)  # the step being taken (metrics use the same number)
 
-    # ------------------------------------------------------------------------------------ loop
     def _summary_line(self, stats: dict[str, Any]) -> str:
         parts = [f"step {self.step}/{self.cfg.train.steps}", f"reward {stats['reward']:.3f}"]
         for key, label in (("reward/accuracy", "acc"), ("reward/format", "format"), ("response_length", "len"),
@@ -339,11 +485,13 @@ class GRPOTrainer:
                 parts.append(f"{label} {stats[key]:.3f}" if key != "response_length" else f"{label} {stats[key]:.1f}")
         return "  ".join(parts)
 
+    # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "skipped_samples": self.skipped_samples,
-                "plugins": {k: p.state_dict() for k, p in self.plugins.items()},
-                "ref": self.ref.model.state_dict() if self.ref is not None else None}
+                "skipped_updates": self.skipped_updates, "stage": self.stage,
+                "reference": None if self.ref is None else ("start" if self.ref_is_start else "stored"),
+                "plugins": {k: p.state_dict() for k, p in self.plugins.items()}}
 
     def resume(self) -> bool:
         """Load the latest checkpoint of this run, if there is one; True when resumed."""
@@ -352,33 +500,41 @@ class GRPOTrainer:
             self.log.truncate_after("rl", 0)  # a run killed before its first checkpoint starts RL afresh
             return False
         state = load_trainer_state(ckpt)
+        # the stage and the reference first: a reference equal to the starting model is copied from the
+        # policy before the checkpoint's weights replace them
+        if state.get("stage") and state["stage"]["index"] > 0:
+            self._apply_stage(state["stage"])
+        if state.get("reference") and self.ref is None:
+            self.reset_reference()
+        if state.get("reference") == "stored":
+            load_reference(self.ref.model, ckpt)
+        self.ref_is_start = state.get("reference") != "stored"
+        self.step = int(state["step"])
         load_weights(self.policy.model, ckpt)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_samples = state.get("skipped_samples", 0)
+        self.skipped_updates = state.get("skipped_updates", 0)
         for k, p in self.plugins.items():
             p.load_state_dict(state.get("plugins", {}).get(k, {}))
-        if self.ref is not None and state.get("ref") is not None:
-            self.ref.model.load_state_dict(state["ref"])
-        self.step = int(state["step"])
         set_rng_state(state["rng"])
         self.log.truncate_after("rl", self.step)
         tqdm.write(f"resumed from {ckpt} (step {self.step})")
         return True
 
     def save(self) -> Path:
+        ref = self.ref.model if self.ref is not None and not self.ref_is_start else None
         return save_checkpoint(self.run_dir, self.step, self.policy.model, self.policy.processor,
-                               self.state_dict(), keep=self.cfg.train.keep_checkpoints)
+                               self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref)
 
+    # ------------------------------------------------------------------------------------ loop
     def run_eval(self, tag: str) -> dict[str, Any]:
         metrics, _ = evaluate(
-            self.policy, self.eval_samples, prompt=self.cfg.prompt, preparer=self.preparer,
+            self.service, self.eval_samples,
             max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
             batch_size=self.cfg.eval.batch_size, min_options=self.cfg.eval.min_options, desc=tag,
-            stop=self.cfg.rollout.stop,
             show_progress=self.show_progress)
-        self.policy.media.clear()
         return metrics
 
     def train(self) -> None:
@@ -395,6 +551,7 @@ class GRPOTrainer:
             if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps and self.eval_samples:
                 ev = self.run_eval(f"eval@{self.step}")
                 stats["eval/accuracy"] = ev["accuracy"]
+            stats["curriculum_stage"] = self.stage["name"]
             self.log.metrics("rl", self.step, stats)
             bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats.get('reward/accuracy', float('nan')):.2f}",
                             len=f"{stats.get('response_length', 0):.0f}")

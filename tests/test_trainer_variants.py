@@ -106,9 +106,18 @@ class RewardBonus(Callback):
     def on_train_start(self) -> None:
         RewardBonus.calls.append("start")
 
-    def on_rewards(self, episodes, rewards, components):
+    def after_rollout(self, batch) -> None:
+        RewardBonus.calls.append("rollout")
+
+    def after_rewards(self, batch) -> None:
         RewardBonus.calls.append("rewards")
-        return rewards + self.settings["bonus"]
+        batch.rewards = batch.rewards + self.settings["bonus"]
+
+    def after_advantages(self, batch) -> None:
+        RewardBonus.calls.append("advantages")
+
+    def after_update(self, batch, stats) -> None:
+        RewardBonus.calls.append("update")
 
     def on_step_end(self, step, stats) -> None:
         stats["plugin_step"] = step
@@ -117,7 +126,7 @@ class RewardBonus(Callback):
 def test_plugin_callback_hooks(tmp_path: Path) -> None:
     RewardBonus.calls.clear()
     rows = run(tmp_path, "plugins={test_reward_bonus: {bonus: 10.0}}")
-    assert RewardBonus.calls[0] == "start" and RewardBonus.calls.count("rewards") == 2
+    assert RewardBonus.calls == ["start"] + ["rollout", "rewards", "advantages", "update"] * 2
     assert all(r["reward"] >= 10.0 for r in rows)
     assert [r["plugin_step"] for r in rows] == [1, 2]
 
@@ -178,8 +187,8 @@ def test_evaluation_releases_media_after_each_batch(tmp_path: Path) -> None:
     from data_pipelines.loaders import load_samples
     from data_pipelines.toy import make_toy
     from mmrl.evaluate import evaluate
-    from mmrl.media import MediaPreparer
     from mmrl.policy import load_policy
+    from mmrl.service import RolloutService
     from mmrl.tiny_models import ensure_tiny
 
     toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
@@ -194,6 +203,7 @@ def test_evaluation_releases_media_after_each_batch(tmp_path: Path) -> None:
         return original(*args, **kwargs)
 
     policy.generate = spy
-    metrics, _ = evaluate(policy, samples, prompt=cfg.prompt, preparer=MediaPreparer(cfg.data.media),
-                          max_new_tokens=4, batch_size=2, show_progress=False, stop=["</answer>"])
+    cfg.rollout.stop = ["</answer>"]
+    metrics, _ = evaluate(RolloutService.from_config(policy, cfg), samples, max_new_tokens=4, batch_size=2,
+                          show_progress=False)
     assert metrics["n_total"] == 4 and seen == [2, 2] and len(policy.media) == 0

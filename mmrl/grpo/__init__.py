@@ -24,7 +24,7 @@ from .aggregate import (
     global_counts,
     register_aggregation,
 )
-from .config import GRPOConfig, compute_policy_loss
+from .config import GRPOConfig
 from .filters import (
     GroupAccumulator,
     accumulate_groups,
@@ -42,6 +42,7 @@ from .losses import (
     register_policy_loss,
     sequence_log_ratio,
 )
+from .policy_loss import compute_policy_loss
 from .shaping import (
     ShapingInput,
     ShapingOutput,

@@ -19,7 +19,7 @@ Estimators (registered by name; add your own with :func:`register_advantage`):
 
 Groups of size 1 have no baseline: every estimator gives them advantage 0 (verl instead passes the raw
 reward through; we prefer 0 so that a lone survivor of filtering cannot inject an un-centred signal).
-A group whose rewards are all equal gets 0 under every estimator.
+A group whose rewards are all equal gets exactly 0 under every estimator (computed in float64, and set to 0).
 """
 
 from __future__ import annotations
@@ -139,12 +139,20 @@ def compute_advantages(
     rewards = torch.as_tensor(rewards).detach()
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be a flat (N,) tensor, got shape {tuple(rewards.shape)}")
-    rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    out_dtype = torch.promote_types(rewards.dtype, torch.float32)
     if rewards.numel() == 0:
-        return rewards.clone()
+        return rewards.to(out_dtype).clone()
+    # float64 inside: the float32 mean of equal values can be one ulp off, and a 1e-6 epsilon does not
+    # swamp the resulting tiny std (1.2 x 8 gave +0.106 on every member); all-equal groups are set to 0.
+    r64 = rewards.to(torch.float64)
     inverse = group_inverse(rewards.numel(), group_size=group_size, group_index=group_index,
                             device=rewards.device)
-    return fn(rewards, group_stats(rewards, inverse), eps)
+    adv = fn(r64, group_stats(r64, inverse), eps)
+    n_groups = int(inverse.max()) + 1
+    hi = torch.full((n_groups,), -torch.inf, dtype=r64.dtype, device=r64.device).scatter_reduce(0, inverse, r64, "amax")
+    lo = torch.full((n_groups,), torch.inf, dtype=r64.dtype, device=r64.device).scatter_reduce(0, inverse, r64, "amin")
+    adv = torch.where((hi == lo)[inverse], torch.zeros_like(adv), adv)
+    return adv.to(out_dtype)
 
 
 def broadcast_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:

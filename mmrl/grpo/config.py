@@ -1,4 +1,4 @@
-"""``GRPOConfig`` (every knob of the GRPO update) and :func:`compute_policy_loss`, the glue.
+"""``GRPOConfig``: every knob of the GRPO update (the loss is assembled in :mod:`mmrl.grpo.policy_loss`).
 
 Defaults and why:
 
@@ -15,7 +15,8 @@ Defaults and why:
 * ``kl_estimator="k3"``, ``kl_coef=0.0`` -- KL is off by default (DAPO, Dr. GRPO, GSPO, Lite PPO drop it and
   it saves the reference model); when turned on, k3 is the GRPO / verl recommendation (e.g. 0.001-0.04).
 * ``ppo_epochs=1`` -- one pass per rollout batch (TRL, Lite PPO); then ratio = 1 and clipping is inert unless
-  the batch is split into several optimizer mini-batches.
+  the batch is split into several optimizer mini-batches (``ppo_mini_batch_size``, as verl and EasyR1).
+* ``kl_reward_estimator="k1"`` -- the KL folded into the reward (``kl_in_reward``) has its own estimator.
 * ``dynamic_sampling=False``, ``max_draws=9`` -- DAPO recipe's 10 generation batches = the first + 9 extra.
 * ``overlong_filter=False``, ``overlong_penalty=False`` -- off as in most DAPO runs; the penalty needs
   ``max_response_length`` (L_max) and ``overlong_cache`` (L_cache; DAPO 4096 of 20480).
@@ -28,16 +29,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import Tensor
-
 from mmrl_common.errors import ConfigError
 
-from ._util import masked_mean
-from .advantages import broadcast_to_tokens, get_advantage
-from .aggregate import aggregate, get_aggregation
-from .kl import get_kl, kl_penalty
+from .advantages import get_advantage
+from .aggregate import get_aggregation
+from .kl import get_kl
 from .losses import get_policy_loss
-from .shaping import ShapingInput, TokenShaper, build_shaper, get_shaper
+from .shaping import TokenShaper, build_shaper, get_shaper
 
 
 @dataclass
@@ -59,11 +57,16 @@ class GRPOConfig:
     kl_estimator: str = "k3"
     kl_coef: float = 0.0
     kl_in_reward: bool = False
+    kl_reward_estimator: str = "k1"
+    """The estimator of the KL folded into the reward (``kl_in_reward``): k1, as classic RLHF-PPO and verl."""
     kl_clamp: float | None = None
     # entropy bonus (subtracted from the loss)
     entropy_coef: float = 0.0
     # optimisation
     ppo_epochs: int = 1
+    ppo_mini_batch_size: int | None = None
+    """Sequences per optimizer step within one rollout batch (verl/EasyR1 ``ppo_mini_batch_size``); the batch
+    is split into mini-batches and each epoch takes one optimizer step per mini-batch. None: the whole batch."""
     # DAPO filters
     dynamic_sampling: bool = False
     dynamic_sampling_tol: float = 1e-6
@@ -84,6 +87,7 @@ class GRPOConfig:
         get_policy_loss(self.policy_loss)
         get_aggregation(self.loss_agg)
         get_kl(self.kl_estimator)
+        get_kl(self.kl_reward_estimator)
         get_shaper(self.shaper)
 
         def bad(key: str, why: str) -> ConfigError:
@@ -101,6 +105,8 @@ class GRPOConfig:
             raise bad("kl_clamp", "must be > 0 or null")
         if self.ppo_epochs < 1:
             raise bad("ppo_epochs", "must be >= 1")
+        if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
+            raise bad("ppo_mini_batch_size", "must be >= 1 or null (the whole batch)")
         if self.max_draws < 0:
             raise bad("max_draws", "must be >= 0")
         if self.max_response_length is not None and self.max_response_length < 1:
@@ -148,75 +154,4 @@ class GRPOConfig:
         return build_shaper(self.shaper, **self.shaper_kwargs)
 
 
-def compute_policy_loss(
-    logp: Tensor,
-    old_logp: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    cfg: GRPOConfig,
-    *,
-    ref_logp: Tensor | None = None,
-    entropies: Tensor | None = None,
-    global_tokens: Tensor | float | None = None,
-    global_seqs: Tensor | float | None = None,
-    shaper: TokenShaper | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Scalar loss for one (micro-)batch and detached stats.
-
-    ``logp``/``old_logp``/``ref_logp``/``entropies``/``mask``: ``(B, T)`` over response tokens;
-    ``old_logp=None`` means on-policy (``logp.detach()``). ``advantages``: ``(B,)`` or ``(B, T)``, computed
-    earlier from rewards. ``global_tokens``/``global_seqs``: the step's totals for exact gradient
-    accumulation (:mod:`mmrl.grpo.aggregate`); default: this batch's own counts. ``shaper``: a stateful
-    shaper instance to reuse; default: ``cfg.build_shaper()``.
-
-    ``loss = agg(w * pg_loss, shaped mask) + kl_coef * agg(k(logp, ref), mask) - entropy_coef * agg(H, mask)``;
-    the KL term is skipped when ``kl_in_reward`` (it was folded into the rewards) or ``kl_coef == 0``.
-    """
-    mask = mask.to(logp.dtype)
-    old = logp.detach() if old_logp is None else old_logp.detach()
-    adv = broadcast_to_tokens(advantages.detach().to(logp.dtype), mask)
-
-    def agg(x: Tensor, m: Tensor) -> Tensor:
-        return aggregate(x, m, cfg.loss_agg, global_tokens=global_tokens, global_seqs=global_seqs,
-                         norm_const=cfg.norm_const)
-
-    shaper = shaper if shaper is not None else cfg.build_shaper()
-    shaped = shaper(ShapingInput(advantages=adv, mask=mask, logp=logp, old_logp=old, entropies=entropies, cfg=cfg))
-    pg_mask = mask if shaped.mask is None else shaped.mask.to(logp.dtype)
-    out = get_policy_loss(cfg.policy_loss)(logp, old, shaped.advantages, pg_mask, cfg)
-    if out.loss.shape != logp.shape:
-        raise ValueError(f"policy loss {cfg.policy_loss!r} returned shape {tuple(out.loss.shape)}, "
-                         f"expected per-token {tuple(logp.shape)}")
-    pg_tok = out.loss if shaped.weights is None else out.loss * shaped.weights.to(logp.dtype)
-    pg_loss = agg(pg_tok, pg_mask)
-    loss = pg_loss
-
-    stats: dict[str, Tensor] = {f"pg/{k}": v.detach() for k, v in out.stats.items()}
-    stats["pg_loss"] = pg_loss.detach()
-    stats["n_tokens"] = mask.sum().detach()
-    stats["n_pg_tokens"] = pg_mask.sum().detach()
-    stats["advantage_mean"] = masked_mean(adv, mask).detach()
-
-    if ref_logp is not None:
-        kl_tok = kl_penalty(logp, ref_logp, cfg.kl_estimator, clamp=cfg.kl_clamp, mask=mask)
-        stats["kl"] = masked_mean(kl_tok, mask).detach()
-        if cfg.kl_coef > 0 and not cfg.kl_in_reward:
-            kl_loss = agg(kl_tok, mask)
-            loss = loss + cfg.kl_coef * kl_loss
-            stats["kl_loss"] = kl_loss.detach()
-    elif cfg.kl_coef > 0 and not cfg.kl_in_reward and cfg.kl_estimator != "none":
-        raise ValueError("kl_coef > 0 with the KL as a loss term needs ref_logp")
-
-    if entropies is not None:
-        stats["entropy"] = masked_mean(entropies.detach(), mask)
-        if cfg.entropy_coef:
-            ent_loss = agg(entropies.to(logp.dtype), mask)
-            loss = loss - cfg.entropy_coef * ent_loss
-    elif cfg.entropy_coef:
-        raise ValueError("entropy_coef != 0 needs per-token entropies")
-
-    stats["loss"] = loss.detach()
-    return loss, stats
-
-
-__all__ = ["GRPOConfig", "compute_policy_loss"]
+__all__ = ["GRPOConfig"]

@@ -1,26 +1,30 @@
-"""Extension point: per-token advantage / weight / mask shaping before the policy loss.
+"""Extension point: per-token advantage / weight / mask / KL-weight shaping before the policy loss.
 
-A :class:`TokenShaper` receives a :class:`ShapingInput` (per-token advantages, mask, current and old
-log-probs, optional token entropies of the current policy, and the config) and returns a
-:class:`ShapingOutput`:
+A :class:`TokenShaper` runs **once per step on the whole rollout batch**, after the advantages and before
+the update. It receives a :class:`ShapingInput` (per-token advantages, mask, the pre-update log-probs and
+entropies when it asks for them, the group ids, rewards and reward components, the batch's extra fields and
+the config) and returns a :class:`ShapingOutput`:
 
-* ``advantages`` ``(B, T)`` -- replaces the advantages fed to the policy loss (e.g. ARES entropy shaping);
-* ``weights`` ``(B, T)`` -- multiplies the per-token policy loss, normalisation unchanged;
-* ``mask`` ``(B, T)`` -- the loss mask used for the policy loss *and its aggregation denominators* (so a
-  shaper that drops tokens changes what ``token-mean`` divides by; when you pass global counts, compute
-  them after shaping). The KL and entropy terms keep the original mask.
+* ``advantages`` ``(N, L)`` -- replaces the advantages fed to the policy loss (e.g. ARES entropy shaping);
+* ``weights`` ``(N, L)`` -- multiplies the per-token policy loss, normalisation unchanged;
+* ``mask`` ``(N, L)`` -- the tokens the policy-gradient term trains on. The step's token and sequence
+  counts (the aggregation denominators) are taken after shaping, so the loss normalises by the tokens the
+  shaper kept, exactly, however the batch is split into micro-batches;
+* ``kl_weights`` ``(N, L)`` -- multiplies the per-token KL term (a per-token KL coefficient).
 
-Register a factory with :func:`register_shaper`; :func:`build_shaper` calls it with ``cfg.shaper_kwargs``.
-Shipped: ``none`` (identity) and ``top_entropy`` (Beyond the 80/20 rule, arXiv 2506.01939: keep the policy
-gradient only on the top-rho fraction of response tokens by entropy, ``k = ceil(rho * #valid tokens)`` over
-the tokens given -- the authors' code does this per micro-batch and normalises by the selected tokens).
+A shaper that needs the pre-update policy's per-token entropies or log-probs says so with a class attribute
+``requires = ("entropies",)`` (or ``"logprobs"``); the trainer then computes them in one gradient-free
+pass. Register a factory with :func:`register_shaper`; :func:`build_shaper` calls it with
+``cfg.shaper_kwargs``. Shipped: ``none`` (identity) and ``top_entropy`` (Beyond the 80/20 rule, arXiv
+2506.01939: keep the policy gradient only on the top-rho fraction of response tokens by entropy,
+``k = ceil(rho * #valid tokens)`` over the step's tokens; the authors' code selects per micro-batch).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -34,12 +38,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class ShapingInput:
-    advantages: Tensor  # (B, T) per-token, zero outside mask
-    mask: Tensor  # (B, T) float
-    logp: Tensor  # (B, T) current policy (may carry grad: shapers should use it detached)
-    old_logp: Tensor  # (B, T)
-    entropies: Tensor | None = None  # (B, T) per-token entropy of the current policy, if computed
+    advantages: Tensor  # (N, L) per-token, zero outside mask
+    mask: Tensor  # (N, L) float
+    logp: Tensor | None = None  # (N, L) pre-update policy log-probs, when the shaper requires them
+    old_logp: Tensor | None = None  # (N, L) behaviour policy log-probs (equal to logp on-policy)
+    entropies: Tensor | None = None  # (N, L) per-token entropy of the pre-update policy, when required
     cfg: GRPOConfig | None = None
+    group_index: Tensor | None = None  # (N,) long, 0..n_groups-1
+    rewards: Tensor | None = None  # (N,) total rewards
+    components: dict[str, Tensor] = field(default_factory=dict)  # (N,) each, unweighted
+    extra: dict[str, Any] = field(default_factory=dict)  # the batch's per-sequence method fields
+    batch: Any = None  # the whole mmrl.batch.RolloutBatch, for anything else
 
 
 @dataclass
@@ -47,9 +56,12 @@ class ShapingOutput:
     advantages: Tensor
     weights: Tensor | None = None
     mask: Tensor | None = None
+    kl_weights: Tensor | None = None
 
 
 class TokenShaper(Protocol):
+    requires: tuple[str, ...]
+
     def __call__(self, inp: ShapingInput) -> ShapingOutput: ...
 
 
@@ -74,6 +86,8 @@ def build_shaper(name: str, **kwargs: Any) -> TokenShaper:
 class IdentityShaper:
     """No-op."""
 
+    requires: tuple[str, ...] = ()
+
     def __call__(self, inp: ShapingInput) -> ShapingOutput:
         return ShapingOutput(advantages=inp.advantages)
 
@@ -81,6 +95,8 @@ class IdentityShaper:
 @register_shaper("top_entropy")
 class TopEntropyShaper:
     """Keep only the ``ceil(rho * n_valid)`` highest-entropy valid tokens in the loss mask (ties: arbitrary)."""
+
+    requires: tuple[str, ...] = ("entropies",)
 
     def __init__(self, rho: float = 0.2) -> None:
         if not 0.0 < rho <= 1.0:
