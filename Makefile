@@ -22,10 +22,10 @@ test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup tests
 
 bench: setup
-	$(PY) -m benchmarks
+	$(PY) -m perf
 
 lint: setup
-	$(VENV)/bin/ruff check mmrl mmrl_common vision video rewards data_pipelines tests benchmarks
+	$(VENV)/bin/ruff check mmrl mmrl_common vision video rewards data_pipelines tests perf
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--reps N] [--only step|rollout]``: print a table of timings."""
+"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build]``: print tables of timings."""
 
 from __future__ import annotations
 
@@ -109,12 +109,51 @@ def bench_rollout(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
     return _compare(policy, {"shared": shared, "per-sequence": repeated}, reps)
 
 
+def bench_build(root: Path, reps: int) -> list[tuple[str, float]]:
+    """Median seconds to build the small toy world and a tiny model of each family, each into a new folder."""
+    from data_pipelines.toy import make_toy
+    from mmrl.tiny_models import FAMILIES, make_tiny
+
+    builds: dict[str, Callable[[Path], object]] = {
+        "toy world, size small (make_toy)": lambda out: make_toy(out, seed=0, size="small", progress=False),
+    }
+    for family in FAMILIES:
+        builds[f"tiny model {family} (make_tiny)"] = lambda out, family=family: make_tiny(family, out, seed=0)
+    rows = []
+    for i, (name, build) in enumerate(builds.items()):
+        build(root / f"warm-up-{i}")  # imports and first-call caches are not part of the figure
+        seconds = []
+        for r in range(reps):
+            t0 = time.perf_counter()
+            build(root / f"build-{i}-{r}")
+            seconds.append(time.perf_counter() - t0)
+        rows.append((name, statistics.median(seconds)))
+    return rows
+
+
+def _print_builds(rows: list[tuple[str, float]], reps: int) -> None:
+    head = f"{'build':<52} {'seconds':>11}"
+    print(f"builds: median of {reps} after one warm-up build, each into a new folder\n")
+    print(head)
+    print("-" * len(head))
+    for name, seconds in rows:
+        print(f"{name:<52} {seconds:>11.2f}")
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout"], default=None)
+    parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
+    parser.add_argument("--only", choices=["step", "rollout", "build"], default=None)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="mmrl-bench-") as tmp:
+    if args.only in (None, "build"):
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-build-") as tmp:
+            _print_builds(bench_build(Path(tmp), args.build_reps), args.build_reps)
+        sys.stdout.flush()
+    if args.only == "build":
+        return 0
+    with tempfile.TemporaryDirectory(prefix="mmrl-perf-") as tmp:
         t0 = time.perf_counter()
         policy, prompts, grid = _setup(Path(tmp))
         print(f"model: tiny {FAMILY}, {sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f}M parameters; "
