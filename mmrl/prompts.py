@@ -44,7 +44,7 @@ def register_template(name: str, text: str) -> None:
     TEMPLATES.add(name, text)
 
 
-def _format_fields(text: str) -> set[str] | None:
+def format_fields(text: str) -> set[str] | None:
     """Field names of format string ``text``; None when it does not parse (unbalanced braces)."""
     try:
         return {field for _, field, _, _ in string.Formatter().parse(text) if field is not None}
@@ -60,7 +60,7 @@ def resolve_template(template: str) -> str:
     if text is not None:
         return text
     if isinstance(template, str) and "{" in template:
-        fields = _format_fields(template)
+        fields = format_fields(template)
         if fields is None:
             raise ConfigError(f"prompt.template: {template!r} is not a valid format string (unbalanced "
                               "braces; write a literal brace as {{ or }})")

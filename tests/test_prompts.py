@@ -62,3 +62,15 @@ def test_register_template_makes_a_new_name_valid():
         TEMPLATES.unregister("test_terse")
     with pytest.raises(ConfigError, match="unknown prompt template 'test_terse'"):
         text("test_terse")
+
+
+def test_benchmark_prompt_template_typo_is_an_error_too():
+    from mmrl.benchmarks_eval.protocols import build_prompt, make_protocol
+
+    with pytest.raises(ConfigError, match=r"--prompt-template: unknown template 'direkt'; did you mean 'direct'\? "
+                                          r"valid: official, direct, reasoning"):
+        make_protocol("mvbench", template="direkt")
+    _, user, _ = build_prompt(SAMPLE, make_protocol("mvbench", template="Q: {question}"))
+    assert user == "Q: Which way does it move?"
+    _, user, _ = build_prompt(SAMPLE, make_protocol("mvbench", template="direct"))
+    assert user.startswith("Which way does it move?\nA. left\nB. right\n")

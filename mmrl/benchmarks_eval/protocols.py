@@ -18,8 +18,25 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mmrl.prompts import instruction
+from mmrl.prompts import format_fields, instruction
 from mmrl_common.errors import ConfigError
+from mmrl_common.registry import did_you_mean
+
+TEMPLATES = ("official", "direct", "reasoning")
+"""The built-in ``--prompt-template`` names; any other value must be a format string with ``{question}``."""
+
+
+def check_template(template: str) -> str:
+    """``template`` when it is a built-in name or a format string with ``{question}``; otherwise (a typo of
+    a name) a :class:`ConfigError` naming the nearest name, so the typo never becomes the prompt."""
+    if template in TEMPLATES:
+        return template
+    fields = format_fields(template) if isinstance(template, str) else None
+    if fields is not None and "question" in fields:
+        return template
+    raise ConfigError(f"--prompt-template: unknown template {template!r}; {did_you_mean(str(template), TEMPLATES)}"
+                      f"valid: {', '.join(TEMPLATES)}, or a format string with a {{question}} field (and "
+                      "optionally {options}, {instruction})")
 
 MVBENCH_SYSTEM = (
     "Carefully watch the video and pay attention to the cause and sequence of events, the detail and movement "
@@ -122,7 +139,7 @@ def make_protocol(benchmark: str, name: str = "official", *, family: str = "qwen
         p.video_max_pixels = p.image_max_pixels = max_pixels
     p.video_min_pixels = min(p.video_min_pixels, p.video_max_pixels)
     if template is not None:
-        p.template = template
+        p.template = check_template(template)
         if template == "reasoning" and max_new_tokens is None:
             p.max_new_tokens = max(p.max_new_tokens, 1024)
     if max_new_tokens is not None:
