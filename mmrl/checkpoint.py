@@ -108,7 +108,7 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     """Load a checkpoint's weights into an existing model, exactly (no dtype round trip)."""
     from safetensors.torch import load_file
 
-    files = sorted(checkpoint.glob("*.safetensors"))
+    files = sorted(f for f in checkpoint.glob("*.safetensors") if f.name != REFERENCE_FILE)
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))

@@ -76,8 +76,11 @@ class MediaPreparer:
         elif item.type == "image":
             from vision import fit_pixels, open_image
 
-            image = fit_pixels(open_image(item.path), opts["min_pixels"], opts["max_pixels"],
-                               factor=2 * self.patch)
+            try:
+                image = fit_pixels(open_image(item.path), opts["min_pixels"], opts["max_pixels"],
+                                   factor=2 * self.patch)
+            except ValueError as exc:  # e.g. an aspect ratio the Qwen-VL resize rule rejects
+                raise MediaError(item.path, f"cannot be resized for the model: {exc}") from exc
             media = MediaInput(key=key, kind="image", data=image)
         else:
             raise MediaError(item.path, f"unknown media type '{item.type}' (expected image or video)")

@@ -192,6 +192,7 @@ class GRPOTrainer:
         batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
         self.sampler.update(drawn)
         stats.update(self.reward_metrics(drawn))
+        stats["curriculum_stage"] = self.stage["name"]  # the stage this step ran in
         stats["time/rollout_s"] = time.perf_counter() - t0
         if batch is not None:
             self.reference_pass(batch)
@@ -551,7 +552,6 @@ class GRPOTrainer:
             if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps and self.eval_samples:
                 ev = self.run_eval(f"eval@{self.step}")
                 stats["eval/accuracy"] = ev["accuracy"]
-            stats["curriculum_stage"] = self.stage["name"]
             self.log.metrics("rl", self.step, stats)
             bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats.get('reward/accuracy', float('nan')):.2f}",
                             len=f"{stats.get('response_length', 0):.0f}")

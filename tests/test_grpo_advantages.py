@@ -109,3 +109,14 @@ def test_register_custom_estimator():
             register_advantage("test_sign")(lambda r, g, e: r)
     finally:
         ADVANTAGES._items.pop("test_sign", None)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "batch_std", "rloo"])
+def test_all_equal_float32_groups_get_exactly_zero(estimator):
+    # 1.2 = accuracy 1.0 + format 0.2, the shipped recipes' fully-correct group: the float32 mean of eight
+    # 1.2s is one ulp off, which the 1e-6 epsilon did not swamp (+0.106 on every member before the fix)
+    rewards = torch.cat([torch.full((8,), 1.2), torch.full((8,), 0.2), torch.tensor([1.2, 0.2] * 4)])
+    adv = compute_advantages(rewards, group_size=8, estimator=estimator)
+    assert adv.dtype == torch.float32
+    assert torch.equal(adv[:16], torch.zeros(16))
+    assert adv[16:].abs().min() > 0.1

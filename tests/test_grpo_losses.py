@@ -226,17 +226,33 @@ def test_top_entropy_shaper_keeps_top_rho_tokens():
         build_shaper("top_entropy")(ShapingInput(advantages=adv, mask=mask, logp=mask, old_logp=mask))
 
 
-def test_compute_policy_loss_with_top_entropy_shaper():
+def test_policy_loss_after_top_entropy_shaping_normalises_by_kept_tokens():
     # on-policy (ratio 1): token loss = -A. Selected tokens: (0,1) with A=1 and (1,1) with A=2
-    # token-mean over the 2 selected tokens: (-1 - 2) / 2 = -1.5
+    # token-mean over the 2 selected tokens: (-1 - 2) / 2 = -1.5 (not over all 6 tokens: -0.5)
     ent = t([[0.1, 0.9, 0.5], [0.2, 0.8, 0.4]])
     mask = torch.ones(2, 3, dtype=D)
     logp = torch.zeros(2, 3, dtype=D, requires_grad=True)
     cfg = GRPOConfig(shaper="top_entropy", shaper_kwargs={"rho": 0.3})  # k = ceil(1.8) = 2
-    loss, stats = compute_policy_loss(logp, None, t([1.0, 2.0]), mask, cfg, entropies=ent)
+    adv = t([[1.0] * 3, [2.0] * 3])
+    shaped = cfg.build_shaper()(ShapingInput(advantages=adv, mask=mask, entropies=ent, cfg=cfg))
+    loss, stats = compute_policy_loss(logp, None, shaped.advantages, shaped.mask, cfg, entropies=ent,
+                                      global_tokens=float(shaped.mask.sum()))
     close(loss, -1.5)
-    close(stats["n_pg_tokens"], 2.0)
-    close(stats["entropy"], (0.1 + 0.9 + 0.5 + 0.2 + 0.8 + 0.4) / 6)
+    close(stats["n_tokens"], 2.0)
+    close(stats["entropy"], (0.9 + 0.8) / 2)
+
+
+def test_per_token_kl_weights_scale_the_kl_term():
+    # k1 = 0.5 on the 3 tokens; weights 0, 1, 2 -> weighted token-mean (0 + 0.5 + 1.0) / 3 = 0.5
+    mask = torch.ones(1, 3, dtype=D)
+    logp = torch.full((1, 3), -1.0, dtype=D, requires_grad=True)
+    cfg = GRPOConfig(kl_estimator="k1", kl_coef=1.0)
+    w = t([[0.0, 1.0, 2.0]])
+    loss, stats = compute_policy_loss(logp, None, t([0.0]), mask, cfg, ref_logp=logp.detach() - 0.5, kl_weights=w)
+    close(stats["kl_loss"], 0.5)
+    close(stats["kl_weight_mean"], 1.0)
+    loss.backward()
+    close(logp.grad, [[0.0, 1 / 3, 2 / 3]])  # d/dlogp of w * (logp - ref) / 3
 
 
 # ---------------------------------------------------------------- compute_policy_loss glue
