@@ -13,6 +13,7 @@ from typing import Any, Literal
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
 from mmrl.grpo.config import GRPOConfig
 from mmrl_common.errors import ConfigError
+from rewards.registry import RewardSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -80,6 +81,11 @@ class PromptConfig:
     system: str | None = None
     answer_format: Literal["think_answer", "answer"] = "think_answer"
 
+    def __post_init__(self) -> None:
+        from mmrl.prompts import resolve_template
+
+        resolve_template(self.template)  # a typo of a template name fails when the config loads
+
 
 @dataclass
 class RolloutConfig:
@@ -108,13 +114,6 @@ class RolloutConfig:
                               "(every rollout of a group would be the same greedy answer); use e.g. 1.0")
         if self.max_turns < 1:
             raise ConfigError(f"rollout.max_turns={self.max_turns}: must be >= 1")
-
-
-@dataclass
-class RewardSpec:
-    name: str
-    weight: float = 1.0
-    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -50,6 +50,9 @@ from mmrl.service import RolloutService
 from mmrl_common.errors import ConfigError, MediaError, MmrlError
 
 
+LOSS_TERMS = ("loss", "pg_loss", "kl_loss")
+
+
 @dataclass
 class PreparedPrompt:
     index: int
@@ -438,10 +441,14 @@ class GRPOTrainer:
         if not bool(torch.isfinite(loss)):
             return False
         loss.backward()
-        weight = float(mask.sum()) / max(1.0, counts.tokens) / n_updates
+        share = float(mask.sum()) / max(1.0, counts.tokens)
         for k, v in st.items():
-            if k != "n_tokens":
-                sums[k] = sums.get(k, 0.0) + float(v) * weight
+            if k == "n_tokens":
+                continue
+            # loss terms are already this micro-batch's share of the step's loss: they add up; the other
+            # statistics are micro-batch means: weighted by the micro-batch's tokens
+            part = float(v) if k in LOSS_TERMS else float(v) * share
+            sums[k] = sums.get(k, 0.0) + part / n_updates
         return True
 
     # ------------------------------------------------------------------------------------ logging

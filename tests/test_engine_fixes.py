@@ -1,0 +1,218 @@
+"""The engine's correctness fixes, each checked on the real tiny model: a NaN never reaches the weights, the
+LR schedule follows skipped updates, processor-rejected media are skipped, settings that cannot learn are
+refused, a media key cannot change its pixels, trainer state is plain data, PPO mini-batches, the KL-in-reward
+estimator, the reference holds no second policy, token shaping normalises by the kept tokens, and the
+rollout service answers as evaluation does whatever mode the model is left in."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from mmrl.config import load_run_config
+from mmrl.grpo import register_policy_loss
+from mmrl.grpo.losses import PolicyLossOutput
+from mmrl.run import load_split, train
+from mmrl_common.errors import ConfigError, MmrlError
+
+BASE = [
+    "model.tiny_family=qwen2_5_vl",
+    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
+    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
+    "rollout.group_size=4", "rollout.max_new_tokens=4",
+    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
+    "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def run(tmp_path: Path, *overrides: str, task: str = "video-qa") -> list[dict]:
+    cfg = load_run_config(task, overrides=[*BASE, *overrides])
+    train(cfg, run_dir=tmp_path / "run", show_progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["stage"] == "rl"]
+
+
+def make_trainer(tmp_path: Path, *overrides: str):
+    from mmrl.policy import load_policy
+    from mmrl.run import resolve_model
+    from mmrl.trainer import GRPOTrainer
+
+    cfg = load_run_config("video-qa", overrides=[*BASE, *overrides])
+    samples, _ = load_split(cfg, "train", show_progress=False)
+    policy = load_policy(resolve_model(cfg), device="cpu")
+    return GRPOTrainer(cfg, policy, samples, run_dir=tmp_path / "run", show_progress=False)
+
+
+@register_policy_loss("t_nan_loss")
+def _nan_loss(logp, old_logp, advantages, mask, cfg):
+    return PolicyLossOutput(loss=logp * float("nan") * mask)
+
+
+@register_policy_loss("t_nan_grad")
+def _nan_grad(logp, old_logp, advantages, mask, cfg):
+    # the value is 0 (finite) but d sqrt(|x|)/dx at 0 is not: the gradient norm is NaN
+    return PolicyLossOutput(loss=(logp - logp.detach()).abs().sqrt() * mask)
+
+
+@pytest.mark.parametrize("loss", ["t_nan_loss", "t_nan_grad"])
+def test_non_finite_loss_or_gradient_skips_the_optimizer_step(tmp_path: Path, loss: str) -> None:
+    from mmrl.tiny_models import ensure_tiny
+
+    rows = run(tmp_path, f"grpo.policy_loss={loss}", "train.save_every=1")
+    assert [r["skipped_updates"] for r in rows] == [1, 2]
+    assert [r["optimizer_steps"] for r in rows] == [0, 0]
+    start = load_file(next(ensure_tiny("qwen2_5_vl").glob("*.safetensors")))
+    for folder in ("checkpoint-1", "final"):
+        saved = load_file(tmp_path / "run" / folder / "model.safetensors")
+        assert all(torch.isfinite(v).all() for v in saved.values())
+        assert all(torch.equal(start[k], saved[k]) for k in start)  # nothing was written
+
+
+def test_lr_schedule_steps_when_every_update_is_skipped(tmp_path: Path) -> None:
+    # every completion hits the overlong penalty: all groups equal, dynamic sampling keeps none
+    rows = run(tmp_path, "train.steps=3", "train.warmup_steps=4", "grpo.dynamic_sampling=true", "grpo.max_draws=0",
+               "grpo.overlong_penalty=true", "grpo.max_response_length=4", "grpo.overlong_cache=2")
+    assert all(r.get("skipped_update") == 1 for r in rows)
+    lrs = [r["lr"] for r in rows]
+    assert lrs[0] < lrs[1] < lrs[2]  # the warm-up advanced although nothing was trained
+
+
+def _image_set(tmp_path: Path) -> Path:
+    rows = []
+    for i, size in enumerate([(64, 64), (64, 64), (3000, 14), (64, 64)]):
+        Image.new("RGB", size, (40 * i, 200, 90)).save(tmp_path / f"im{i}.png")
+        rows.append({"id": f"q{i}", "problem_type": "multiple_choice", "question": "What colour?",
+                     "options": ["red", "green", "blue"], "answer": "B",
+                     "media": [{"type": "image", "path": f"im{i}.png"}]})
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_media_the_model_cannot_take_are_skipped_when_asked(tmp_path: Path) -> None:
+    data = _image_set(tmp_path)
+    common = [f"data.train={data}", "train.prompts_per_step=4", "data.media.image_max_pixels=12544"]
+    cfg = load_run_config("image-qa", overrides=[*BASE, *common, "data.on_bad_sample=skip"])
+    summary = train(cfg, run_dir=tmp_path / "skip", show_progress=False)
+    assert summary["stages"]["rl"]["skipped_samples"] >= 1
+    cfg = load_run_config("image-qa", overrides=[*BASE, *common])
+    with pytest.raises(MmrlError, match=r"sample q2: .*im2\.png.*aspect ratio.*on_bad_sample=skip"):
+        train(cfg, run_dir=tmp_path / "raise", show_progress=False)
+
+
+@pytest.mark.parametrize(("override", "key"), [("rollout.group_size=1", "rollout.group_size"),
+                                               ("rollout.temperature=0", "rollout.temperature")])
+def test_settings_that_cannot_learn_are_refused(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_run_config("video-qa", overrides=[override])
+
+
+def test_a_media_key_cannot_be_reused_for_other_pixels(tmp_path: Path) -> None:
+    from mmrl.policy import MediaInput, load_policy
+    from mmrl.tiny_models import ensure_tiny
+
+    policy = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu")
+    text = policy.render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}])
+    red, blue = Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (56, 56), (0, 0, 255))
+    policy.encode(text, [MediaInput("same-key", "image", red)])
+    policy.encode(text, [MediaInput("same-key", "image", red)])  # the same pixels again: fine
+    with pytest.raises(MmrlError, match="same-key.*different pixels"):
+        policy.encode(text, [MediaInput("same-key", "image", blue)])
+
+
+def test_trainer_state_is_plain_data_and_the_start_reference_is_not_stored(tmp_path: Path) -> None:
+    run(tmp_path, "grpo.kl_coef=0.01", "train.save_every=1")
+    state = torch.load(tmp_path / "run" / "checkpoint-2" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 2 and state["reference"] == "start"
+    assert not list((tmp_path / "run").glob("checkpoint-*/reference.safetensors"))
+
+
+def test_ppo_mini_batches_take_several_optimizer_steps(tmp_path: Path) -> None:
+    rows = run(tmp_path, "grpo.ppo_mini_batch_size=4", "grpo.ppo_epochs=2", "grpo.entropy_coef=0.05",
+               "train.lr=1e-3")
+    # 8 sequences in mini-batches of 4, two epochs: 4 optimizer steps per rollout batch
+    assert [r["optimizer_steps"] for r in rows] == [4, 4]
+    assert all(r["pg/ratio_max"] > 1.0 for r in rows)  # later mini-batches are off-policy: ratios move
+
+
+def test_kl_in_the_reward_uses_its_own_estimator(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, "grpo.kl_coef=0.5", "grpo.kl_in_reward=true", "grpo.kl_estimator=k3")
+    assert trainer.cfg.grpo.kl_reward_estimator == "k1"
+    with torch.no_grad():
+        for p in trainer.ref.model.lm_head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = trainer.rollout_round(2)
+    before = batch.rewards.clone()
+    trainer.reference_pass(batch)
+    logp, _ = trainer._logprobs(trainer.policy, batch)
+    k1 = ((logp - batch.ref_logprobs) * batch.loss_mask).sum(-1)
+    torch.testing.assert_close(batch.reward_components["kl_penalty"], -0.5 * k1)
+    torch.testing.assert_close(batch.rewards, before - 0.5 * k1)
+    assert (k1 < 0).any() or (k1 > 0).all()  # k1 is signed (a k3 estimate would be >= 0 on every row)
+
+
+def test_the_reference_holds_no_second_policy(tmp_path: Path) -> None:
+    from mmrl.policy import Policy
+
+    trainer = make_trainer(tmp_path, "grpo.kl_coef=0.01")
+    gc.collect()
+    policies = [o for o in gc.get_objects() if isinstance(o, Policy)]
+    assert trainer.ref is not None
+    assert {id(p) for p in policies} >= {id(trainer.policy), id(trainer.ref)}
+    mine = [p for p in policies if p.model is trainer.ref.model or p.model is trainer.policy.model]
+    assert len(mine) == 2  # a deep copy through the vision hook used to bring a third along
+    seq = trainer.prepare([0])[0].seq
+    trainer.policy.vision_calls = 0
+    with torch.no_grad():
+        trainer.ref.forward_logprobs([seq])
+    assert trainer.policy.vision_calls == 0 and trainer.ref.vision_calls == 1
+
+
+def test_top_entropy_shaping_normalises_by_the_tokens_it_keeps(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, "grpo.shaper=top_entropy", "grpo.shaper_kwargs={rho: 0.25}",
+                           "grpo.kl_coef=0", "train.micro_batch_size=3")
+    batch = trainer.rollout_round(2)
+    trainer.reference_pass(batch)
+    batch.advantages = torch.ones(len(batch))  # on-policy, ratio 1: every kept token's loss is -1
+    kept_before = float(batch.loss_mask.sum())
+    trainer.shape_tokens(batch)
+    assert float(batch.loss_mask.sum()) == pytest.approx(-(-kept_before * 0.25 // 1), abs=1)
+    stats = trainer.update(batch)
+    assert stats["pg_loss"] == pytest.approx(-1.0, abs=1e-5)  # not -0.25: the mean over the kept tokens
+
+
+def test_rollout_service_answers_as_evaluation_in_any_model_mode(tmp_path: Path) -> None:
+    from data_pipelines.loaders import load_samples
+    from data_pipelines.toy import make_toy
+    from mmrl.evaluate import evaluate
+    from mmrl.policy import load_policy
+    from mmrl.service import RolloutService
+    from mmrl.tiny_models import ensure_tiny
+
+    toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
+    samples = load_samples(toy / "test.jsonl").samples
+    cfg = load_run_config("video-qa", overrides=[*BASE, "rollout.max_new_tokens=12"])
+    policy = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu")
+    service = RolloutService.from_config(policy, cfg)
+    _, preds = evaluate(service, samples, max_new_tokens=12, show_progress=False)
+    policy.model.train()
+    policy.model.gradient_checkpointing_enable()
+    answers = service.generate(samples, max_new_tokens=12)
+    assert [a[0].text for a in answers] == [p["completion"] for p in preds]
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in policy.model.modules())
+    assert policy.model.training and checkpointing  # as the caller left it
+    assert len(policy.media) == 0  # the service freed what it encoded
