@@ -178,7 +178,7 @@ class Policy:
         was_training = model.training
         checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
         if checkpointing:
-            model.gradient_checkpointing_disable()
+            checkpointing_switch(model, False)
         model.eval()
         try:
             with torch.no_grad():
@@ -186,7 +186,7 @@ class Policy:
         finally:
             model.train(was_training)
             if checkpointing:
-                model.gradient_checkpointing_enable()
+                checkpointing_switch(model, True)
 
     @property
     def vision_calls(self) -> int:
@@ -498,3 +498,10 @@ class _CallCounter:
 
     def __call__(self, *_: Any) -> None:
         self.n += 1
+
+
+def checkpointing_switch(model: torch.nn.Module, on: bool) -> None:
+    """Turn activation (gradient) checkpointing on or off, by the name this transformers release uses."""
+    verb = "enable" if on else "disable"
+    fn = getattr(model, f"activation_checkpointing_{verb}", None) or getattr(model, f"gradient_checkpointing_{verb}")
+    fn()

@@ -84,7 +84,7 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
     from transformers.utils import logging as hf_logging
 
     from mmrl.checkpoint import latest_checkpoint, load_weights, seed_everything
-    from mmrl.policy import load_policy
+    from mmrl.policy import checkpointing_switch, load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
     from mmrl.trainer import GRPOTrainer
@@ -114,7 +114,7 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
     if cfg.model.gradient_checkpointing:
-        policy.model.gradient_checkpointing_enable()
+        checkpointing_switch(policy.model, True)
     stages: dict[str, Any] = {"data": {"train": train_info, "eval": eval_info}}
     if show_progress:
         print(f"run folder: {run_dir}\nmodel: {model_dir} ({policy.family}, "

@@ -49,7 +49,6 @@ from mmrl.run_log import RunLog
 from mmrl.service import RolloutService
 from mmrl_common.errors import ConfigError, MediaError, MmrlError
 
-
 LOSS_TERMS = ("loss", "pg_loss", "kl_loss")
 
 

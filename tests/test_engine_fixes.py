@@ -199,7 +199,7 @@ def test_rollout_service_answers_as_evaluation_in_any_model_mode(tmp_path: Path)
     from data_pipelines.loaders import load_samples
     from data_pipelines.toy import make_toy
     from mmrl.evaluate import evaluate
-    from mmrl.policy import load_policy
+    from mmrl.policy import checkpointing_switch, load_policy
     from mmrl.service import RolloutService
     from mmrl.tiny_models import ensure_tiny
 
@@ -210,7 +210,7 @@ def test_rollout_service_answers_as_evaluation_in_any_model_mode(tmp_path: Path)
     service = RolloutService.from_config(policy, cfg)
     _, preds = evaluate(service, samples, max_new_tokens=12, show_progress=False)
     policy.model.train()
-    policy.model.gradient_checkpointing_enable()
+    checkpointing_switch(policy.model, True)
     answers = service.generate(samples, max_new_tokens=12)
     assert [a[0].text for a in answers] == [p["completion"] for p in preds]
     checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in policy.model.modules())
