@@ -17,7 +17,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def blocks(lang: str) -> list[str]:
     section = README.read_text().split("## Extending mmrl", 1)[1].split("\n## ", 1)[0]
-    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", section, flags=re.DOTALL)
 
 
 def test_readme_extension_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
