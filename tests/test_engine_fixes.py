@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file
+from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
 from mmrl.config import load_run_config
 from mmrl.grpo import register_policy_loss
@@ -21,29 +22,7 @@ from mmrl.grpo.losses import PolicyLossOutput
 from mmrl.run import load_split, train
 from mmrl_common.errors import ConfigError, MmrlError
 
-BASE = [
-    "model.tiny_family=qwen2_5_vl",
-    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
-    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
-    "rollout.group_size=4", "rollout.max_new_tokens=4",
-    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
-    "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory: pytest.TempPathFactory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
-
-
-def run(tmp_path: Path, *overrides: str, task: str = "video-qa") -> list[dict]:
-    cfg = load_run_config(task, overrides=[*BASE, *overrides])
-    train(cfg, run_dir=tmp_path / "run", show_progress=False)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["stage"] == "rl"]
+pytestmark = pytest.mark.usefixtures("module_cache")
 
 
 def make_trainer(tmp_path: Path, *overrides: str):
@@ -51,7 +30,7 @@ def make_trainer(tmp_path: Path, *overrides: str):
     from mmrl.run import resolve_model
     from mmrl.trainer import GRPOTrainer
 
-    cfg = load_run_config("video-qa", overrides=[*BASE, *overrides])
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, *overrides])
     samples, _ = load_split(cfg, "train", show_progress=False)
     policy = load_policy(resolve_model(cfg), device="cpu")
     return GRPOTrainer(cfg, policy, samples, run_dir=tmp_path / "run", show_progress=False)
@@ -72,7 +51,7 @@ def _nan_grad(logp, old_logp, advantages, mask, cfg):
 def test_non_finite_loss_or_gradient_skips_the_optimizer_step(tmp_path: Path, loss: str) -> None:
     from mmrl.tiny_models import ensure_tiny
 
-    rows = run(tmp_path, f"grpo.policy_loss={loss}", "train.save_every=1")
+    rows = run_rl(tmp_path, f"grpo.policy_loss={loss}", "train.save_every=1")
     assert [r["skipped_updates"] for r in rows] == [1, 2]
     assert [r["optimizer_steps"] for r in rows] == [0, 0]
     start = load_file(next(ensure_tiny("qwen2_5_vl").glob("*.safetensors")))
@@ -84,7 +63,7 @@ def test_non_finite_loss_or_gradient_skips_the_optimizer_step(tmp_path: Path, lo
 
 def test_lr_schedule_steps_when_every_update_is_skipped(tmp_path: Path) -> None:
     # every completion hits the overlong penalty: all groups equal, dynamic sampling keeps none
-    rows = run(tmp_path, "train.steps=3", "train.warmup_steps=4", "grpo.dynamic_sampling=true", "grpo.max_draws=0",
+    rows = run_rl(tmp_path, "train.steps=3", "train.warmup_steps=4", "grpo.dynamic_sampling=true", "grpo.max_draws=0",
                "grpo.overlong_penalty=true", "grpo.max_response_length=4", "grpo.overlong_cache=2")
     assert all(r.get("skipped_update") == 1 for r in rows)
     lrs = [r["lr"] for r in rows]
@@ -106,10 +85,10 @@ def _image_set(tmp_path: Path) -> Path:
 def test_media_the_model_cannot_take_are_skipped_when_asked(tmp_path: Path) -> None:
     data = _image_set(tmp_path)
     common = [f"data.train={data}", "train.prompts_per_step=4", "data.media.image_max_pixels=12544"]
-    cfg = load_run_config("image-qa", overrides=[*BASE, *common, "data.on_bad_sample=skip"])
+    cfg = load_run_config("image-qa", overrides=[*TINY_RUN, *common, "data.on_bad_sample=skip"])
     summary = train(cfg, run_dir=tmp_path / "skip", show_progress=False)
     assert summary["stages"]["rl"]["skipped_samples"] >= 1
-    cfg = load_run_config("image-qa", overrides=[*BASE, *common])
+    cfg = load_run_config("image-qa", overrides=[*TINY_RUN, *common])
     with pytest.raises(MmrlError, match=r"sample q2: .*im2\.png.*aspect ratio.*on_bad_sample=skip"):
         train(cfg, run_dir=tmp_path / "raise", show_progress=False)
 
@@ -135,14 +114,14 @@ def test_a_media_key_cannot_be_reused_for_other_pixels(tmp_path: Path) -> None:
 
 
 def test_trainer_state_is_plain_data_and_the_start_reference_is_not_stored(tmp_path: Path) -> None:
-    run(tmp_path, "grpo.kl_coef=0.01", "train.save_every=1")
+    run_rl(tmp_path, "grpo.kl_coef=0.01", "train.save_every=1")
     state = torch.load(tmp_path / "run" / "checkpoint-2" / "trainer_state.pt", weights_only=True)
     assert state["step"] == 2 and state["reference"] == "start"
     assert not list((tmp_path / "run").glob("checkpoint-*/reference.safetensors"))
 
 
 def test_ppo_mini_batches_take_several_optimizer_steps(tmp_path: Path) -> None:
-    rows = run(tmp_path, "grpo.ppo_mini_batch_size=4", "grpo.ppo_epochs=2", "grpo.entropy_coef=0.05",
+    rows = run_rl(tmp_path, "grpo.ppo_mini_batch_size=4", "grpo.ppo_epochs=2", "grpo.entropy_coef=0.05",
                "train.lr=1e-3")
     # 8 sequences in mini-batches of 4, two epochs: 4 optimizer steps per rollout batch
     assert [r["optimizer_steps"] for r in rows] == [4, 4]
@@ -170,7 +149,7 @@ def test_the_reference_holds_no_second_policy(tmp_path: Path) -> None:
 
     trainer = make_trainer(tmp_path, "grpo.kl_coef=0.01")
     gc.collect()
-    policies = [o for o in gc.get_objects() if isinstance(o, Policy)]
+    policies = [o for o in gc.get_objects() if type(o) is Policy]
     assert trainer.ref is not None
     assert {id(p) for p in policies} >= {id(trainer.policy), id(trainer.ref)}
     mine = [p for p in policies if p.model is trainer.ref.model or p.model is trainer.policy.model]
@@ -205,7 +184,7 @@ def test_rollout_service_answers_as_evaluation_in_any_model_mode(tmp_path: Path)
 
     toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
     samples = load_samples(toy / "test.jsonl").samples
-    cfg = load_run_config("video-qa", overrides=[*BASE, "rollout.max_new_tokens=12"])
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, "rollout.max_new_tokens=12"])
     policy = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu")
     service = RolloutService.from_config(policy, cfg)
     _, preds = evaluate(service, samples, max_new_tokens=12, show_progress=False)

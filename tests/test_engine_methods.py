@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cache is a fixture)
 
 from mmrl import cli
 
-pytestmark = pytest.mark.xdist_group("engine_methods")  # one worker builds the shared run
+# one worker builds the shared run
+pytestmark = [pytest.mark.xdist_group("engine_methods"), pytest.mark.usefixtures("module_cache")]
 
 METHOD = '''
 import json, random
@@ -113,23 +115,9 @@ class Crash(Callback):
             raise KeyboardInterrupt
 '''
 
-BASE = [
-    "model.tiny_family=qwen2_5_vl",
-    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
-    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
-    "rollout.group_size=4", "rollout.max_new_tokens=6",
-    "train.prompts_per_step=2", "train.micro_batch_size=4", "train.save_every=1", "train.keep_checkpoints=10",
-    "train.log_every=0", "train.lr=1e-3", "train.min_lr_ratio=1.0", "sft.steps=0", "grpo.entropy_coef=0.05", "grpo.kl_coef=0",
-    "eval.before_rl=false", "eval.after_rl=false",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory: pytest.TempPathFactory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
+BASE = [*TINY_RUN, "rollout.max_new_tokens=6", "train.micro_batch_size=4", "train.save_every=1",
+        "train.keep_checkpoints=10", "train.lr=1e-3", "train.min_lr_ratio=1.0", "grpo.entropy_coef=0.05",
+        "grpo.kl_coef=0", "train.steps=4"]
 
 
 def write_method(folder: Path, steps: int) -> Path:
@@ -144,11 +132,6 @@ def write_method(folder: Path, steps: int) -> Path:
         f"train: {{steps: {steps}}}\n"
         "plugins: {t_stage_switch: {at: 2}}\n")
     return cfg
-
-
-def rl_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["stage"] == "rl"]
 
 
 @pytest.fixture(scope="module")

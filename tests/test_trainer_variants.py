@@ -11,39 +11,18 @@ from typing import ClassVar
 
 import pytest
 import torch
+from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
 from mmrl.config import load_run_config
 from mmrl.plugins import Callback, register_plugin
 from mmrl.run import train
 
-BASE = [
-    "model.tiny_family=qwen2_5_vl",
-    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
-    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
-    "rollout.group_size=4", "rollout.max_new_tokens=4",
-    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
-    "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory: pytest.TempPathFactory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield
-    mp.undo()
-
-
-def run(tmp_path: Path, *overrides: str, task: str = "video-qa") -> list[dict]:
-    cfg = load_run_config(task, overrides=[*BASE, *overrides])
-    train(cfg, run_dir=tmp_path / "run", show_progress=False)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["stage"] == "rl"]
+pytestmark = pytest.mark.usefixtures("module_cache")
 
 
 def test_ppo_epochs_with_kl_loss(tmp_path: Path) -> None:
     # random-model rewards are all equal (zero advantages); the entropy bonus moves the policy anyway
-    rows = run(tmp_path, "grpo.ppo_epochs=2", "grpo.kl_coef=0.1", "grpo.kl_estimator=k3", "grpo.entropy_coef=0.05")
+    rows = run_rl(tmp_path, "grpo.ppo_epochs=2", "grpo.kl_coef=0.1", "grpo.kl_estimator=k3", "grpo.entropy_coef=0.05")
     assert [r["step"] for r in rows] == [1, 2]
     # the reference starts equal to the policy, so KL grows as the policy moves away from it
     assert 0 <= rows[0]["kl"] < rows[1]["kl"]
@@ -51,7 +30,7 @@ def test_ppo_epochs_with_kl_loss(tmp_path: Path) -> None:
 
 
 def test_kl_in_reward_dynamic_sampling_and_overlong(tmp_path: Path) -> None:
-    rows = run(tmp_path, "grpo.kl_coef=0.1", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1",
+    rows = run_rl(tmp_path, "grpo.kl_coef=0.1", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1",
                "grpo.dynamic_sampling=true", "grpo.max_draws=2",
                "grpo.overlong_filter=true", "grpo.overlong_penalty=true", "grpo.max_response_length=4",
                "grpo.overlong_cache=2")
@@ -70,7 +49,7 @@ def test_kl_in_reward_dynamic_sampling_and_overlong(tmp_path: Path) -> None:
     ["model.dtype=bf16"],
 ])
 def test_loss_variants_run(tmp_path: Path, overrides: list[str]) -> None:
-    rows = run(tmp_path, *overrides)
+    rows = run_rl(tmp_path, *overrides)
     assert len(rows) == 2
     assert all(r["grad_norm"] == r["grad_norm"] for r in rows)  # finite (not NaN)
 
@@ -80,7 +59,7 @@ def test_frozen_vision_tower_does_not_change(tmp_path: Path) -> None:
 
     from mmrl.tiny_models import ensure_tiny
 
-    run(tmp_path, "model.freeze_vision=true", "model.freeze_merger=true", "grpo.entropy_coef=0.05")
+    run_rl(tmp_path, "model.freeze_vision=true", "model.freeze_merger=true", "grpo.entropy_coef=0.05")
     before = load_file(next(ensure_tiny("qwen2_5_vl").glob("*.safetensors")))
     after = load_file(tmp_path / "run" / "final" / "model.safetensors")
     visual = [k for k in before if "visual" in k]
@@ -90,7 +69,7 @@ def test_frozen_vision_tower_does_not_change(tmp_path: Path) -> None:
 
 
 def test_multi_turn_environment_in_training(tmp_path: Path) -> None:
-    rows = run(tmp_path, "data.toy_tasks=[scan]", "data.problem_types=[yes_no]", "rollout.environment=zoom",
+    rows = run_rl(tmp_path, "data.toy_tasks=[scan]", "data.problem_types=[yes_no]", "rollout.environment=zoom",
                "rollout.max_turns=2", "rollout.max_new_tokens=6", task="image-qa")
     assert len(rows) == 2
     rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
@@ -125,7 +104,7 @@ class RewardBonus(Callback):
 
 def test_plugin_callback_hooks(tmp_path: Path) -> None:
     RewardBonus.calls.clear()
-    rows = run(tmp_path, "plugins={test_reward_bonus: {bonus: 10.0}}")
+    rows = run_rl(tmp_path, "plugins={test_reward_bonus: {bonus: 10.0}}")
     assert RewardBonus.calls == ["start"] + ["rollout", "rewards", "advantages", "update"] * 2
     assert all(r["reward"] >= 10.0 for r in rows)
     assert [r["plugin_step"] for r in rows] == [1, 2]
@@ -145,7 +124,7 @@ def _corrupt_first_train_video(tmp_path: Path) -> Path:
 def test_corrupt_video_is_skipped_when_asked(tmp_path: Path) -> None:
     toy = _corrupt_first_train_video(tmp_path)
     cfg = load_run_config("video-qa", overrides=[
-        *BASE, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}",
+        *TINY_RUN, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}",
         "data.on_bad_sample=skip", "train.prompts_per_step=4"])  # step 1 draws all four samples
     summary = train(cfg, run_dir=tmp_path / "run", show_progress=False)
     assert summary["stages"]["rl"]["steps"] == 2
@@ -158,7 +137,7 @@ def test_corrupt_video_names_sample_and_file_when_not_skipping(tmp_path: Path) -
     toy = _corrupt_first_train_video(tmp_path)
     first = json.loads((toy / "train.jsonl").read_text().splitlines()[0])
     cfg = load_run_config("video-qa", overrides=[
-        *BASE, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}", "train.prompts_per_step=4"])
+        *TINY_RUN, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}", "train.prompts_per_step=4"])
     with pytest.raises(MmrlError, match=rf"sample {first['id']}: .*{first['media'][0]['path'].split('/')[-1]}.*skip"):
         train(cfg, run_dir=tmp_path / "run", show_progress=False)
 
@@ -167,7 +146,7 @@ def test_rollout_log_steps_match_metrics_and_resume_keeps_the_run_config(tmp_pat
     from mmrl import cli
 
     out = tmp_path / "r"
-    overrides = [*BASE, "train.steps=3", "train.save_every=1", "train.log_rollouts=2", "grpo.entropy_coef=0.05"]
+    overrides = [*TINY_RUN, "train.steps=3", "train.save_every=1", "train.log_rollouts=2", "grpo.entropy_coef=0.05"]
     assert cli.main(["train", "--quiet", "--out", str(out), *overrides]) == 0
     rollouts = [json.loads(line)["step"] for line in (out / "rollouts.jsonl").read_text().splitlines()]
     metrics = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
@@ -193,7 +172,7 @@ def test_evaluation_releases_media_after_each_batch(tmp_path: Path) -> None:
 
     toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
     samples = load_samples(toy / "test.jsonl").samples
-    cfg = load_run_config("video-qa", overrides=BASE)
+    cfg = load_run_config("video-qa", overrides=TINY_RUN)
     policy = load_policy(ensure_tiny("qwen2_5_vl"))
     seen: list[int] = []
     original = policy.generate

@@ -1,0 +1,42 @@
+"""Shared by the trainer tests: the overrides of a seconds-long ``mmrl train`` on the tiny model and the toy
+colour videos, a module-wide model/toy cache, and a helper that runs training and returns the RL rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+TINY_RUN = [
+    "model.tiny_family=qwen2_5_vl",
+    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
+    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
+    "rollout.group_size=4", "rollout.max_new_tokens=4",
+    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
+    "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
+]
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory):
+    """``MMRL_CACHE`` in a folder of this test module's own (tiny models and toy worlds are built once)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def rl_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["stage"] == "rl"]
+
+
+def run_rl(tmp_path: Path, *overrides: str, task: str = "video-qa") -> list[dict]:
+    """Train in ``tmp_path/run`` with :data:`TINY_RUN` plus ``overrides``; the metrics rows of the RL stage."""
+    from mmrl.config import load_run_config
+    from mmrl.run import train
+
+    cfg = load_run_config(task, overrides=[*TINY_RUN, *overrides])
+    train(cfg, run_dir=tmp_path / "run", show_progress=False)
+    return rl_rows(tmp_path / "run")
