@@ -40,6 +40,9 @@ def _compiled(mode: str, think_tag: str, answer_tag: str):
     return re.compile(body, re.DOTALL), any_tag
 
 
+FORMAT_OPTIONS = ("mode", "think_tag", "answer_tag", "strip", "allow_empty_answer", "pattern")
+
+
 @lru_cache(maxsize=64)
 def _custom(pattern: str):
     return re.compile(pattern, re.DOTALL)
@@ -71,29 +74,9 @@ def check_format(
 
 
 @register_reward("format")
-def format_reward(
-    completions: list[Any],
-    *,
-    mode: str = "think_answer",
-    think_tag: str = "think",
-    answer_tag: str = "answer",
-    strip: bool = True,
-    allow_empty_answer: bool = False,
-    pattern: str | None = None,
-    **columns: Any,
-) -> list[float]:
-    """1.0 per completion with the configured structure, else 0.0 (see the module docstring)."""
-    return [
-        float(
-            check_format(
-                text,
-                mode=mode,
-                think_tag=think_tag,
-                answer_tag=answer_tag,
-                strip=strip,
-                allow_empty_answer=allow_empty_answer,
-                pattern=pattern,
-            )
-        )
-        for text in normalize_completions(completions)
-    ]
+def format_reward(completions: list[Any], **columns: Any) -> list[float]:
+    """1.0 per completion with the configured structure, else 0.0 (see the module docstring). The reward's
+    kwargs are :func:`check_format`'s options (``mode``, ``think_tag``, ``answer_tag``, ``strip``,
+    ``allow_empty_answer``, ``pattern``)."""
+    options = {k: columns[k] for k in FORMAT_OPTIONS if k in columns}
+    return [float(check_format(text, **options)) for text in normalize_completions(completions)]

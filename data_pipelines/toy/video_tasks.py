@@ -51,6 +51,24 @@ def _grey_distractor(frames: np.ndarray, rng: np.random.Generator, size: float) 
         paint(frames[i], disk(r, r, lerp(x0, x1, t), lerp(y0, y1, t), size), (level, level, level))
 
 
+def _move(frames: np.ndarray, shape: str, size: float, path: tuple[float, float, float, float], color) -> None:
+    """Paint ``shape`` moving along ``path`` (x0, y0, x1, y1) over the frames."""
+    r = frames.shape[1]
+    x0, y0, x1, y1 = path
+    for i in range(frames.shape[0]):
+        t = i / (frames.shape[0] - 1)
+        paint(frames[i], shape_mask(shape, r, r, lerp(x0, x1, t), lerp(y0, y1, t), size), color)
+
+
+def _short_item(question: str, options: list[str], answer: str, variant: int, frames: np.ndarray,
+                meta: dict) -> ToyItem:
+    """A short-clip multiple-choice item (easy for variant 0, medium for 1)."""
+    return ToyItem(question=question, problem_type="multiple_choice", options=options, answer=answer,
+                   difficulty=("easy", "medium")[variant], frames=frames, fps=SHORT_FPS,
+                   sampling=dict(SHORT_SAMPLING),
+                   meta={**meta, "video": _video_meta(SHORT_FRAMES, SHORT_FPS, frames.shape[1])})
+
+
 @register_task("color", kind="video", description="colour of the moving object; 4 options; easy/medium")
 def color_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     r = cfg.resolution
@@ -62,13 +80,9 @@ def color_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
         _grey_distractor(frames, rng, r * 0.12)
     x0, y0, x1, y1 = _path(rng, r, size)
     shape = SHAPES[int(rng.integers(len(SHAPES)))]
-    for i in range(SHORT_FRAMES):
-        t = i / (SHORT_FRAMES - 1)
-        paint(frames[i], shape_mask(shape, r, r, lerp(x0, x1, t), lerp(y0, y1, t), size), COLORS[COLOR_NAMES[cls]])
-    return ToyItem(question="What colour is the moving object?", problem_type="multiple_choice",
-                   options=list(COLOR_NAMES), answer=COLOR_NAMES[cls], difficulty=("easy", "medium")[variant],
-                   frames=frames, fps=SHORT_FPS, sampling=dict(SHORT_SAMPLING),
-                   meta={"shape": shape, "video": _video_meta(SHORT_FRAMES, SHORT_FPS, r)})
+    _move(frames, shape, size, (x0, y0, x1, y1), COLORS[COLOR_NAMES[cls]])
+    return _short_item("What colour is the moving object?", list(COLOR_NAMES), COLOR_NAMES[cls], variant, frames,
+                       {"shape": shape})
 
 
 @register_task("shape", kind="video", description="shape of the moving object (circle/square/triangle)")
@@ -80,13 +94,9 @@ def shape_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     frames = np.repeat(bg[None], SHORT_FRAMES, axis=0)
     color = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
     x0, y0, x1, y1 = _path(rng, r, size * 1.2)
-    for i in range(SHORT_FRAMES):
-        t = i / (SHORT_FRAMES - 1)
-        paint(frames[i], shape_mask(SHAPES[cls], r, r, lerp(x0, x1, t), lerp(y0, y1, t), size), COLORS[color])
-    return ToyItem(question="What shape is the moving object?", problem_type="multiple_choice",
-                   options=list(SHAPES), answer=SHAPES[cls], difficulty=("easy", "medium")[variant],
-                   frames=frames, fps=SHORT_FPS, sampling=dict(SHORT_SAMPLING),
-                   meta={"color": color, "video": _video_meta(SHORT_FRAMES, SHORT_FPS, r)})
+    _move(frames, SHAPES[cls], size, (x0, y0, x1, y1), COLORS[color])
+    return _short_item("What shape is the moving object?", list(SHAPES), SHAPES[cls], variant, frames,
+                       {"color": color})
 
 
 @register_task("count", kind="video", description="how many discs (1-4); difficulty grows with the count")

@@ -58,7 +58,7 @@ def dynamic_sampling_mask(
 
 def _group_informative(rewards: Tensor | Sequence[float], tol: float) -> bool:
     r = torch.as_tensor(rewards, dtype=torch.float32).flatten()
-    return r.numel() > 0 and float(r.max() - r.min()) > tol
+    return r.numel() > 0 and bool(informative_groups(r, group_size=r.numel(), tol=tol)[0])
 
 
 @dataclass
