@@ -60,6 +60,15 @@ def _move(frames: np.ndarray, shape: str, size: float, path: tuple[float, float,
         paint(frames[i], shape_mask(shape, r, r, lerp(x0, x1, t), lerp(y0, y1, t), size), color)
 
 
+def _short_clip(rng: np.random.Generator, index: int, n_classes: int, r: int
+                ) -> tuple[int, int, float, np.ndarray]:
+    """Class, variant (0 easy, 1 medium), object size and background frames of a short clip."""
+    cls, variant = cycle(index, n_classes, 2)
+    size = r * (0.30 if variant == 0 else 0.24)
+    bg = _bg(rng, r, noise=4.0 if variant == 0 else 10.0)
+    return cls, variant, size, np.repeat(bg[None], SHORT_FRAMES, axis=0)
+
+
 def _short_item(question: str, options: list[str], answer: str, variant: int, frames: np.ndarray,
                 meta: dict) -> ToyItem:
     """A short-clip multiple-choice item (easy for variant 0, medium for 1)."""
@@ -72,10 +81,7 @@ def _short_item(question: str, options: list[str], answer: str, variant: int, fr
 @register_task("color", kind="video", description="colour of the moving object; 4 options; easy/medium")
 def color_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     r = cfg.resolution
-    cls, variant = cycle(index, len(COLOR_NAMES), 2)
-    size = r * (0.30 if variant == 0 else 0.24)
-    bg = _bg(rng, r, noise=4.0 if variant == 0 else 10.0)
-    frames = np.repeat(bg[None], SHORT_FRAMES, axis=0)
+    cls, variant, size, frames = _short_clip(rng, index, len(COLOR_NAMES), r)
     if variant == 1:
         _grey_distractor(frames, rng, r * 0.12)
     x0, y0, x1, y1 = _path(rng, r, size)
@@ -88,10 +94,7 @@ def color_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
 @register_task("shape", kind="video", description="shape of the moving object (circle/square/triangle)")
 def shape_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     r = cfg.resolution
-    cls, variant = cycle(index, len(SHAPES), 2)
-    size = r * (0.30 if variant == 0 else 0.24)
-    bg = _bg(rng, r, noise=4.0 if variant == 0 else 10.0)
-    frames = np.repeat(bg[None], SHORT_FRAMES, axis=0)
+    cls, variant, size, frames = _short_clip(rng, index, len(SHAPES), r)
     color = COLOR_NAMES[int(rng.integers(len(COLOR_NAMES)))]
     x0, y0, x1, y1 = _path(rng, r, size * 1.2)
     _move(frames, SHAPES[cls], size, (x0, y0, x1, y1), COLORS[color])
