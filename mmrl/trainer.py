@@ -355,7 +355,8 @@ class GRPOTrainer:
     def compute_advantages(self, batch: RolloutBatch) -> None:
         g = self.cfg.grpo
         batch.advantages = compute_advantages(batch.rewards, group_index=batch.group_index,
-                                              estimator=g.advantage_estimator, eps=g.adv_eps)
+                                              estimator=g.advantage_estimator, eps=g.adv_eps,
+                                              components=batch.reward_components, extra=batch.extra)
         if g.overlong_filter:
             keep = overlong_keep_mask(batch.response_length, batch.finished, g.max_response_length)
             batch.loss_mask = batch.loss_mask * keep[:, None].to(batch.loss_mask.dtype)

@@ -120,3 +120,17 @@ def test_all_equal_float32_groups_get_exactly_zero(estimator):
     assert adv.dtype == torch.float32
     assert torch.equal(adv[:16], torch.zeros(16))
     assert adv[16:].abs().min() > 0.1
+
+
+def test_estimators_see_components_and_extra_fields():
+    from mmrl.grpo import register_advantage
+
+    @register_advantage("t_accuracy_only")
+    def accuracy_only(rewards, groups, eps):  # a method's estimator: centre the accuracy component, scaled
+        acc = groups.components["accuracy"].to(rewards.dtype)
+        return (acc - groups.mean.new_tensor(0.5)) * torch.as_tensor(groups.extra["scale"], dtype=rewards.dtype)
+
+    adv = compute_advantages(torch.tensor([1.2, 0.2, 0.2, 1.2]), group_size=2, estimator="t_accuracy_only",
+                             components={"accuracy": torch.tensor([1.0, 0.0, 0.0, 1.0])},
+                             extra={"scale": [2.0, 2.0, 4.0, 4.0]})
+    assert adv.tolist() == [1.0, -1.0, -2.0, 2.0]

@@ -25,8 +25,8 @@ A group whose rewards are all equal gets exactly 0 under every estimator (comput
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -42,6 +42,8 @@ class GroupStats:
     counts: Tensor  # (n_groups,) float, rows per group
     mean: Tensor  # (n_groups,) group mean
     n_groups: int
+    components: dict[str, Tensor] = field(default_factory=dict)  # (N,) reward components, when known
+    extra: dict[str, Any] = field(default_factory=dict)  # the rollout batch's per-sequence method fields
 
 
 class AdvantageEstimator(Protocol):
@@ -130,10 +132,14 @@ def compute_advantages(
     group_index: Tensor | None = None,
     estimator: str = "grpo",
     eps: float = 1e-6,
+    components: dict[str, Tensor] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Tensor:
     """Per-sequence advantages ``(N,)`` for flat rewards ``(N,)``; see the module docstring.
 
-    Computed in float32 at least (integer or half rewards are promoted); no gradient flows.
+    Computed in float32 at least (integer or half rewards are promoted); no gradient flows. ``components``
+    and ``extra`` (the rollout batch's reward components and method fields) reach the estimator through
+    :class:`GroupStats`.
     """
     fn = get_advantage(estimator)
     rewards = torch.as_tensor(rewards).detach()
@@ -147,7 +153,8 @@ def compute_advantages(
     r64 = rewards.to(torch.float64)
     inverse = group_inverse(rewards.numel(), group_size=group_size, group_index=group_index,
                             device=rewards.device)
-    adv = fn(r64, group_stats(r64, inverse), eps)
+    stats = replace(group_stats(r64, inverse), components=dict(components or {}), extra=dict(extra or {}))
+    adv = fn(r64, stats, eps)
     n_groups = int(inverse.max()) + 1
     hi = torch.full((n_groups,), -torch.inf, dtype=r64.dtype, device=r64.device).scatter_reduce(0, inverse, r64, "amax")
     lo = torch.full((n_groups,), torch.inf, dtype=r64.dtype, device=r64.device).scatter_reduce(0, inverse, r64, "amin")
