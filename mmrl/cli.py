@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("mmrl.commands:add_eval_parser", "evaluate a model on a held-out split"),
     "data": ("data_pipelines.cli:add_parser", "validate, inspect, and generate datasets (make-toy)"),
     "models": ("mmrl.tiny_models:add_parser", "build tiny random-weight Qwen-VL models offline"),
+    "compare": ("mmrl.compare:add_parser", "measure methods against plain GRPO: arms x seeds, intervals"),
 }
 
 
