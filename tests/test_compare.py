@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from tiny_runs import TINY_RUN
 
 from mmrl.cli import main
 from mmrl.compare import (
@@ -23,15 +24,8 @@ from mmrl.compare import (
 )
 from mmrl_common.errors import ConfigError
 
-# the override style of tests/test_trainer_variants.py, with both evaluations on (2 test questions)
-TINY = [
-    "model.tiny_family=qwen2_5_vl",
-    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
-    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
-    "rollout.group_size=4", "rollout.max_new_tokens=4",
-    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
-    "train.log_every=0", "sft.steps=0",
-]
+# the tiny trainer-test run with both evaluations on (2 test questions)
+TINY = [*TINY_RUN, "eval.before_rl=true", "eval.after_rl=true"]
 
 
 def write_spec(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
