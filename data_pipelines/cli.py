@@ -29,24 +29,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     i = sub.add_parser("inspect", help="counts, media statistics and a PNG contact sheet",
                        description="Print counts by problem type / task / difficulty and media statistics, "
                                    "and write a PNG contact sheet of a few samples.")
-    i.add_argument("path")
+    i.add_argument("path", help="JSONL / JSON / Parquet file or datasets.save_to_disk folder")
     i.add_argument("--out", default=None, help="folder for the contact sheet (default: <data folder>/inspect)")
     i.add_argument("--samples", type=int, default=6, help="samples (rows) on the contact sheet (default 6)")
-    i.add_argument("--media-root", default=None)
-    i.add_argument("--format", dest="fmt", default="auto")
+    i.add_argument("--media-root", default=None, help="folder that relative media paths resolve against "
+                                                      "(default: the dataset file's folder)")
+    i.add_argument("--format", dest="fmt", default="auto",
+                   help="file and/or record format, as for validate (default: auto)")
     i.set_defaults(func=_inspect)
 
     t = sub.add_parser("make-toy", help="generate the toy world (MP4 videos, PNG scans, JSONL splits)",
                        description="Generate the procedural toy world into --out.")
     t.add_argument("--out", required=True, help="output folder (new, empty, or a previous toy world)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
     t.add_argument("--size", default="default", choices=["small", "default"],
                    help="small: 8/4/4 records per task for train/val/test; default: 48/10/10")
     t.add_argument("--tasks", nargs="+", default=None, help="subset of tasks (default: all)")
     t.add_argument("--shuffle-options", action="store_true",
                    help="shuffle multiple-choice options per record (default: canonical order)")
     t.add_argument("--resolution", type=int, default=64, help="frame/image side in pixels (default 64)")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_make_toy)
     return parser
 

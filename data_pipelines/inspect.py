@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .loaders import load_samples
+from .media_check import quiet_native_stderr, short_reason
 from .schema import Sample
 
 
@@ -108,7 +109,7 @@ def inspect_dataset(
 
 
 def _media_stats(samples: list[Sample], report: InspectReport, max_media: int, progress: bool) -> None:
-    from mmrl_common.errors import MmrlError
+    from tqdm import tqdm
 
     files: dict[str, str] = {}
     for s in samples:
@@ -118,28 +119,33 @@ def _media_stats(samples: list[Sample], report: InspectReport, max_media: int, p
     report.media_total = len(files)
     items = list(files.items())[:max_media]
     report.media_probed = len(items)
-    if progress:
-        from tqdm import tqdm
-
-        items = tqdm(items, desc="media", unit="file", leave=False, file=sys.stderr)
     stats: dict[str, list[float]] = {k: [] for k in ("duration_s", "fps", "width", "height", "num_frames")}
-    for p, kind in items:
-        try:
-            if kind == "video":
-                from video.reader import open_video
-
-                with open_video(p) as r:
-                    for key, value in (("duration_s", r.duration), ("fps", r.fps), ("width", r.width),
-                                       ("height", r.height), ("num_frames", r.num_frames)):
-                        stats[key].append(float(value))
-            else:
-                from vision import open_image
-
-                img = open_image(p)
-                report.image_sizes.append((img.width, img.height))
-        except (MmrlError, OSError, ValueError) as exc:
-            report.media_errors.append(f"{p}: {exc}")
+    with quiet_native_stderr() as console:  # the decoders' own messages would repeat ours
+        for p, kind in tqdm(items, desc="media", unit="file", leave=False, file=console, disable=not progress):
+            _probe(p, kind, stats, report)
     report.video_stats = stats if stats["duration_s"] else {}
+
+
+def _probe(p: str, kind: str, stats: dict[str, list[float]], report: InspectReport) -> None:
+    from mmrl_common.errors import MediaError, MmrlError
+
+    try:
+        if kind == "video":
+            from video.reader import open_video
+
+            with open_video(p) as r:
+                for key, value in (("duration_s", r.duration), ("fps", r.fps), ("width", r.width),
+                                   ("height", r.height), ("num_frames", r.num_frames)):
+                    stats[key].append(float(value))
+        else:
+            from vision import open_image
+
+            img = open_image(p)
+            report.image_sizes.append((img.width, img.height))
+    except MediaError as exc:  # its reason may name the file again
+        report.media_errors.append(f"{p}: {short_reason(exc.reason, p)}")
+    except (MmrlError, OSError, ValueError) as exc:
+        report.media_errors.append(f"{p}: {exc}")
 
 
 def pick_samples(samples: list[Sample], n: int) -> list[Sample]:

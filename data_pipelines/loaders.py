@@ -126,11 +126,14 @@ def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
                 continue
             if not text.strip():
                 continue
+            text = text.rstrip("\r\n")
             try:
                 yield RawRecord(lineno, "line", json.loads(text))
             except json.JSONDecodeError as exc:
-                yield RawRecord(lineno, "line", error=f"broken JSON: {exc.msg} at column {exc.colno}; a JSONL "
-                                                      "file needs one complete JSON object per line")
+                where = (f"at the end of the line (column {exc.pos + 1}): the record is cut short"
+                         if exc.pos >= len(text.rstrip()) else f"at column {exc.pos + 1}")
+                yield RawRecord(lineno, "line", error=f"broken JSON: {exc.msg} {where}; a JSONL file needs one "
+                                                      "complete JSON object per line")
 
 
 def _iter_json(path: Path) -> Iterator[RawRecord]:
@@ -234,8 +237,9 @@ class RecordChecker:
     (optionally) media checks. Shared by :func:`load_samples` and ``mmrl data validate``."""
 
     def __init__(self, path: Path, *, record_format: str = "auto", columns: Mapping[str, str] | None = None,
-                 base_dir: Path | None = None, media: str | None = None) -> None:
+                 base_dir: Path | None = None, media: str | None = None, progress: bool = False) -> None:
         self.path = path
+        self.progress = progress  # a progress bar while media files are checked
         self.record_format = record_format
         self.columns = columns
         self.base_dir = base_dir
@@ -244,10 +248,26 @@ class RecordChecker:
         self.media_cache: dict[tuple[str, str], str | None] = {}
 
     def run(self, records: Iterator[RawRecord]) -> Iterator[CheckedRecord]:
-        for raw in records:
-            yield self.check(raw)
+        if not self.media:
+            for raw in records:
+                yield self.check(raw)
+        else:  # every record first, then all media files at once (in parallel, cached)
+            checked = [self.check(raw) for raw in records]
+            self.check_media(checked)
+            yield from checked
         if self.record_format == "auto":
             self.record_format = "native"
+
+    def check_media(self, checked: list[CheckedRecord]) -> None:
+        """Add a problem to each record with a missing or unreadable media file."""
+        from .media_check import check_samples_media
+
+        file = str(self.path)
+        good = [c for c in checked if c.sample is not None]
+        reasons = check_samples_media([c.sample for c in good], self.base_dir, decode=(self.media == "decode"),
+                                      cache=self.media_cache, progress=self.progress)
+        for c, found in zip(good, reasons):
+            c.problems.extend(Problem(file, c.line, c.sample.id, "media", r, c.unit) for r in found)
 
     def check(self, raw: RawRecord) -> CheckedRecord:
         file = str(self.path)
@@ -277,12 +297,6 @@ class RecordChecker:
                                         "ids must be unique", raw.unit))
             else:
                 self.seen_ids[sample.id] = where
-            if self.media:
-                from .media_check import check_sample_media
-
-                for reason in check_sample_media(sample, self.base_dir, decode=(self.media == "decode"),
-                                                 cache=self.media_cache):
-                    problems.append(Problem(file, raw.line, sample.id, "media", reason, raw.unit))
         return CheckedRecord(raw.line, raw.unit, where, sample, problems)
 
 
@@ -309,6 +323,8 @@ def load_samples(
     check_media: bool | str = False,
     split: str | None = None,
     resolve_paths: bool = True,
+    progress: bool = False,
+    skip_hint: str = "pass on_bad_sample='skip'",
 ) -> LoadResult:
     """Read every record of ``path`` into :class:`Sample` objects.
 
@@ -317,14 +333,18 @@ def load_samples(
     file's folder (the folder itself for a ``datasets`` folder); with ``resolve_paths`` the loaded samples
     carry the resolved paths. ``check_media``: ``False``; ``True``/``"exists"`` (each file exists and is
     not empty); ``"decode"`` (each file is opened and decoded, as ``mmrl data validate`` does).
-    ``split`` picks a split of a ``DatasetDict`` folder.
+    ``split`` picks a split of a ``DatasetDict`` folder. Media files are checked all at once, in parallel,
+    and the verdicts cached (:func:`~data_pipelines.media_check.check_files`); ``progress`` shows a bar.
+    The error of ``on_bad_sample="raise"`` lists every problem; ``skip_hint`` is how its last line tells
+    the caller to skip them instead (``mmrl train`` says ``data.on_bad_sample=skip``).
     """
     if on_bad_sample not in ("raise", "skip"):
         raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
     path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
     result = LoadResult(path=path, file_format=file_fmt, record_format=rec_fmt, base_dir=base_dir)
     mode = "exists" if check_media is True else (check_media or None)
-    checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir, media=mode)
+    checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir, media=mode,
+                            progress=progress)
     for checked in checker.run(iter_raw_records(path, file_fmt, split=split)):
         result.total += 1
         sample = checked.sample
@@ -340,11 +360,19 @@ def load_samples(
         result.locations.append(checked.location)
     result.record_format = checker.record_format
     if result.problems and on_bad_sample == "raise":
-        shown = "\n".join(f"  {p}" for p in result.problems[:10])
-        more = f"\n  ... and {len(result.problems) - 10} more" if len(result.problems) > 10 else ""
-        raise DataError(f"{result.skipped} bad record(s) in {path}:\n{shown}{more}\n"
-                        "fix them, or pass on_bad_sample='skip' to load the good records and skip these")
+        shown = "\n".join(f"  {p}" for p in result.problems)
+        raise DataError(f"{result.skipped} bad record(s) of {result.total} in {path}:\n{shown}\n"
+                        f"{numbering_note(result.problems)}"
+                        f"fix them, or {skip_hint} to load the good records and skip these")
     return result
+
+
+def numbering_note(problems: list[Problem]) -> str:
+    """A line saying how the places in ``problems`` count (empty when they are all JSONL lines)."""
+    if any(p.unit == "record" and p.line is not None for p in problems):
+        return ("(FILE:record N is the record's 0-based index in the JSON list, Parquet table or datasets "
+                "folder; FILE:N is the 1-based line of a JSONL file)\n")
+    return ""
 
 
 def _id_of(record: Mapping[str, Any]) -> str | None:

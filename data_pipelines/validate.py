@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .loaders import RecordChecker, iter_raw_records, locate_dataset
+from .loaders import RecordChecker, iter_raw_records, locate_dataset, numbering_note
 from .schema import Problem
 
 
@@ -54,7 +54,7 @@ def validate_dataset(
     """Check every record of ``path`` (and, with ``check_media``, decode every media file)."""
     path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir,
-                            media="decode" if check_media else None)
+                            media="decode" if check_media else None, progress=progress)
     report = ValidationReport(path=path, file_format=file_fmt, record_format=rec_fmt)
     records = iter_raw_records(path, file_fmt, split=split)
     if progress:
@@ -85,5 +85,5 @@ def run_validate(
     report = validate_dataset(path, media_root=media_root, fmt=fmt, progress=progress)
     for problem in report.problems:
         print(problem, file=out)
-    print(report.summary(), file=out)
+    print(numbering_note(report.problems) + report.summary(), file=out)
     return 0 if report.ok else 1
