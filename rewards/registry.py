@@ -6,15 +6,32 @@ A reward function has TRL's signature::
 
 ``completions`` is a list of strings or TRL's conversational form (one list of message dicts per completion);
 :func:`completion_to_text` turns either into a string. ``columns`` are per-completion lists (``id``,
-``problem_type``, ``options``, ``answer``, ``meta`` and any extra dataset column) and may hold other keyword
-arguments that TRL passes (``prompts``, ``completion_ids``, ``trainer_state``); a reward must accept unknown
-keyword arguments. ``None`` for a sample means "not applicable" (TRL's convention).
+``problem_type``, ``options``, ``answer``, ``meta``, and each extra dataset column by its own name) and the
+other keyword arguments TRL's ``GRPOTrainer`` passes (``prompts``, ``completion_ids``, ``trainer_state``,
+``log_extra``, ``log_metric``); a reward must accept unknown keyword arguments. ``None`` for a sample means
+"not applicable" (TRL's convention).
 
-Users register their TRL reward functions unchanged::
+Calls follow TRL: ``fn(prompts=..., completions=..., completion_ids=..., **columns)`` by keyword when the
+function takes them that way (TRL's ``get_soft_overlong_punishment`` reads only ``completion_ids``), else
+with the completions first (``fn(completions, **columns)``). Each reward gets completions in one of two
+forms: ``"text"`` (strings, mmrl's own rewards) or ``"messages"`` (TRL's form for chat models, which is what
+TRL passes for vision-language prompts: ``[{"role": "assistant", "content": text}]`` per completion).
+
+A config names a reward by its registered name, by ``trl:NAME`` (a function of ``trl.rewards``, e.g.
+``trl:think_format_reward``), or by an import path (``my_pkg.rewards.my_fn`` or ``my_pkg.rewards:my_fn``);
+the last two get the ``messages`` form. ``init`` builds a reward from a factory (``{name:
+trl:get_soft_overlong_punishment, init: {max_completion_len: 64, soft_punish_cache: 16}}``).
+
+Users register their own reward functions::
 
     @register_reward("my_len")
     def my_len(completions, **kwargs):
         return [min(len(c) / 100, 1.0) for c in completions]
+
+and TRL-style ones (reading ``completion[0]["content"]``) with ``completions="messages"`` (functions from the
+``trl`` package get it without asking)::
+
+    register_reward("think", think_format_reward)
 
 and combine rewards from a config list of ``{name, weight, kwargs}``::
 
@@ -23,6 +40,8 @@ and combine rewards from a config list of ``{name, weight, kwargs}``::
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -152,8 +171,12 @@ def register_reward(
     *,
     overwrite: bool = False,
     locate_errors: bool = True,
+    completions: str | None = None,
 ):
     """Register a reward function under ``name``; use as ``@register_reward("name")`` or call directly.
+
+    ``completions``: the form the function reads, ``"text"`` (strings) or ``"messages"`` (TRL's
+    conversational form); default ``"messages"`` for functions of the ``trl`` package, else ``"text"``.
 
     ``fn`` keeps its TRL signature ``fn(completions, **columns)``; it is returned unchanged. Registering a
     different function under a taken name raises :class:`ConfigError` unless ``overwrite=True`` (a function
@@ -169,7 +192,11 @@ def register_reward(
     def decorate(f: RewardFn) -> RewardFn:
         if not callable(f):
             raise ConfigError(f"reward {name!r}: {f!r} is not callable")
-        return REWARDS.add(name, f, overwrite=overwrite, meta={"locate_errors": bool(locate_errors)})
+        form = completions or default_form(f)
+        if form not in FORMS:
+            raise ConfigError(f"reward {name!r}: completions={form!r}; use one of {', '.join(FORMS)}")
+        return REWARDS.add(name, f, overwrite=overwrite, meta={"locate_errors": bool(locate_errors),
+                                                               "completions": form})
 
     if fn is not None:
         return decorate(fn)
@@ -179,6 +206,62 @@ def register_reward(
 def unregister_reward(name: str) -> None:
     """Remove a registered reward (mainly for tests); unknown names raise :class:`ConfigError`."""
     REWARDS.unregister(name)
+
+
+FORMS = ("text", "messages")
+
+
+def default_form(fn: Any) -> str:
+    """``"messages"`` for TRL's own reward functions (and callables of the ``trl`` package), else ``"text"``."""
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+    return "messages" if module == "trl" or module.startswith("trl.") else "text"
+
+
+def resolve_reward(name: str, where: str = "rewards") -> tuple[RewardFn, dict[str, Any]]:
+    """The function for a config name and its metadata (``locate_errors``, ``completions``): a registered
+    name, ``trl:NAME`` (``trl.rewards.NAME``) or an import path (``pkg.module.fn`` / ``pkg.module:fn``)."""
+    canonical = REWARDS.canonical(name)
+    if canonical is not None:
+        return REWARDS.get(canonical), dict(REWARDS.meta(canonical))
+    if name.startswith("trl:"):
+        attr = name[4:]
+        try:
+            module = importlib.import_module("trl.rewards")
+        except ImportError as exc:
+            raise ConfigError(f"{where}: {name!r} needs TRL: pip install trl ({exc})") from None
+        known = list(getattr(module, "__all__", None) or [k for k in dir(module) if not k.startswith("_")])
+        try:
+            fn = getattr(module, attr)
+        except (AttributeError, ImportError) as exc:
+            if isinstance(exc, ImportError):
+                raise ConfigError(f"{where}: {name!r} cannot be imported: {exc}") from None
+            raise ConfigError(f"{where}: trl.rewards has no {attr!r}; {_suggest(attr, known)}") from None
+        return fn, {"locate_errors": True, "completions": "messages"}
+    if "." in name or ":" in name:
+        module_name, _, attr = name.rpartition(":") if ":" in name else name.rpartition(".")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{where}: cannot import reward {name!r}: {type(exc).__name__}: {exc}") from None
+        if not callable(fn):
+            raise ConfigError(f"{where}: {name!r} is not callable")
+        return fn, {"locate_errors": True, "completions": "messages"}
+    raise REWARDS.unknown(name, where=where)
+
+
+def as_messages(completions: Sequence[Any]) -> list[Any]:
+    """TRL's conversational form of completions given as strings (others are returned as they are)."""
+    return [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
+
+
+def call_reward(fn: RewardFn, completions: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """Call ``fn`` the way TRL's trainer does (every argument by keyword) when its signature takes that,
+    else with the completions first (mmrl's older convention, e.g. ``lambda c, **kw: ...``)."""
+    try:
+        inspect.signature(fn).bind(completions=completions, **kwargs)
+    except (TypeError, ValueError):
+        return fn(completions, **kwargs)
+    return fn(completions=completions, **kwargs)
 
 
 def get_reward(name: str) -> RewardFn:
@@ -195,7 +278,7 @@ def available_rewards() -> list[str]:
 # Combination
 # --------------------------------------------------------------------------------------------------------
 
-_SPEC_KEYS = ("name", "weight", "kwargs", "label")
+_SPEC_KEYS = ("name", "weight", "kwargs", "label", "init", "completions")
 
 
 @dataclass
@@ -205,18 +288,24 @@ class RewardSpec:
     ``name``: a registered reward name (or a callable, registered or not). ``weight``: its factor in the
     total. ``kwargs``: fixed keyword arguments passed to the function with the columns (a key that is also a
     column name is a :class:`ConfigError`). ``label``: the component name in logs; defaults to ``name``, and
-    must be unique within a combination (use it to apply one reward twice with different kwargs).
+    must be unique within a combination (use it to apply one reward twice with different kwargs). ``init``:
+    the name is a factory (TRL's ``get_*`` rewards); it is called once with these keyword arguments and
+    returns the reward function. ``completions``: the form the function reads, ``"text"`` or ``"messages"``
+    (default: as registered; ``"messages"`` for ``trl:`` names and import paths).
     """
 
     name: str | RewardFn
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)
     label: str | None = None
+    init: dict[str, Any] | None = None
+    completions: str | None = None
 
     @classmethod
     def parse(cls, item: Any, where: str = "rewards") -> RewardSpec:
         if isinstance(item, RewardSpec):
-            spec = RewardSpec(item.name, item.weight, dict(item.kwargs), item.label)
+            spec = RewardSpec(item.name, item.weight, dict(item.kwargs), item.label,
+                              None if item.init is None else dict(item.init), item.completions)
         elif isinstance(item, str) or callable(item):
             spec = RewardSpec(item)
         elif isinstance(item, Mapping):
@@ -233,7 +322,8 @@ class RewardSpec:
                 raise ConfigError(
                     f"{where}: kwargs of reward {item['name']!r} must be a mapping, got {kwargs!r}"
                 )
-            spec = RewardSpec(item["name"], item.get("weight", 1.0), dict(kwargs), item.get("label"))
+            spec = RewardSpec(item["name"], item.get("weight", 1.0), dict(kwargs), item.get("label"),
+                              item.get("init"), item.get("completions"))
         else:
             raise ConfigError(f"{where}: a reward entry must be a name or a mapping, got {item!r}")
         w = spec.weight
@@ -246,6 +336,11 @@ class RewardSpec:
             raise ConfigError(f"{where}: kwargs of reward {spec.display_name!r} must be a mapping of names")
         if spec.label is not None and not isinstance(spec.label, str):
             raise ConfigError(f"{where}: label of reward {spec.display_name!r} must be a string")
+        if spec.init is not None and not (isinstance(spec.init, Mapping) and all(isinstance(k, str) for k in spec.init)):
+            raise ConfigError(f"{where}: init of reward {spec.display_name!r} must be a mapping of names")
+        if spec.completions not in (None, *FORMS):
+            raise ConfigError(f"{where}: completions of reward {spec.display_name!r} must be one of "
+                              f"{', '.join(FORMS)}, got {spec.completions!r}")
         return spec
 
     @property
@@ -253,6 +348,8 @@ class RewardSpec:
         if self.label:
             return self.label
         if isinstance(self.name, str):
+            if REWARDS.canonical(self.name) is None and ("." in self.name or ":" in self.name):
+                return self.name.rpartition(":")[2].rpartition(".")[2]  # trl:NAME, pkg.module.fn -> the function
             return self.name
         return getattr(self.name, "__name__", repr(self.name))
 
@@ -351,17 +448,24 @@ class CombinedReward:
             raise ConfigError(f"{where}: no reward functions configured")
         self._fns: list[RewardFn] = []
         self._locate: list[bool] = []
+        self._forms: list[str] = []
         seen: set[str] = set()
         for i, spec in enumerate(self.specs):
             if isinstance(spec.name, str):
-                name = REWARDS.canonical(spec.name)
-                if name is None:
-                    raise REWARDS.unknown(spec.name, where=f"{where}[{i}]")
-                self._fns.append(REWARDS.get(name))
-                self._locate.append(bool(REWARDS.meta(name).get("locate_errors", True)))
+                fn, meta = resolve_reward(spec.name, where=f"{where}[{i}]")
             else:
-                self._fns.append(spec.name)
-                self._locate.append(True)
+                fn, meta = spec.name, {"completions": default_form(spec.name)}
+            if spec.init is not None:
+                try:
+                    fn = fn(**spec.init)
+                except TypeError as exc:
+                    raise ConfigError(f"{where}[{i}]: init of reward {spec.display_name!r}: {exc}") from None
+                if not callable(fn):
+                    raise ConfigError(f"{where}[{i}]: reward {spec.display_name!r} with init returned "
+                                      f"{type(fn).__name__}, not a function")
+            self._fns.append(fn)
+            self._locate.append(bool(meta.get("locate_errors", True)))
+            self._forms.append(spec.completions or meta.get("completions") or default_form(fn))
             label = spec.display_name
             if label in seen:
                 raise ConfigError(
@@ -377,8 +481,13 @@ class CombinedReward:
         return self.compute(completions, columns).total
 
     def compute(
-        self, completions: Sequence[Any], columns: Mapping[str, Any] | None = None
+        self, completions: Sequence[Any], columns: Mapping[str, Any] | None = None, *,
+        messages: Sequence[Any] | None = None, dataset_columns: Mapping[str, Any] | None = None,
     ) -> RewardBreakdown:
+        """The breakdown for ``completions`` (in the caller's form; ``messages``: the same completions in
+        TRL's conversational form, built from strings when not given). ``dataset_columns`` are passed like
+        ``columns``, except that a reward's ``kwargs`` of the same name replace them (extra dataset columns
+        must not break a configured reward)."""
         columns = dict(columns or {})
         if isinstance(completions, str):
             raise TypeError("completions must be a list of completions, not a single string")
@@ -391,9 +500,13 @@ class CombinedReward:
         components: dict[str, list[float]] = {}
         applicable: dict[str, list[bool]] = {}
         weights: dict[str, float] = {}
-        for spec, fn, locate in zip(self.specs, self._fns, self._locate):
+        data_cols = {k: v for k, v in (dataset_columns or {}).items() if k not in columns and k != "completions"}
+        for spec, fn, locate, form in zip(self.specs, self._fns, self._locate, self._forms):
             label = spec.display_name
-            values = self._run_one(spec, fn, locate, completions, columns)
+            given = (list(messages) if messages is not None else as_messages(completions)) \
+                if form == "messages" else completions
+            cols = {**{k: v for k, v in data_cols.items() if k not in spec.kwargs}, **columns}
+            values = self._run_one(spec, fn, locate, given, cols)
             comp = [0.0 if v is None else v for v in values]
             components[label] = comp
             applicable[label] = [v is not None for v in values]
@@ -419,7 +532,7 @@ class CombinedReward:
             )
         n = len(completions)
         try:
-            result = fn(completions, **columns, **spec.kwargs)
+            result = call_reward(fn, completions, {**columns, **spec.kwargs})
         except RewardError:
             raise
         except Exception as exc:
@@ -469,7 +582,7 @@ class CombinedReward:
         n = len(completions)
         for i in range(n):
             try:
-                fn([completions[i]], **_slice_columns(columns, i, n), **spec.kwargs)
+                call_reward(fn, [completions[i]], {**_slice_columns(columns, i, n), **spec.kwargs})
             except Exception:  # noqa: BLE001 - we only want to know which sample fails
                 return i
         return None
