@@ -3,13 +3,16 @@
 A checkpoint folder ``checkpoint-<step>/`` holds ``model.safetensors``, ``config.json``, the processor
 files, and ``trainer_state.pt`` (optimizer, scheduler, the RNG states of Python, NumPy, torch and CUDA, the
 sampler position, the curriculum stage, plugin states, the step; plain data and tensors, loaded with
-``weights_only=True``), and ``reference.safetensors`` when the KL reference differs from the run's starting
-model. It is written to a temporary folder and renamed, so a run
+``weights_only=True``), ``reference.safetensors`` when the KL reference differs from the run's starting
+model, and ``mmrl_eval.json``: the run's prompt, generation and media settings, which ``mmrl eval --model``
+uses so that a model is evaluated the way it was trained (every model folder a run writes has it: the
+checkpoints, ``final/``, ``sft-model/``). It is written to a temporary folder and renamed, so a run
 killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -52,21 +55,51 @@ def seed_everything(seed: int) -> None:
 
 
 REFERENCE_FILE = "reference.safetensors"
+EVAL_SETTINGS_FILE = "mmrl_eval.json"
+
+
+def eval_settings(cfg: Any) -> dict[str, Any]:
+    """What evaluating a model as it was trained needs, as a config fragment (``{section: {key: value}}``):
+    the prompt, the generation length and stop strings, the media budgets and the evaluation settings of
+    the run configuration ``cfg``."""
+    from mmrl.config_io import to_dict
+
+    return {"prompt": to_dict(cfg.prompt),
+            "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens, "stop": list(cfg.rollout.stop)},
+            "data": {"media": to_dict(cfg.data.media)},
+            "eval": {"max_new_tokens": cfg.eval.max_new_tokens, "batch_size": cfg.eval.batch_size,
+                     "min_options": cfg.eval.min_options}}
+
+
+def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
+    """The evaluation settings stored in a model folder (:func:`eval_settings`), or None."""
+    path = Path(model_dir) / EVAL_SETTINGS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None) -> Path:
+    """A Hugging Face model folder (safetensors and processor files) plus ``mmrl_eval.json``."""
+    model.save_pretrained(folder, safe_serialization=True)
+    processor.save_pretrained(folder)
+    if settings is not None:
+        (folder / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    return folder
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor: Any,
-                    state: dict[str, Any], keep: int = 2, reference: torch.nn.Module | None = None) -> Path:
+                    state: dict[str, Any], keep: int = 2, reference: torch.nn.Module | None = None,
+                    settings: dict[str, Any] | None = None) -> Path:
     """``reference``: the KL reference model, given only when it differs from the run's starting model
-    (a curriculum reset it); it is stored beside the weights as ``reference.safetensors``."""
-    from safetensors.torch import save_model
+    (a curriculum reset it); it is stored beside the weights as ``reference.safetensors``. ``settings``:
+    the run's evaluation settings (:func:`eval_settings`), stored as ``mmrl_eval.json``."""
+    from safetensors.torch import save_model as save_tensors
 
     final = run_dir / f"checkpoint-{step}"
     tmp = run_dir / f".tmp-checkpoint-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    processor.save_pretrained(tmp)
+    save_model(tmp, model, processor, settings)
     if reference is not None:
-        save_model(reference, str(tmp / REFERENCE_FILE))
+        save_tensors(reference, str(tmp / REFERENCE_FILE))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

@@ -1,8 +1,10 @@
 """Held-out evaluation: greedy answers on a split, scored with the same answer matching as the rewards.
 
-Accuracy is reported overall, per problem type, and per task (``meta.task``). ``min_options`` restricts the
-headline ``accuracy`` to multiple-choice questions with at least that many options (the rest still count
-in the breakdowns).
+Accuracy is reported overall, per problem type, and per task (``meta.task``, for data that has tasks).
+``min_options`` (``eval.min_options``, default 0: every question counts) restricts the headline ``accuracy``
+to multiple-choice questions with at least that many options; the rest still count in the breakdowns.
+Every question left out of the headline, and every one skipped for unreadable media, is named with its
+reason in ``metrics["excluded"]`` (and on the console: :func:`describe_exclusions`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tqdm import tqdm
+from transformers import TrainerState
 
 from mmrl.service import RolloutService
 from mmrl_common.errors import MediaError
@@ -27,7 +30,7 @@ def evaluate(
 
     accuracy = get_reward("accuracy")
     predictions: list[dict[str, Any]] = []
-    skipped = 0
+    unreadable: list[dict[str, Any]] = []
     bar = tqdm(total=len(samples), desc=desc, unit="q", disable=not show_progress, leave=False)
     for start in range(0, len(samples), batch_size):
         chunk = list(samples[start:start + batch_size])
@@ -36,10 +39,10 @@ def evaluate(
             try:
                 service.preparer.prepare(s)
                 kept.append(s)
-            except MediaError:
+            except MediaError as exc:
                 if not skip_bad:
                     raise
-                skipped += 1
+                unreadable.append({"id": s.id, "reason": f"unreadable media: {exc}"})
         if kept:
             texts = [a[0].text for a in service.generate(kept, max_new_tokens=max_new_tokens)]
             scores = accuracy(texts, **reward_columns(kept))
@@ -49,7 +52,7 @@ def evaluate(
                                     "completion": text, "score": float(score or 0.0)})
         bar.update(len(chunk))
     bar.close()
-    return summarize(predictions, min_options=min_options, skipped=skipped), predictions
+    return summarize(predictions, min_options=min_options, unreadable=unreadable), predictions
 
 
 def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
@@ -59,23 +62,118 @@ def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
             "answer": [s.answer for s in samples], "meta": [s.meta for s in samples]}
 
 
-def summarize(predictions: list[dict[str, Any]], *, min_options: int = 0, skipped: int = 0) -> dict[str, Any]:
+def dataset_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
+    """Each key of the samples' ``meta`` (where a record's extra columns are kept, e.g. TRL's ``solution``) as a
+    column of its own, None where a sample lacks it: TRL passes every dataset column by its name."""
+    keys = dict.fromkeys(k for s in samples for k in s.meta)
+    return {k: [s.meta.get(k) for s in samples] for k in keys}
+
+
+def prompt_messages(sample: Any, prompt: Any) -> list[dict[str, Any]]:
+    """The chat messages of ``sample``'s prompt as TRL passes ``prompts`` for vision-language data: the
+    run's template, with each image or video part naming its file (``{"type": "video", "video": path}``)."""
+    from mmrl.prompts import build_messages
+
+    messages = build_messages(sample, prompt, [m.type for m in sample.media])
+    parts = [p for m in messages if m["role"] == "user" for p in m["content"] if p["type"] in ("image", "video")]
+    for part, item in zip(parts, sample.media):
+        part[item.type] = item.path
+    return messages
+
+
+class RewardState(TrainerState):
+    """``trainer_state`` for rewards: TRL passes transformers' ``TrainerState`` (``global_step``, ``max_steps``,
+    ...); ``stage`` is the curriculum stage, and ``state["step"]`` / ``state["stage"]`` still read as keys."""
+
+    def __init__(self, step: int, max_steps: int, stage: str):
+        super().__init__(global_step=step, max_steps=max_steps, epoch=step / max(1, max_steps))
+        self.stage = stage
+
+    def __getitem__(self, key: str) -> Any:
+        return {"step": self.global_step, "stage": self.stage}[key]
+
+
+def rollout_reward_columns(batch: Any, prompt: Any, *, step: int, max_steps: int, stage: str
+                           ) -> tuple[dict[str, Any], dict[str, Any], list[Any]]:
+    """``(columns, dataset columns, conversational completions)`` for the rewards of a rollout batch: what
+    TRL's ``GRPOTrainer`` passes (``prompts``, ``completion_ids``: the tokens the policy produced,
+    ``trainer_state``, ``log_extra``/``log_metric``, every dataset column) plus mmrl's own (``transcript``,
+    ``env_info``, ``entropies``, ``rollout_batch``; the trainer adds ``rollout_service``). ``log_extra``
+    values land in ``batch.extra["reward_extra"]``, ``log_metric`` values in ``batch.extra["reward_metrics"]``
+    (logged as ``reward_metric/<name>``)."""
+    n = len(batch)
+    messages_of: dict[int, list[dict[str, Any]]] = {}
+    columns: dict[str, Any] = reward_columns(batch.samples)
+    columns["prompts"] = [messages_of.setdefault(id(s), prompt_messages(s, prompt)) for s in batch.samples]
+    columns["completion_ids"] = [[t for t, m in zip(seq.ids, batch.loss_mask[i].tolist()) if m > 0]
+                                 for i, seq in enumerate(batch.seqs)]
+    columns["transcript"] = ["\n".join(t) for t in batch.turns]
+    columns["env_info"] = batch.env_info
+    columns["entropies"] = None if batch.entropies is None else [
+        batch.entropies[i][batch.loss_mask[i] > 0].tolist() for i in range(n)]
+    columns["trainer_state"] = RewardState(step, max_steps, stage)
+    columns["rollout_batch"] = batch
+    columns["log_extra"] = lambda column, values: batch.extra.setdefault("reward_extra", {}).__setitem__(
+        column, list(values))
+    columns["log_metric"] = lambda name, value: batch.extra.setdefault("reward_metrics", {}).__setitem__(
+        name, float(value))
+    conversations = [[{"role": "assistant", "content": t} for t in turns] or [{"role": "assistant", "content": ""}]
+                     for turns in batch.turns]
+    return columns, dataset_columns(batch.samples), conversations
+
+
+def headline_exclusion(p: dict[str, Any], min_options: int) -> str | None:
+    """Why prediction ``p`` is left out of the headline accuracy (None: it counts)."""
+    if min_options <= 0:
+        return None
+    if p["problem_type"] != "multiple_choice":
+        return f"not multiple choice ({p['problem_type']}); eval.min_options={min_options} counts multiple choice only"
+    if p["n_options"] < min_options:
+        return f"{p['n_options']} options, fewer than eval.min_options={min_options}"
+    return None
+
+
+def summarize(predictions: list[dict[str, Any]], *, min_options: int = 0,
+              unreadable: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Accuracy over the predictions; ``excluded`` names every question left out of it (``unreadable``:
+    the questions skipped before generation, ``{"id", "reason"}``)."""
     def mean(xs: list[float]) -> float | None:
         return sum(xs) / len(xs) if xs else None
 
-    headline = [p["score"] for p in predictions
-                if min_options <= 0 or (p["problem_type"] == "multiple_choice" and p["n_options"] >= min_options)]
+    headline: list[float] = []
+    excluded: list[dict[str, Any]] = []
+    for p in predictions:
+        why = headline_exclusion(p, min_options)
+        if why is None:
+            headline.append(p["score"])
+        else:
+            excluded.append({"id": p["id"], "reason": why})
     by_type: dict[str, list[float]] = defaultdict(list)
     by_task: dict[str, list[float]] = defaultdict(list)
     for p in predictions:
         by_type[p["problem_type"]].append(p["score"])
-        by_task[str(p["task"])].append(p["score"])
+        if p["task"] is not None:
+            by_task[str(p["task"])].append(p["score"])
     return {
         "accuracy": mean(headline),
         "n": len(headline),
         "n_total": len(predictions),
-        "skipped": skipped,
+        "skipped": len(unreadable),
         "min_options": min_options,
+        "excluded": [*excluded, *unreadable],
         "by_problem_type": {k: mean(v) for k, v in sorted(by_type.items())},
         "by_task": {k: mean(v) for k, v in sorted(by_task.items())},
     }
+
+
+def describe_exclusions(metrics: dict[str, Any], shown: int = 10) -> list[str]:
+    """Console lines naming the questions left out of the accuracy, one line per reason."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for e in metrics.get("excluded") or []:
+        by_reason[e["reason"]].append(str(e["id"]))
+    lines = []
+    for reason, ids in by_reason.items():
+        more = f" and {len(ids) - shown} more (metrics.json lists them)" if len(ids) > shown else ""
+        hint = " (eval.min_options=0 counts them)" if "eval.min_options" in reason else ""
+        lines.append(f"  not counted: {len(ids)} question(s), {reason}{hint}: {', '.join(ids[:shown])}{more}")
+    return lines

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mmrl.batch import RolloutBatch
 from mmrl.checkpoint import (
+    eval_settings,
     latest_checkpoint,
     load_reference,
     load_trainer_state,
@@ -35,11 +36,12 @@ from mmrl.checkpoint import (
 )
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
-from mmrl.evaluate import evaluate, reward_columns
+from mmrl.evaluate import evaluate, rollout_reward_columns
 from mmrl.grpo import GroupAccumulator, compute_advantages, compute_policy_loss, global_counts
 from mmrl.grpo.filters import overlong_keep_mask, soft_overlong_penalty
 from mmrl.grpo.kl import kl_in_reward
 from mmrl.grpo.shaping import ShapingInput
+from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
 from mmrl.plugins import build_plugins
 from mmrl.policy import Policy, TokenSeq
@@ -114,6 +116,7 @@ class GRPOTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self)
+        add_health_checks(self)  # warnings when the run cannot be learning (train.health_window)
 
     # ------------------------------------------------------------------------------------ stages
     def _make_sampler(self):
@@ -285,15 +288,10 @@ class GRPOTrainer:
 
     def score(self, batch: RolloutBatch) -> None:
         """``batch.rewards`` and ``batch.reward_components`` (plus the DAPO soft overlong penalty)."""
-        columns: dict[str, Any] = reward_columns(batch.samples)
-        columns["transcript"] = ["\n".join(t) for t in batch.turns]
-        columns["env_info"] = batch.env_info
-        columns["entropies"] = None if batch.entropies is None else [
-            batch.entropies[i][batch.loss_mask[i] > 0].tolist() for i in range(len(batch))]
-        columns["trainer_state"] = {"step": self.step, "stage": self.stage["name"]}
+        columns, data_columns, messages = rollout_reward_columns(
+            batch, self.cfg.prompt, step=self.step, max_steps=self.cfg.train.steps, stage=self.stage["name"])
         columns["rollout_service"] = self.service
-        columns["rollout_batch"] = batch
-        result = self.rewards.compute(batch.completions, columns)
+        result = self.rewards.compute(batch.completions, columns, messages=messages, dataset_columns=data_columns)
         rewards = torch.tensor(result.total, dtype=torch.float32)
         components = {k: torch.tensor(v, dtype=torch.float32) for k, v in result.components.items()}
         g = self.cfg.grpo
@@ -458,6 +456,8 @@ class GRPOTrainer:
         stats: dict[str, Any] = {"reward": float(drawn.rewards.mean())}
         for k, v in drawn.reward_components.items():
             stats[f"reward/{k}"] = float(v.mean())
+        for k, v in drawn.extra.get("reward_metrics", {}).items():  # a reward's log_metric (TRL)
+            stats[f"reward_metric/{k}"] = v
         return stats
 
     def step_metrics(self, drawn: RolloutBatch, batch: RolloutBatch | None) -> dict[str, Any]:
@@ -534,7 +534,8 @@ class GRPOTrainer:
     def save(self) -> Path:
         ref = self.ref.model if self.ref is not None and not self.ref_is_start else None
         return save_checkpoint(self.run_dir, self.step, self.policy.model, self.policy.processor,
-                               self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref)
+                               self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref,
+                               settings=eval_settings(self.cfg))
 
     # ------------------------------------------------------------------------------------ loop
     def run_eval(self, tag: str) -> dict[str, Any]:
