@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("data_pipelines.cli:add_parser", "validate, inspect, and generate datasets (make-toy)"),
     "models": ("mmrl.tiny_models:add_parser", "build tiny random-weight Qwen-VL models offline"),
     "compare": ("mmrl.compare:add_parser", "measure methods against plain GRPO: arms x seeds, intervals"),
+    "config": ("mmrl.commands:add_config_parser", "print the resolved configuration: every key, value, meaning"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``mmrl train``, ``mmrl sft`` and ``mmrl eval``."""
+"""``mmrl train``, ``mmrl sft``, ``mmrl eval`` and ``mmrl config show``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
 
 
-def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
+def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None):
     from mmrl.config import load_run_config, resume_run_config
     from mmrl_common.errors import MmrlError
 
@@ -46,7 +46,16 @@ def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None):
         if not saved.is_file():
             raise MmrlError(f"--resume: {args.out} holds no run (no config.yaml)")
         return resume_run_config(saved, overrides=args.overrides, extra=extra)
-    return load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra)
+    return load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra,
+                           base=base)
+
+
+def _quiet_loading(quiet: bool) -> None:
+    """No weight-loading bars from transformers with --quiet."""
+    if quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 def _check_paths(cfg) -> None:
@@ -79,13 +88,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from mmrl.checkpoint import seed_everything
+    from mmrl.checkpoint import eval_settings, save_model, seed_everything
     from mmrl.policy import load_policy
-    from mmrl.run import default_run_dir, load_split, resolve_model
+    from mmrl.run import default_run_dir, load_split, resolve_model, set_cpu_threads
     from mmrl.run_log import RunLog
     from mmrl.sft import run_sft
 
     cfg = _load(args, {"sft": {"target": "gold"}})
+    _quiet_loading(args.quiet)
     if args.steps is not None:
         cfg.sft.steps = args.steps
     if cfg.sft.steps <= 0:
@@ -93,14 +103,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
     _check_paths(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
     run_dir.mkdir(parents=True, exist_ok=True)
+    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
     seed_everything(cfg.train.seed)
-    samples, _ = load_split(cfg, "train")
+    samples, _ = load_split(cfg, "train", show_progress=not args.quiet)
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
     result = run_sft(cfg, policy, samples, log=RunLog(run_dir), show_progress=not args.quiet)
-    policy.model.save_pretrained(run_dir / "final", safe_serialization=True)
-    policy.processor.save_pretrained(run_dir / "final")
+    save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
     print(f"sft: {cfg.sft.steps} steps, last loss {result.get('loss', float('nan')):.4f}; model: {run_dir / 'final'}")
     return 0
 
@@ -112,16 +122,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return cli_run(args, _load(args))
     from mmrl.evaluate import evaluate
     from mmrl.policy import load_policy
-    from mmrl.run import load_split, resolve_model
+    from mmrl.run import load_split, resolve_model, set_cpu_threads
     from mmrl.service import RolloutService
 
     cfg = _load(args)
+    if cfg.model.path and not args.recipe_settings:
+        cfg = _with_training_settings(args, cfg)
+    _quiet_loading(args.quiet)
     if args.split:
         cfg.eval.split = args.split
     if args.limit is not None:
         cfg.eval.limit = args.limit
+    if args.batch_size is not None:
+        cfg.eval.batch_size = args.batch_size
     _check_paths(cfg)
-    samples, _ = load_split(cfg, cfg.eval.split)
+    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
+    samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet)
     if cfg.eval.limit:
         samples = samples[:cfg.eval.limit]
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
@@ -140,7 +156,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_training_settings(args: argparse.Namespace, cfg):
+    """``cfg`` with the settings the model was trained with (its ``mmrl_eval.json``) under the user's own
+    YAML, flags and overrides; says which values they changed."""
+    from mmrl.checkpoint import EVAL_SETTINGS_FILE, read_eval_settings
+    from mmrl.config_io import describe
+
+    settings = read_eval_settings(cfg.model.path)
+    if not settings:
+        return cfg
+    trained = _load(args, base=settings)
+    before = {k: v for k, v, _ in describe(cfg)}
+    changed = [f"{k}={v}" for k, v, _ in describe(trained) if before.get(k) != v]
+    where = Path(cfg.model.path) / EVAL_SETTINGS_FILE
+    if changed:
+        print(f"eval: evaluating as the model was trained ({where}): {' '.join(changed)}; a KEY=VALUE override "
+              "wins, --recipe-settings ignores them", flush=True)
+    elif not args.quiet:
+        print(f"eval: the model's training settings ({where}) equal the recipe's", flush=True)
+    return trained
+
+
 def _table(m: dict[str, Any]) -> str:
+    from mmrl.evaluate import describe_exclusions
+
     def f(v: Any) -> str:
         return f"{v:.3f}" if isinstance(v, float) else "–"
 
@@ -149,7 +188,7 @@ def _table(m: dict[str, Any]) -> str:
         rows.append(f"  {k:<22} {f(v)}")
     for k, v in m["by_task"].items():
         rows.append(f"  task {k:<17} {f(v)}")
-    return "\n".join(rows)
+    return "\n".join(rows + describe_exclusions(m))
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -169,11 +208,47 @@ def add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sft)
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print every key of the resolved configuration with its value and meaning."""
+    import textwrap
+
+    import yaml
+
+    from mmrl.config_io import describe
+
+    cfg = _load(args)
+    for key, value, meaning in describe(cfg):
+        shown = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
+        shown = shown[:-4].rstrip() if shown.endswith("\n...") else shown.removesuffix("...").strip()
+        print(f"{key}: {shown}")
+        if meaning:
+            print(textwrap.fill(meaning, width=108, initial_indent="    ", subsequent_indent="    "))
+    return 0
+
+
+def add_config_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="print the resolved configuration: every key, its value and meaning",
+                       description="Print the configuration a command would run with (task recipe, --config, "
+                                   "flags and KEY=VALUE overrides merged): every key, its value and its meaning.")
+    csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    show = csub.add_parser("show", help="every key with its value and meaning",
+                           description="Every key of the resolved configuration with its value and meaning.")
+    _common(show)
+    show.add_argument("--resume", action="store_true", help="show the configuration of the run in --out")
+    show.set_defaults(func=cmd_config)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a model on a held-out split (accuracy per problem type and task)")
     _common(p)
-    p.add_argument("--split", choices=["val", "test"], default=None)
+    p.add_argument("--split", choices=["val", "test"], default=None,
+                   help="the held-out split of the data (default eval.split; --eval-data sets test)")
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many questions")
+    p.add_argument("--batch-size", type=int, default=None, help="questions per generate call (default eval.batch_size)")
+    p.add_argument("--recipe-settings", action="store_true",
+                   help="use the recipe's prompt, generation and media settings instead of those the model was "
+                        "trained with (its mmrl_eval.json, used by default)")
     b = p.add_argument_group("public benchmarks (with --benchmark)")
     b.add_argument("--benchmark", default=None, metavar="NAME",
                    help="mvbench, videomme, longvideobench, mmvu, vqa-rad, slake, pathvqa or toy")
@@ -185,7 +260,6 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--max-pixels", type=int, default=None, help="pixel budget per frame / image")
     b.add_argument("--prompt-template", default=None, metavar="NAME|FORMAT",
                    help="official, direct, reasoning, or a format string with {question} {options} {instruction}")
-    b.add_argument("--batch-size", type=int, default=None, help="questions per generate call (default eval.batch_size)")
     b.add_argument("--workers", type=int, default=2, help="background media-decoding threads (0: decode inline)")
     b.add_argument("--subtitles", action="store_true", help="videomme: add the subtitles at the sampled frames")
     b.add_argument("--lmms-eval", action="store_true",

@@ -23,31 +23,49 @@ class ModelConfig:
     path: str | None = None
     """A Hugging Face model folder (any Qwen2-VL / Qwen2.5-VL / Qwen3-VL). Empty: a tiny model built by mmrl."""
     tiny_family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = "qwen2_5_vl"
+    """Architecture of the tiny random-weight model built when model.path is empty."""
     tiny_seed: int = 0
+    """Seed of the tiny model's random weights."""
     tiny_size: dict[str, int] = field(default_factory=dict)
+    """Size overrides of the tiny model (hidden_size, layers, ...; empty: the default tiny size)."""
     dtype: Literal["fp32", "bf16"] = "fp32"
+    """Weights and compute dtype (bf16 keeps fp32 master weights in the optimizer)."""
     device: str = "auto"
     """`auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda`, `cuda:1`, ..."""
     freeze_vision: bool = False
+    """Keep the vision tower's weights fixed."""
     freeze_merger: bool = False
+    """Keep the vision-to-language merger (projector) fixed."""
     freeze_llm: bool = False
+    """Keep the language model's weights fixed."""
     share_vision_features: bool = True
     """Run the vision tower once per unique media item per forward pass and share it across the group."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, about a third more compute)."""
     attn_implementation: str = "sdpa"
+    """Attention kernel passed to transformers (sdpa, eager, flash_attention_2)."""
 
 
 @dataclass
 class MediaConfig:
     video_policy: str = "qwen"
+    """Frame-sampling policy: qwen (as qwen-vl-utils), uniform, segments, or a registered one."""
     fps: float = 2.0
+    """Frames sampled per second of video (before min_frames/max_frames apply)."""
     nframes: int | None = None
+    """A fixed number of frames per video instead of fps (null: use fps)."""
     min_frames: int = 4
+    """Fewest frames sampled from a video."""
     max_frames: int = 16
+    """Most frames sampled from a video."""
     video_min_pixels: int = 16 * 28 * 28
+    """Smallest frame size in pixels (frames are resized up to it)."""
     video_max_pixels: int = 64 * 28 * 28
+    """Largest frame size in pixels (frames are resized down to it; 28x28 pixels make one visual token)."""
     image_min_pixels: int = 16 * 28 * 28
+    """Smallest image size in pixels."""
     image_max_pixels: int = 256 * 28 * 28
+    """Largest image size in pixels (28x28 pixels make one visual token)."""
     cache_mb: float = 1024
     """Decoded media kept in memory between steps (LRU, megabytes of pixels; 0: no cache)."""
 
@@ -57,12 +75,23 @@ class DataConfig:
     train: str | None = None
     """Training file (JSONL/JSON/Parquet/datasets folder). Empty: the toy world's train split."""
     val: str | None = None
+    """Validation file (empty with the toy world: its val split)."""
     test: str | None = None
+    """Test file used by the held-out evaluation (--eval-data; empty with the toy world: its test split)."""
     format: str = "auto"
+    """File and/or record format: jsonl, json, parquet, hf; native, video-r1, easyr1; e.g. video-r1+json."""
     columns: dict[str, str] = field(default_factory=dict)
+    """Source column -> record field, e.g. {query: question, level: meta.difficulty}."""
     media_root: str | None = None
+    """Folder that relative media paths resolve against (empty: the data file's folder)."""
     on_bad_sample: Literal["raise", "skip"] = "raise"
+    """A bad record or media file: raise stops at load with every problem listed as FILE:LINE; skip leaves
+    those records out and names each one on the console and in the report."""
+    check_media: Literal["decode", "exists", "none"] = "decode"
+    """Before training, check every media file: decode (open it and decode first/middle/last video frames,
+    in parallel, cached by path, size and time), exists (present and not empty) or none."""
     toy_seed: int = 0
+    """With the toy world: its generation seed."""
     toy_tasks: list[str] = field(default_factory=list)
     """With the toy world: generate only these tasks (empty: all)."""
     toy_size: dict[str, int] = field(default_factory=dict)
@@ -70,8 +99,11 @@ class DataConfig:
     problem_types: list[str] = field(default_factory=list)
     """Keep only these problem types (empty: all)."""
     sampler: str = "uniform"
+    """How training prompts are drawn: uniform, or a registered sampler (variance-aware, curricula)."""
     sampler_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Settings of the sampler."""
     media: MediaConfig = field(default_factory=MediaConfig)
+    """Frame sampling and pixel budgets of images and videos."""
 
 
 @dataclass
@@ -79,7 +111,9 @@ class PromptConfig:
     template: str = "default"
     """Name of a registered prompt template, or a format string with {question} and {options}."""
     system: str | None = None
+    """A system message (empty: none)."""
     answer_format: Literal["think_answer", "answer"] = "think_answer"
+    """What the prompt asks for: think_answer (<think>...</think><answer>...</answer>) or answer only."""
 
     def __post_init__(self) -> None:
         from mmrl.prompts import resolve_template
@@ -90,15 +124,25 @@ class PromptConfig:
 @dataclass
 class RolloutConfig:
     backend: str = "hf"
+    """Generation engine: hf (transformers generate) or vllm."""
     group_size: int = 8
+    """Rollouts per prompt (G): GRPO compares them with each other."""
     temperature: float = 1.0
+    """Sampling temperature of the training rollouts."""
     top_p: float = 1.0
+    """Nucleus sampling threshold (1: off)."""
     top_k: int = 0
+    """Sample among the k most likely tokens only (0: off)."""
     max_new_tokens: int = 64
+    """Longest completion in tokens (a completion cut here is truncated; evaluation uses it too)."""
     stop: list[str] = field(default_factory=list)
+    """Strings that end a completion (e.g. ["</answer>"])."""
     environment: str | None = None
+    """A registered multi-turn environment (frame selection, zoom-in); empty: single turn."""
     environment_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Settings of the environment."""
     max_turns: int = 1
+    """Most assistant turns per episode with an environment."""
     record_logprobs: bool = False
     """Keep the sampling log-probabilities of every rollout token in the batch (``rollout_logprobs``)."""
     record_entropies: bool = False
@@ -119,23 +163,42 @@ class RolloutConfig:
 @dataclass
 class TrainConfig:
     steps: int = 100
+    """RL steps (the LR schedule spans them; changing it on --resume reshapes the schedule)."""
     prompts_per_step: int = 8
+    """Prompts per step; each is rolled out group_size times."""
     micro_batch_size: int = 16
     """Sequences per forward/backward pass; gradients accumulate over the step's micro-batches."""
     lr: float = 1e-6
+    """Peak learning rate (AdamW)."""
     warmup_steps: int = 0
+    """Linear warm-up steps before the cosine decay."""
     min_lr_ratio: float = 0.0
+    """The cosine decay ends at this fraction of the peak learning rate."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
     max_grad_norm: float = 1.0
+    """Gradients are clipped to this global norm."""
     seed: int = 0
+    """Seed of everything random in the run (sampling order, rollouts, cold start)."""
     eval_every: int = 0
+    """Held-out evaluation every this many RL steps (0: only before and after RL)."""
     save_every: int = 50
+    """A checkpoint every this many steps (and at the last step; 0: only at the last step)."""
     keep_checkpoints: int = 2
+    """Newest checkpoints kept (0: all)."""
     log_rollouts: int = 4
+    """Completions per step written to rollouts.jsonl."""
     log_every: int = 10
     """Print a one-line summary every this many steps (0: never)."""
-    """Completions per step written to rollouts.jsonl."""
+    cpu_threads: int | Literal["auto"] = "auto"
+    """torch CPU threads. auto: the CPU cores not busy with other processes when the run starts (at least
+    1; OMP_NUM_THREADS wins when set). On a shared machine more threads than free cores make every step
+    many times slower."""
+    health_window: int = 20
+    """Steps over which the run-health warnings look (no reward signal, one answer for everything, mostly
+    equal-reward groups); each warns once, on the console and in the report. 0: off."""
 
 
 @dataclass
@@ -143,34 +206,50 @@ class SFTConfig:
     steps: int = 0
     """Cold-start SFT steps before RL (0: none)."""
     lr: float = 1e-4
+    """Cold-start learning rate."""
     batch_size: int = 16
+    """Sequences per cold-start step."""
     warmup_steps: int = 0
+    """Cold-start warm-up steps."""
     target: Literal["gold", "random_answer"] = "random_answer"
-    """`random_answer` teaches the answer format only: the answer inside the tags is drawn at random."""
+    """gold: train on the reference answers. random_answer teaches the answer format only (the answer inside
+    the tags is drawn at random), for the toy demo's random-weight model: it never runs on a model given with
+    --model / model.path."""
 
 
 @dataclass
 class EvalConfig:
     split: Literal["val", "test"] = "test"
+    """The held-out split evaluated before and after RL."""
     limit: int | None = None
+    """Evaluate at most this many questions (null: all)."""
     batch_size: int = 16
+    """Questions per generate call."""
     max_new_tokens: int | None = None
+    """Longest evaluation answer in tokens (null: rollout.max_new_tokens)."""
     before_rl: bool = True
+    """Evaluate the starting model before RL."""
     after_rl: bool = True
+    """Evaluate the trained model after RL."""
     min_options: int = 0
-    """Count only multiple-choice questions with at least this many options in the headline accuracy."""
+    """Above 0: the headline accuracy counts only multiple-choice questions with at least this many options
+    (0: every question counts); the questions left out are named with the reason."""
 
 
 @dataclass
 class RunConfig:
     task: str = "video-qa"
+    """The built-in recipe (configs/<task>.yaml) under everything else."""
     out: str | None = None
+    """Run folder (empty: runs/<task>-<time>)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("accuracy"), RewardSpec("format")])
+    """Reward entries {name, weight, kwargs, label}: a registered name, trl:NAME (TRL's reward functions) or an
+    importable module.function; the total is the weighted sum."""
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -216,8 +295,10 @@ def load_run_config(
     config_file: str | Path | None = None,
     overrides: list[str] | None = None,
     extra: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> RunConfig:
-    """Task recipe, then the user's YAML, then ``extra`` (from CLI flags), then dotted overrides.
+    """Task recipe, then ``base`` (a model folder's training settings, for ``mmrl eval``), then the user's YAML,
+    then ``extra`` (from CLI flags), then dotted overrides.
 
     The ``imports:`` entries are imported before the configuration is checked (a file named in a YAML
     resolves against that YAML's folder, one given as an override against the working directory)."""
@@ -227,6 +308,8 @@ def load_run_config(
         task = task or user.get("task")
     task = task or "video-qa"
     data = deep_merge(task_recipe(task), data)
+    if base:
+        data = deep_merge(data, base)
     if config_file:
         user = _with_imports(load_yaml(config_file), Path(config_file).resolve().parent)
         data = deep_merge(data, user)

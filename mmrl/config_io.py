@@ -149,6 +149,66 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """The meaning of each field of dataclass ``cls``: its docstring (the string literal under the field), else
+    the module docstring's bullet that names it (``* ``name=...`` -- text``), else the comment heading the
+    group of fields it belongs to; "" when there is none."""
+    import ast
+    import inspect
+    import re
+    import sys
+    import textwrap
+
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body
+    lines = source.splitlines()
+    module_doc = (sys.modules[cls.__module__].__doc__ or "") if cls.__module__ in sys.modules else ""
+    bullets = [b.replace("\n", " ") for b in re.split(r"\n\s*\* ", module_doc)]
+    docs: dict[str, str] = {}
+    section, last_line = "", 0
+    for i, node in enumerate(body):
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        for text in lines[last_line:node.lineno - 1]:  # comments since the previous field
+            if text.strip().startswith("#"):
+                section = text.strip().lstrip("# ").strip()
+        last_line = node.end_lineno or node.lineno
+        name = node.target.id
+        nxt = body[i + 1] if i + 1 < len(body) else None
+        if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            docs[name] = " ".join(nxt.value.value.split())
+            last_line = nxt.end_lineno or last_line
+            continue
+        bullet = next((b for b in bullets if f"``{name}=" in b and " -- " in b), None)
+        if bullet is not None:
+            text = " ".join(bullet.replace("``", "").split())
+            docs[name] = f"{section}: {text}" if section else text
+        else:
+            docs[name] = section
+    return docs
+
+
+def describe(obj: Any, prefix: str = "", meaning: str = "") -> list[tuple[str, Any, str]]:
+    """``(dotted key, value, meaning)`` for every leaf of a dataclass tree (list entries of dataclasses are
+    described one by one, ``rewards[0].weight``)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        docs = field_docs(type(obj))
+        out: list[tuple[str, Any, str]] = []
+        for f in dataclasses.fields(obj):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            out += describe(getattr(obj, f.name), key, docs.get(f.name, ""))
+        return out
+    if isinstance(obj, list) and obj and all(dataclasses.is_dataclass(v) for v in obj):
+        rows: list[tuple[str, Any, str]] = []
+        for i, v in enumerate(obj):
+            rows += describe(v, f"{prefix}[{i}]", meaning)
+        return [(k, val, m or meaning) for k, val, m in rows]
+    return [(prefix, to_dict(obj), meaning)]
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``"a.b.c=value"`` -> (["a", "b", "c"], parsed value)."""
     if "=" not in text:

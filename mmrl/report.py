@@ -11,6 +11,7 @@ from mmrl.run_log import read_metrics
 CURVES = [
     ("reward", "mean total reward", "reward.png"),
     ("reward/accuracy", "training accuracy (reward component)", "accuracy.png"),
+    ("reward/format", "format reward (share of well-formed completions)", "format.png"),
     ("response_length", "mean response length (tokens)", "length.png"),
     ("kl", "KL to the reference (mean per token)", "kl.png"),
 ]
@@ -26,8 +27,10 @@ def _smooth(values: list[float], k: int) -> list[float]:
     return out
 
 
-def plot_curves(run_dir: Path) -> list[tuple[str, str]]:
-    """Write one PNG per curve found in metrics.jsonl; returns ``(title, file)`` pairs."""
+def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) -> list[tuple[str, str]]:
+    """Write one PNG per curve found in metrics.jsonl; returns ``(title, file)`` pairs. The accuracy curve
+    carries the held-out evaluations: those during RL (``eval/accuracy``) and ``held_out`` (step, accuracy)
+    points such as the evaluations before and after RL."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,8 +40,9 @@ def plot_curves(run_dir: Path) -> list[tuple[str, str]]:
     made = []
     for key, title, fname in CURVES:
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        evals = [(r["step"], r["eval/accuracy"]) for r in rows
-                 if key == "reward/accuracy" and isinstance(r.get("eval/accuracy"), (int, float))]
+        evals = sorted([(r["step"], r["eval/accuracy"]) for r in rows
+                        if key == "reward/accuracy" and isinstance(r.get("eval/accuracy"), (int, float))]
+                       + (list(held_out or []) if key == "reward/accuracy" else []))
         if not pts:
             continue
         steps, vals = zip(*pts)
@@ -62,23 +66,54 @@ def _fmt(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else ("–" if v is None else str(v))
 
 
+def run_warnings(run_dir: Path) -> list[dict[str, Any]]:
+    """The run-health warnings logged during RL (``warning/<kind>`` entries of metrics.jsonl)."""
+    return [{"step": r["step"], "kind": k.split("/", 1)[1], "text": v} for r in read_metrics(run_dir)
+            if r.get("stage") == "rl" for k, v in r.items() if k.startswith("warning/") and v]
+
+
+def _held_out_points(summary: dict[str, Any]) -> list[tuple[int, float]]:
+    rl = (summary.get("stages") or {}).get("rl") or {}
+    points = []
+    for key, step in (("eval_before_rl", 0), ("eval_after_rl", rl.get("steps"))):
+        acc = (summary.get(key) or {}).get("accuracy")
+        if isinstance(acc, (int, float)) and isinstance(step, int):
+            points.append((step, float(acc)))
+    return points
+
+
+def _counted(summary: dict[str, Any]) -> str:
+    k = summary.get("eval_min_options") or 0
+    return (f"the accuracy counts multiple-choice questions with at least {k} options (eval.min_options)." if k > 0
+            else "the accuracy counts every question.")
+
+
 def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
+    summary = {**summary, "warnings": run_warnings(run_dir)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    plots = plot_curves(run_dir)
+    plots = plot_curves(run_dir, _held_out_points(summary))
     lines = [f"# mmrl run report: {summary.get('task', '')}", ""]
     before, after = summary.get("eval_before_rl"), summary.get("eval_after_rl")
     if before or after:
         lines += ["## Held-out evaluation", "",
-                  (f"Split `{summary.get('eval_split')}`, greedy decoding; headline accuracy counts multiple-choice "
-                  f"questions with at least {summary.get('eval_min_options', 0)} options."), "",
+                  f"Split `{summary.get('eval_split')}`, greedy decoding; {_counted(summary)}", "",
                   "| | before RL | after RL |", "| --- | --- | --- |"]
         b, a = before or {}, after or {}
         lines.append(f"| accuracy | {_fmt(b.get('accuracy'))} | {_fmt(a.get('accuracy'))} |")
         lines.append(f"| questions | {_fmt(b.get('n'))} | {_fmt(a.get('n'))} |")
+        left_out = (a or b).get("excluded") or []
         for group in ("by_task", "by_problem_type"):
             keys = sorted(set(b.get(group, {})) | set(a.get(group, {})))
             for k in keys:
                 lines.append(f"| {group[3:]}: {k} | {_fmt(b.get(group, {}).get(k))} | {_fmt(a.get(group, {}).get(k))} |")
+        lines.append("")
+        if left_out:
+            lines += [f"Not in the accuracy ({len(left_out)}):", ""]
+            lines += [f"- `{e['id']}`: {e['reason']}" for e in left_out]
+            lines.append("")
+    if summary["warnings"]:
+        lines += ["## Warnings", ""]
+        lines += [f"- step {w['step']}: {w['text']}" for w in summary["warnings"]]
         lines.append("")
     lines += ["## Stages", ""]
     for name, info in summary.get("stages", {}).items():
@@ -87,9 +122,15 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
                 if d:
                     lines.append(f"- **{split} data**: {d['used']} samples used of {d['loaded']} loaded "
                                  f"({d['skipped']} bad records skipped) from `{d['path']}`")
+                    for rec in d.get("skipped_records") or []:
+                        who = f" sample `{rec['id']}`:" if rec.get("id") else ""
+                        lines.append(f"  - skipped `{rec['where']}`:{who} {'; '.join(rec['reasons'])}")
             continue
         lines.append(f"- **{name}**: " + ", ".join(f"{k} {_fmt(v)}" for k, v in (info or {}).items()))
-    lines.append("")
+    wall = summary.get("wall_seconds")
+    if isinstance(wall, (int, float)):
+        lines += [(f"- **time**: {wall:.0f} s in all (every session of the run, resumes included); the RL "
+                   "seconds above are the RL steps' own time"), ""]
     if plots:
         lines += ["## Training curves", ""]
         for title, fname in plots:

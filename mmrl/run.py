@@ -4,11 +4,18 @@ Stages: cold-start SFT (optional) -> evaluation before RL -> GRPO -> evaluation 
 run folder holds ``config.yaml`` and ``run_state.json`` (finished stages and their results). A run
 restarted with ``--resume`` skips finished stages and continues RL from its latest checkpoint, so a
 killed run ends with the same weights as one that was never interrupted.
+
+Before anything trains, every media file of the data is checked (``data.check_media``): a bad one stops the
+run at load with every problem listed as FILE:LINE, or with ``data.on_bad_sample=skip`` its record is left
+out and named. The random-answer cold start (``sft.target: random_answer``, the toy demo's) never runs on a
+model the user gave (``model.path``). Every model folder the run writes carries ``mmrl_eval.json`` (the
+prompt, generation and media settings) so that ``mmrl eval --model`` evaluates it as it was trained.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +36,40 @@ def resolve_model(cfg: RunConfig) -> Path:
     return Path(ensure_tiny(cfg.model.tiny_family, seed=cfg.model.tiny_seed, **cfg.model.tiny_size))
 
 
+def set_cpu_threads(setting: int | str, *, show: bool = True, earlier: int | None = None) -> int:
+    """Set torch's CPU thread count from ``train.cpu_threads`` and return it.
+
+    ``auto``: ``earlier`` (the count a resumed run started with, so that it continues exactly), else
+    ``OMP_NUM_THREADS`` when it is set, else the cores this process may use minus the load of other
+    processes (the 1-minute load average), at least 1. Measured on a 2-core machine beside other training
+    runs (load average 4-6): a tiny-model RL step took 0.58 s with 1 thread and 7-12 s with 2."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if setting == "auto" and earlier:
+        n, why = int(earlier), "as when the run started"
+    elif setting == "auto":
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            n, why = int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+        else:
+            busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+            n = max(1, min(cores, round(cores - busy)))
+            why = f"{cores} cores, load {busy:.1f} from other processes"
+    else:
+        n, why = int(setting), "train.cpu_threads"
+        if n < 1:
+            raise ConfigError(f"train.cpu_threads={setting}: must be 'auto' or >= 1")
+    torch.set_num_threads(n)
+    if show:
+        print(f"torch CPU threads: {n} ({why}; set train.cpu_threads=N to choose)", flush=True)
+    return n
+
+
 def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tuple[list[Any], dict[str, Any]]:
-    """The samples of a split (``train``, ``val``, ``test``), filtered by the run's task and type settings."""
+    """The samples of a split (``train``, ``val``, ``test``), filtered by the run's task and type settings.
+
+    Every media file is checked first (``data.check_media``); with ``data.on_bad_sample=skip`` the bad
+    records are left out, printed (FILE:LINE: reason) and listed in ``info["skipped_records"]``."""
     from data_pipelines.loaders import load_samples
 
     path = getattr(cfg.data, split)
@@ -46,14 +85,30 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
         path = str(Path(toy) / f"{split}.jsonl")
     if not Path(path).exists():
         raise ConfigError(f"data.{split}: file not found: {path}")
+    check = None if cfg.data.check_media == "none" else cfg.data.check_media
     result = load_samples(path, fmt=cfg.data.format, columns=cfg.data.columns or None,
-                          media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample)
+                          media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample,
+                          check_media=check or False, progress=show_progress,
+                          skip_hint="pass data.on_bad_sample=skip")
     samples = list(result.samples)
     if cfg.data.toy_tasks and getattr(cfg.data, split) is None:  # toy-world settings never filter user data
         samples = [s for s in samples if s.meta.get("task") in cfg.data.toy_tasks]
     if cfg.data.problem_types:
         samples = [s for s in samples if s.problem_type in cfg.data.problem_types]
-    info = {"path": str(path), "loaded": len(result.samples), "used": len(samples), "skipped": result.skipped}
+    skipped: dict[str, dict[str, Any]] = {}
+    for p in result.problems:
+        rec = skipped.setdefault(p.location(), {"where": p.location(), "id": p.sample_id, "reasons": []})
+        rec["reasons"].append(p.reason)
+    info = {"path": str(path), "loaded": len(result.samples), "used": len(samples), "skipped": result.skipped,
+            "skipped_records": list(skipped.values())}
+    if skipped:
+        from data_pipelines.loaders import numbering_note
+
+        print(f"data.{split}: {result.skipped} bad record(s) of {result.total} left out "
+              f"(data.on_bad_sample=skip):", flush=True)
+        for p in result.problems:
+            print(f"  {p}", flush=True)
+        print(numbering_note(result.problems), end="", flush=True)
     return samples, info
 
 
@@ -61,6 +116,13 @@ class RunState:
     def __init__(self, run_dir: Path):
         self.path = run_dir / "run_state.json"
         self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"stages": {}}
+        self.earlier_s = float(self.data.get("elapsed_s", 0.0))  # wall time of earlier sessions of this run
+        self.t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Wall seconds of this run over all its sessions (an interrupted session counts up to the last
+        time the state was written)."""
+        return self.earlier_s + time.perf_counter() - self.t0
 
     def done(self, stage: str) -> bool:
         return stage in self.data["stages"]
@@ -70,6 +132,10 @@ class RunState:
 
     def finish(self, stage: str, result: Any) -> None:
         self.data["stages"][stage] = result
+        self.save()
+
+    def save(self) -> None:
+        self.data["elapsed_s"] = round(self.elapsed(), 1)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2, default=str))
         tmp.replace(self.path)
@@ -80,10 +146,22 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 
 def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress: bool = True) -> dict[str, Any]:
-    import torch
+    """Run (or with ``resume`` continue) the stages in ``run_dir``; returns the summary. A session that ends
+    with an error or Ctrl-C still adds its time to the run's total."""
+    states: list[RunState] = []
+    try:
+        return _train(cfg, run_dir=run_dir, resume=resume, show_progress=show_progress, states=states)
+    except BaseException:
+        for state in states:
+            state.save()
+        raise
+
+
+def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, states: list[RunState]
+           ) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
-    from mmrl.checkpoint import latest_checkpoint, load_weights, seed_everything
+    from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
     from mmrl.policy import checkpointing_switch, load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
@@ -94,12 +172,17 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
     cfg_path = run_dir / "config.yaml"
     if resume and not cfg_path.exists():
         raise MmrlError(f"--resume: {run_dir} holds no run (no config.yaml)")
-    if not resume and (run_dir / "run_state.json").exists():
+    if not resume and RunState(run_dir).data["stages"]:
         raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    if resume:
+        _note_schedule_change(cfg_path, cfg, run_dir)
     cfg_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     state = RunState(run_dir)
+    states.append(state)
     log = RunLog(run_dir)
-    t_start = time.perf_counter()
+    threads = set_cpu_threads(cfg.train.cpu_threads, show=show_progress, earlier=state.data.get("torch_threads"))
+    state.data["torch_threads"] = threads  # a resume continues with the same count (bitwise the same steps)
+    state.save()
 
     seed_everything(cfg.train.seed)
     model_dir = resolve_model(cfg)
@@ -123,15 +206,20 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
 
     # Stage 1: cold start.
     sft_dir = run_dir / "sft-model"
-    if cfg.sft.steps > 0:
+    if cfg.sft.steps > 0 and cfg.sft.target == "random_answer" and cfg.model.path:
+        why = ("not run: sft.target=random_answer trains on random answers to teach a random-weight model the "
+               "answer format (the toy demo's cold start) and never runs on a model you give (model.path)")
+        stages["sft"] = {"skipped": why}
+        print(f"cold start {why}. For a cold start on your model use `mmrl sft --model DIR --data FILE "
+              f"--steps N` (gold answers), or add sft.target=gold sft.steps=N to this command.", flush=True)
+    elif cfg.sft.steps > 0:
         if state.done("sft") and (sft_dir / "config.json").exists():
             load_weights(policy.model, sft_dir)
         else:
             t0 = time.perf_counter()
             seed_everything(cfg.train.seed + 1)
             result = run_sft(cfg, policy, train_samples, log=log, show_progress=show_progress)
-            policy.model.save_pretrained(sft_dir, safe_serialization=True)
-            policy.processor.save_pretrained(sft_dir)
+            save_model(sft_dir, policy.model, policy.processor, eval_settings(cfg))
             state.finish("sft", {**result, "steps": cfg.sft.steps, "target": cfg.sft.target,
                                  "seconds": round(time.perf_counter() - t0, 1)})
         stages["sft"] = state.get("sft")
@@ -144,37 +232,37 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
         if not state.done("eval_before_rl"):
             if latest_checkpoint(run_dir) is not None:
                 raise MmrlError(f"{run_dir}: checkpoints exist but no pre-RL evaluation; start a new run")
-            state.finish("eval_before_rl", trainer.run_eval("eval before RL"))
+            state.finish("eval_before_rl", _timed(trainer.run_eval, "eval before RL"))
         _print_eval("before RL", state.get("eval_before_rl"), show_progress)
 
     # Stage 3: RL.
     if not state.done("rl"):
         seed_everything(cfg.train.seed + 2)
         trainer.resume()
-        t0 = time.perf_counter()
         trainer.train()
-        final = run_dir / "final"
-        policy.model.save_pretrained(final, safe_serialization=True)
-        policy.processor.save_pretrained(final)
-        state.finish("rl", {"steps": trainer.step, "seconds": round(time.perf_counter() - t0, 1),
+        save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
+        state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
                             "skipped_samples": trainer.skipped_samples})
     else:
         load_weights(policy.model, run_dir / "final")
+        if cfg.train.steps > int(state.get("rl").get("steps", 0)):
+            print(f"RL finished its {state.get('rl')['steps']} steps: train.steps={cfg.train.steps} does not extend "
+                  f"a finished run; start a new run from its model (--model {run_dir / 'final'})", flush=True)
     stages["rl"] = state.get("rl")
 
     # Stage 4: evaluation after RL.
     if cfg.eval.after_rl and eval_samples:
         if not state.done("eval_after_rl"):
-            state.finish("eval_after_rl", trainer.run_eval("eval after RL"))
+            state.finish("eval_after_rl", _timed(trainer.run_eval, "eval after RL"))
         _print_eval("after RL", state.get("eval_after_rl"), show_progress)
 
     summary = {
         "task": cfg.task, "run_dir": str(run_dir), "model": str(model_dir), "eval_split": cfg.eval.split,
         "eval_min_options": cfg.eval.min_options,
         "eval_before_rl": state.get("eval_before_rl"), "eval_after_rl": state.get("eval_after_rl"),
-        "stages": stages, "wall_seconds": round(time.perf_counter() - t_start, 1),
-        "torch_threads": torch.get_num_threads(),
+        "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
     }
+    state.save()
     report = write_report(run_dir, summary)
     log.close()
     if show_progress:
@@ -182,9 +270,49 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress:
     return summary
 
 
+def _timed(fn: Any, *args: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    return {**fn(*args), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _rl_seconds(run_dir: Path) -> float:
+    """Seconds spent in RL steps over every session of the run (resumed parts included)."""
+    from mmrl.run_log import read_metrics
+
+    return round(sum(r.get("time/step_s") or 0.0 for r in read_metrics(run_dir) if r.get("stage") == "rl"), 1)
+
+
+def _note_schedule_change(saved: Path, cfg: RunConfig, run_dir: Path) -> None:
+    """Say how a resume with other ``train.steps`` / warm-up / final LR settings reshapes the LR schedule."""
+    from mmrl.checkpoint import latest_checkpoint
+    from mmrl.trainer import lr_lambda
+
+    if not saved.is_file():
+        return
+    old = (yaml.safe_load(saved.read_text()) or {}).get("train", {})
+    new = cfg.train
+    keys = ("steps", "warmup_steps", "min_lr_ratio", "lr")
+    changed = [k for k in keys if k in old and old[k] != getattr(new, k)]
+    ckpt = latest_checkpoint(run_dir)
+    if not changed or ckpt is None:
+        return
+    step = int(ckpt.name.split("-")[1])
+    before = float(old.get("lr", new.lr)) * lr_lambda(int(old.get("warmup_steps", new.warmup_steps)),
+                                                      int(old.get("steps", new.steps)),
+                                                      float(old.get("min_lr_ratio", new.min_lr_ratio)))(step)
+    after = new.lr * lr_lambda(new.warmup_steps, new.steps, new.min_lr_ratio)(step)
+    what = ", ".join(f"train.{k} {old[k]} -> {getattr(new, k)}" for k in changed)
+    print(f"resume: {what}: the learning-rate schedule is recomputed for the new settings; at step {step} the "
+          f"learning rate goes from {before:.3g} to {after:.3g} (cosine decay to step {new.steps})", flush=True)
+
+
 def _print_eval(tag: str, metrics: dict[str, Any] | None, show: bool) -> None:
+    from mmrl.evaluate import describe_exclusions
+
     if not show or not metrics:
         return
     acc = metrics.get("accuracy")
     acc_s = f"{acc:.3f}" if isinstance(acc, float) else "n/a"
     print(f"eval {tag}: accuracy {acc_s} on {metrics.get('n')} questions", flush=True)
+    for line in describe_exclusions(metrics):
+        print(line, flush=True)
