@@ -41,6 +41,7 @@ TINY = [
     # zero-variance rewards give zero advantages; the entropy bonus makes every RL step move the weights
     # (through the sampled rollouts), so a resume that replayed different rollouts would show
     "grpo.entropy_coef=0.01",
+    "train.cpu_threads=1",  # not the load-dependent `auto`: the resumed and the uninterrupted run must match
 ]
 RUN = ["train.steps=4", "train.save_every=1", "train.keep_checkpoints=4", "train.seed=3", *TINY]
 

@@ -125,7 +125,8 @@ def test_corrupt_video_is_skipped_when_asked(tmp_path: Path) -> None:
     toy = _corrupt_first_train_video(tmp_path)
     cfg = load_run_config("video-qa", overrides=[
         *TINY_RUN, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}",
-        "data.on_bad_sample=skip", "train.prompts_per_step=4"])  # step 1 draws all four samples
+        "data.on_bad_sample=skip", "train.prompts_per_step=4",  # step 1 draws all four samples
+        "data.check_media=none"])  # the check at load would drop it first: this tests the step's own check
     summary = train(cfg, run_dir=tmp_path / "run", show_progress=False)
     assert summary["stages"]["rl"]["steps"] == 2
     assert summary["stages"]["rl"]["skipped_samples"] >= 1
@@ -137,7 +138,8 @@ def test_corrupt_video_names_sample_and_file_when_not_skipping(tmp_path: Path) -
     toy = _corrupt_first_train_video(tmp_path)
     first = json.loads((toy / "train.jsonl").read_text().splitlines()[0])
     cfg = load_run_config("video-qa", overrides=[
-        *TINY_RUN, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}", "train.prompts_per_step=4"])
+        *TINY_RUN, f"data.train={toy / 'train.jsonl'}", f"data.test={toy / 'test.jsonl'}", "train.prompts_per_step=4",
+        "data.check_media=none"])  # as above: the step's own check
     with pytest.raises(MmrlError, match=rf"sample {first['id']}: .*{first['media'][0]['path'].split('/')[-1]}.*skip"):
         train(cfg, run_dir=tmp_path / "run", show_progress=False)
 

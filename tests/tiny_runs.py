@@ -15,6 +15,7 @@ TINY_RUN = [
     "rollout.group_size=4", "rollout.max_new_tokens=4",
     "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=2", "train.save_every=0",
     "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
+    "train.cpu_threads=1",  # not the load-dependent `auto`: two runs compared in a test take the same count
 ]
 
 
