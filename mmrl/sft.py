@@ -50,7 +50,10 @@ def target_text(sample: Any, answer: str, answer_format: str) -> str:
 
 
 def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunLog | None = None,
-            show_progress: bool = True) -> dict[str, float]:
+            show_progress: bool = True, keep_encoded: bool = False, desc: str = "sft") -> dict[str, float]:
+    """``keep_encoded``: encode each sample's prompt and media once and keep them for the next epochs (fast
+    when a small dataset is seen many times, e.g. the toy base model's pre-training; memory grows with the
+    dataset's pixels)."""
     s = cfg.sft
     if s.steps <= 0:
         return {}
@@ -63,12 +66,13 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s.warmup_steps, s.steps, 0.0))
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     order: list[int] = []
+    encoded: dict[str, Any] = {}
     bad = 0
     if log is not None:
         log.truncate_after("sft", 0)  # a cold start that was killed is redone from its first step
     policy.model.train()
     last = {}
-    bar = tqdm(range(s.steps), desc="sft", unit="step", disable=not show_progress, dynamic_ncols=True)
+    bar = tqdm(range(s.steps), desc=desc, unit="step", disable=not show_progress, dynamic_ncols=True)
     for step in bar:
         seqs = []
         while len(seqs) < s.batch_size:
@@ -77,7 +81,9 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
                 rng.shuffle(order)
             sample = samples[order.pop()]
             try:
-                prompt, _ = encode_prompt(policy, preparer, sample, cfg.prompt)
+                prompt = encoded.get(sample.id) or encode_prompt(policy, preparer, sample, cfg.prompt)[0]
+                if keep_encoded:
+                    encoded[sample.id] = prompt
             except MediaError as exc:
                 if cfg.data.on_bad_sample != "skip":
                     raise MmrlError(f"sample {sample.id}: {exc} (set data.on_bad_sample=skip to skip bad samples)"
@@ -97,9 +103,12 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
         torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
         opt.step()
         sched.step()
-        policy.media.clear()
+        if not keep_encoded:
+            policy.media.clear()
         last = {"loss": float(loss.detach()), "lr": sched.get_last_lr()[0]}
         bar.set_postfix(loss=f"{last['loss']:.3f}")
         if log is not None:
             log.metrics("sft", step + 1, last)
+    if keep_encoded:
+        policy.media.clear()
     return last

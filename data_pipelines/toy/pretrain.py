@@ -1,0 +1,129 @@
+"""The toy world's pre-training split: descriptions of what is seen, for the toy base model.
+
+A real Qwen-VL arrives at RL already able to see; the toy base model must too. It is pre-trained (supervised)
+on this split, which teaches perception by description -- the colour and shape of a moving object, the
+number of discs, where a square travels, the colours of two flashes in order, a brief square's colour, a
+picture's colour, a scan's finding -- and never the RL and test splits' questions, option lists or answer
+letters:
+
+* its media are drawn from generator streams of their own (``(seed, task, "pretrain")``), so no picture or
+  video is shared with train/val/test;
+* each record is an open request to name what is seen, in words of its own ("Name the colour of the moving
+  object."; the RL question is "What colour is the moving object?" with lettered options), with no
+  options, and its answer is the thing seen ("red", "3", "left"), never a letter.
+
+:func:`check_disjoint` verifies that against the other splits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmrl_common.errors import DataError
+
+from .build import _rng, _write_media
+from .registry import ToyConfig, ToyItem, get_task
+
+Describe = Callable[[ToyItem], str]
+
+# task -> (request, what the answer is); several requests per picture where the drawing holds more facts
+COLOUR = ("Name the colour of the {what}.", "Say which colour the {what} has.", "Tell the colour of the {what}.")
+SHAPE = ("Name the shape of the {what}.", "Say which shape the {what} has.", "Tell the shape of the {what}.")
+
+
+def _ask(templates: Sequence[str], what: str) -> list[str]:
+    return [t.format(what=what) for t in templates]
+
+
+# task -> [(requests, what the answer is)]: several facts per picture where the drawing holds more, and
+# several wordings per fact (one is drawn per record), so the model learns the fact, not a sentence
+DESCRIPTIONS: dict[str, list[tuple[list[str], Describe]]] = {
+    "color": [(_ask(COLOUR, "moving object"), lambda it: it.answer),
+              (_ask(SHAPE, "moving object"), lambda it: it.meta["shape"])],
+    "shape": [(_ask(SHAPE, "moving object"), lambda it: it.answer),
+              (_ask(COLOUR, "moving object"), lambda it: it.meta["color"])],
+    "count": [(["Say how many coloured discs there are.", "Count the coloured discs.",
+                "Tell the number of discs."], lambda it: it.answer)],
+    "motion": [(["Name the direction in which the square moves.", "Say which direction the square goes.",
+                 "Tell the direction of the square's motion."], lambda it: it.answer)],
+    "order": [(_ask(COLOUR, "first flash"), lambda it: it.meta["first"]),
+              (_ask(COLOUR, "second flash"), lambda it: it.meta["second"])],
+    "needle": [(_ask(COLOUR, "square that appears briefly"), lambda it: it.answer)],
+    "color_image": [(_ask(COLOUR, "object"), lambda it: it.answer)],
+    "scan": [(["Describe the finding in this scan.", "Report what the scan shows."],
+              lambda it: (f"a {it.meta['finding']['polarity']} lesion in the {it.meta['finding']['location']}"
+                          if it.meta["finding"]["present"] else "no lesion"))],
+}
+
+
+def pretrain_tasks() -> list[str]:
+    return list(DESCRIPTIONS)
+
+
+def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None = None, per_task: int = 200,
+                  resolution: int = 64, progress: bool = True) -> Path:
+    """Write ``out/pretrain.jsonl`` and its media (``out/media/pretrain/<task>/``); returns the JSONL path."""
+    out = Path(out)
+    names = list(tasks) if tasks else pretrain_tasks()
+    unknown = [n for n in names if n not in DESCRIPTIONS]
+    if unknown:
+        raise DataError(f"no pre-training descriptions for toy task(s) {', '.join(unknown)}; "
+                        f"described: {', '.join(DESCRIPTIONS)}")
+    cfg = ToyConfig(resolution=resolution)
+    records: list[dict[str, Any]] = []
+    bar = None
+    if progress:
+        import sys
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(names) * per_task, desc="pre-training split", unit="item", file=sys.stderr,
+                   leave=False)
+    for name in names:
+        task = get_task(name)
+        rng = _rng(seed, name, "pretrain")
+        for i in range(per_task):
+            item = task.fn(rng, i, cfg)
+            ext = "mp4" if item.frames is not None else "png"
+            rel = f"media/pretrain/{name}/toy-{name}-pretrain-{i:05d}.{ext}"
+            _write_media(item, out / rel)
+            media = {"type": "video" if item.frames is not None else "image", "path": rel}
+            if item.sampling:
+                media["sampling"] = dict(item.sampling)
+            for k, (requests, describe) in enumerate(DESCRIPTIONS[name]):
+                request = requests[int(rng.integers(len(requests)))]
+                records.append({"id": f"toy-{name}-pretrain-{i:05d}-{k}", "problem_type": "open",
+                                "question": request, "options": None, "answer": str(describe(item)),
+                                "media": [media], "meta": {"task": name, "split": "pretrain", "seed": seed}})
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    order = _rng(seed, "order", "pretrain").permutation(len(records))
+    path = out / "pretrain.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        fh.writelines(json.dumps(records[int(k)], ensure_ascii=False) + "\n" for k in order)
+    return path
+
+
+def check_disjoint(pretrain: Sequence[dict[str, Any]], others: Sequence[dict[str, Any]]) -> list[str]:
+    """What the pre-training records share with other splits' records: questions, option lists, answers,
+    media files. Empty when nothing is shared."""
+    problems = []
+    questions = {r["question"] for r in others}
+    option_lists = {tuple(r["options"]) for r in others if r.get("options")}
+    answers = {json.dumps(r["answer"]) for r in others}
+    media = {m["path"] for r in others for m in r["media"]}
+    for r in pretrain:
+        if r["question"] in questions:
+            problems.append(f"{r['id']}: question shared: {r['question']!r}")
+        if r.get("options") and tuple(r["options"]) in option_lists:
+            problems.append(f"{r['id']}: option list shared")
+        if json.dumps(r["answer"]) in answers:
+            problems.append(f"{r['id']}: answer shared: {r['answer']!r}")
+        problems += [f"{r['id']}: media shared: {m['path']}" for m in r["media"] if m["path"] in media]
+    return problems

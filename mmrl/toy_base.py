@@ -1,0 +1,140 @@
+"""The toy base model: a tiny Qwen-VL that already sees, so RL on the toy world sharpens it as RL sharpens a
+real Qwen-VL (rather than having to learn perception from a sparse reward).
+
+It starts from the tiny random-weight model of :mod:`mmrl.tiny_models` (same architecture and tokenizer)
+and is pre-trained with the ordinary supervised loop (:func:`mmrl.sft.run_sft`, loss on the answer tokens)
+on the toy world's **pre-training split** (:mod:`data_pipelines.toy.pretrain`): requests to name what is
+seen (colours, shapes, counts, directions, the order of flashes, a brief square's colour, a scan's finding),
+on media of its own, never the RL and test splits' questions, option lists or answer letters. It answers
+inside ``<answer></answer>`` with the thing seen ("red", "3", "left"); the multiple-choice questions of the
+RL splits are new to it, and the accuracy reward reads an option's text as that option.
+
+Built once and cached (``$MMRL_CACHE/toy-base/<family>-<hash>``, written atomically); ``mmrl models
+make-toy-base`` builds it by hand, and a run with ``model.init: toy_base`` builds it on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PRETRAIN_VERSION = 1
+INFO_FILE = "toy_base.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRecipe:
+    """How the toy base model is made (every field enters the cache key)."""
+
+    family: str = "qwen2_5_vl"
+    seed: int = 0
+    tasks: tuple[str, ...] = ("color", "shape", "count", "motion", "order", "needle", "color_image", "scan")
+    per_task: int = 200
+    """Pictures or videos per task in the pre-training split (1-2 requests each)."""
+    steps: int = 2000
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    max_frames: int = 4
+    video_pixels: int = 3136
+    image_pixels: int = 12544
+
+
+def base_key(recipe: BaseRecipe) -> str:
+    from data_pipelines.toy.build import GENERATOR_VERSION
+
+    blob = json.dumps({**dataclasses.asdict(recipe), "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION},
+                      sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def base_dir(recipe: BaseRecipe) -> Path:
+    from mmrl_common.paths import cache_dir
+
+    return cache_dir() / "toy-base" / f"{recipe.family}-{base_key(recipe)}"
+
+
+def pretrain_config(recipe: BaseRecipe) -> Any:
+    """The run configuration of the pre-training (media budgets as the toy recipes, answers in tags)."""
+    from mmrl.config import MediaConfig, PromptConfig, RunConfig, SFTConfig
+
+    cfg = RunConfig()
+    cfg.data.media = MediaConfig(min_frames=recipe.max_frames, max_frames=recipe.max_frames,
+                                 video_min_pixels=recipe.video_pixels, video_max_pixels=recipe.video_pixels,
+                                 image_min_pixels=recipe.image_pixels, image_max_pixels=recipe.image_pixels)
+    cfg.prompt = PromptConfig(answer_format="answer")
+    cfg.sft = SFTConfig(steps=recipe.steps, lr=recipe.lr, batch_size=recipe.batch_size,
+                        warmup_steps=recipe.warmup_steps, target="gold")
+    cfg.train.seed = recipe.seed
+    return cfg
+
+
+def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True) -> Path:
+    """Build the toy base model into ``out`` (a Hugging Face folder with ``toy_base.json``)."""
+    import torch
+
+    from data_pipelines.loaders import load_samples
+    from data_pipelines.toy.pretrain import make_pretrain
+    from mmrl.checkpoint import seed_everything
+    from mmrl.policy import load_policy
+    from mmrl.sft import run_sft
+    from mmrl.tiny_models import make_tiny
+
+    out = Path(out)
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix=".toy-base-work-", dir=out.parent if out.parent.exists() else None))
+    try:
+        say = print if progress else (lambda *a, **k: None)
+        say(f"toy base model: writing the pre-training split ({len(recipe.tasks)} tasks x {recipe.per_task})",
+            flush=True)
+        data = make_pretrain(work / "data", recipe.seed + 1, tasks=recipe.tasks, per_task=recipe.per_task,
+                             progress=progress)
+        samples = load_samples(data).samples
+        seed_everything(recipe.seed)
+        start = make_tiny(recipe.family, work / "init", seed=recipe.seed)
+        policy = load_policy(start, device="cpu")
+        say(f"toy base model: pre-training on {len(samples)} descriptions for {recipe.steps} steps "
+            "(once; a few minutes on 2 CPU cores)", flush=True)
+        t1 = time.perf_counter()
+        last = run_sft(pretrain_config(recipe), policy, samples, show_progress=progress, keep_encoded=True,
+                       desc="toy base pre-training")
+        out.mkdir(parents=True, exist_ok=True)
+        policy.model.save_pretrained(out, safe_serialization=True)
+        policy.processor.save_pretrained(out)
+        info = {"recipe": dataclasses.asdict(recipe), "key": base_key(recipe), "descriptions": len(samples),
+                "final_loss": last.get("loss"), "pretrain_seconds": round(time.perf_counter() - t1, 1),
+                "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads(),
+                "trained_on": "data_pipelines.toy.pretrain (descriptions; no RL/test question, option list or "
+                              "answer letter)"}
+        (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"toy base model: built in {time.perf_counter() - t0:.0f} s -> {out}", flush=True)
+    return out
+
+
+def ensure_toy_base(recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True) -> Path:
+    """The cached toy base model for ``recipe``, built first if needed (atomically: build, then rename)."""
+    final = base_dir(recipe)
+    if (final / INFO_FILE).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        make_toy_base(tmp, recipe, progress=progress)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / INFO_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,58 @@
+"""The toy base model's pre-training split and build: descriptions on media of their own, sharing no
+question, option list, answer or media file with the RL and test splits; a (very short) build gives an
+ordinary model folder that a run can start from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_pipelines.toy import make_toy
+from data_pipelines.toy.pretrain import DESCRIPTIONS, check_disjoint, make_pretrain
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_pretraining_split_shares_nothing_with_the_rl_and_test_splits(tmp_path: Path) -> None:
+    tasks = list(DESCRIPTIONS)
+    toy = make_toy(tmp_path / "toy", 0, size={"train": 8, "val": 2, "test": 8}, tasks=tasks, progress=False)
+    pre = records(make_pretrain(tmp_path / "toy", 1, tasks=tasks, per_task=8, progress=False))
+    rl = [r for split in ("train", "val", "test") for r in records(toy / f"{split}.jsonl")]
+    assert {r["meta"]["task"] for r in pre} == set(tasks)
+    assert all(r["options"] is None and r["problem_type"] == "open" for r in pre)
+    assert check_disjoint(pre, rl) == []
+    # the answers name what is seen (a colour, a count, a direction), never an option letter
+    assert not {r["answer"] for r in pre} & set("ABCDE")
+    # and the check does find a planted overlap
+    planted = [dict(pre[0], question=rl[0]["question"])]
+    assert check_disjoint(planted, rl) and "question shared" in check_disjoint(planted, rl)[0]
+
+
+def test_pretraining_describes_what_the_media_show(tmp_path: Path) -> None:
+    pre = records(make_pretrain(tmp_path, 3, tasks=["count", "motion", "order"], per_task=4, progress=False))
+    by_task = {}
+    for r in pre:
+        by_task.setdefault(r["meta"]["task"], []).append(r["answer"])
+    assert set(by_task["count"]) <= {"1", "2", "3", "4"}
+    assert set(by_task["motion"]) <= {"left", "right", "up", "down"}
+    assert set(by_task["order"]) <= {"red", "green", "blue", "yellow"}
+    assert all((tmp_path / r["media"][0]["path"]).stat().st_size > 0 for r in pre)
+
+
+def test_toy_base_build_is_a_model_folder_a_run_starts_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmrl.policy import load_policy
+    from mmrl.toy_base import INFO_FILE, BaseRecipe, base_dir, ensure_toy_base
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    recipe = BaseRecipe(tasks=("color",), per_task=4, steps=3, batch_size=4)
+    path = ensure_toy_base(recipe, progress=False)
+    assert path == base_dir(recipe)
+    info = json.loads((path / INFO_FILE).read_text())
+    assert info["descriptions"] == 8 and info["recipe"]["steps"] == 3
+    assert ensure_toy_base(recipe, progress=False) == path  # cached
+    assert load_policy(path, device="cpu").family == "qwen2_5_vl"
+    assert not list(path.parent.glob(".*tmp*"))  # built atomically, nothing left behind
