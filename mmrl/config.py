@@ -22,6 +22,9 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 class ModelConfig:
     path: str | None = None
     """A Hugging Face model folder (any Qwen2-VL / Qwen2.5-VL / Qwen3-VL). Empty: a tiny model built by mmrl."""
+    init: Literal["random", "toy_base"] = "random"
+    """With model.path empty: `random` (tiny random-weight model) or `toy_base` (the tiny model pre-trained
+    to name what it sees in the toy world; built once, cached; `mmrl models make-toy-base`)."""
     tiny_family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = "qwen2_5_vl"
     """Architecture of the tiny random-weight model built when model.path is empty."""
     tiny_seed: int = 0

@@ -31,6 +31,10 @@ from mmrl_common.errors import ConfigError, MmrlError
 def resolve_model(cfg: RunConfig) -> Path:
     if cfg.model.path:
         return Path(cfg.model.path)
+    if cfg.model.init == "toy_base":
+        from mmrl.toy_base import BaseRecipe, ensure_toy_base
+
+        return ensure_toy_base(BaseRecipe(family=cfg.model.tiny_family, seed=cfg.model.tiny_seed))
     from mmrl.tiny_models import ensure_tiny
 
     return Path(ensure_tiny(cfg.model.tiny_family, seed=cfg.model.tiny_seed, **cfg.model.tiny_size))

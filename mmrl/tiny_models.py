@@ -760,7 +760,7 @@ chat template. Defaults give about 1-2M parameters. Nothing is downloaded.
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``mmrl models`` with its ``make-tiny`` sub-command."""
+    """Add ``mmrl models`` with its ``make-tiny`` and ``make-toy-base`` sub-commands."""
     parser = subparsers.add_parser(
         "models",
         help="build tiny random-weight Qwen-VL models offline",
@@ -788,6 +788,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         group.add_argument(flag, type=int, default=None, metavar="N",
                            help=f"{_SIZE_HELP[field.name]} [{getattr(defaults, field.name)}]")
     make.set_defaults(func=_cmd_make_tiny)
+    base = sub.add_parser(
+        "make-toy-base", help="build (or find) the toy base model: the tiny model pre-trained to name what it "
+                              "sees in the toy world",
+        description="Pre-train the tiny model on the toy world's description split (never the RL/test "
+                    "questions, options or answer letters) and cache it; `model.init: toy_base` runs use it.")
+    base.add_argument("--family", default="qwen2_5_vl", help=f"one of {', '.join(FAMILIES)} [qwen2_5_vl]")
+    base.add_argument("--seed", type=int, default=0, help="weight and data seed [0]")
+    base.add_argument("--out", default=None, metavar="DIR", help="write here instead of the cache")
+    base.add_argument("--quiet", action="store_true", help="no progress output")
+    base.set_defaults(func=_cmd_make_toy_base)
     parser.set_defaults(func=lambda args: _print_help(parser))
     return parser
 
@@ -795,6 +805,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _print_help(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
     return 2
+
+
+def _cmd_make_toy_base(args: argparse.Namespace) -> int:
+    from mmrl.toy_base import BaseRecipe, ensure_toy_base, make_toy_base
+
+    check_family(args.family)
+    recipe = BaseRecipe(family=args.family, seed=args.seed)
+    path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
+        ensure_toy_base(recipe, progress=not args.quiet)
+    print(path)
+    return 0
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
