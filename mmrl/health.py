@@ -4,8 +4,8 @@
 it off). It watches every drawn group and, over the last ``health_window`` RL steps (or all of them at the
 last step of a shorter run), warns when
 
-* a reward component has the same value on every rollout (``no_reward_signal.<label>``): it gives GRPO
-  nothing to compare, e.g. a format reward that no completion earns;
+* a reward component has the same value, 0 or a penalty, on every rollout (``no_reward_signal.<label>``): it
+  gives GRPO nothing to compare, e.g. a format reward that no completion earns;
 * most multiple-choice answers name the same option although the data's answers do not
   (``one_answer``): the policy collapsed onto one answer;
 * most groups have the same reward for every rollout (``equal_reward_groups``): their advantages are 0.
@@ -99,14 +99,16 @@ class RunHealth(Callback):
         trunc = [s["truncated"] for s in steps if isinstance(s["truncated"], (int, float))]
         for label in labels:
             values = [v for s in steps for v in s["components"].get(label, [])]
-            if values and max(values) - min(values) < 1e-9:
+            # a reward every completion earns in full is no alarm; one none earns (or a penalty all get) is
+            if values and max(values) - min(values) < 1e-9 and values[0] <= 0:
                 if values[0] == 0:
                     hint = ("no completion earns it: read a few completions in rollouts.jsonl, check that the "
                             "prompt asks for what it scores (prompt.answer_format and the reward's kwargs) and "
                             "that completions are long enough (rollout.max_new_tokens"
                             + (f"; {100 * sum(trunc) / len(trunc):.0f}% were cut at it" if trunc else "") + ")")
                 else:
-                    hint = "every completion gets the same: it adds nothing to learn from; change its settings or drop it"
+                    hint = ("every completion gets the same penalty: it adds nothing to learn from; check its "
+                            "settings against the completions (rollouts.jsonl)")
                 out.append((f"no_reward_signal.{label}",
                             (f"reward '{label}' was {values[0]:.3f} on all {len(values)} rollouts of {span}, so it "
                             f"gives GRPO no signal; {hint}")))
