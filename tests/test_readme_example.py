@@ -30,7 +30,7 @@ def test_readme_extension_example_runs(tmp_path: Path, monkeypatch: pytest.Monke
     (tmp_path / "my.yaml").write_text(yaml.safe_dump(spec))
     out = tmp_path / "run"
     args = ["train", "--quiet", "--config", str(tmp_path / "my.yaml"), "--out", str(out),
-            "model.tiny_family=qwen2_5_vl", "data.toy_size={train: 4, val: 2, test: 2}",
+            "model.tiny_family=qwen2_5_vl", "model.init=random", "data.toy_size={train: 4, val: 2, test: 2}",
             "data.toy_tasks=[color, scan]", "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
             "rollout.group_size=2", "rollout.max_new_tokens=4", "train.prompts_per_step=2", "train.steps=2",
             "train.save_every=0", "train.log_every=0", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",

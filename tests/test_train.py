@@ -29,7 +29,7 @@ from mmrl.tiny_models import make_tiny
 MMRL = str(Path(sys.executable).with_name("mmrl"))
 # Everything that matters for speed is pinned here, so recipe edits do not slow the tests down.
 TINY = [
-    "model.tiny_family=qwen2_5_vl",
+    "model.tiny_family=qwen2_5_vl", "model.init=random",
     "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
     "data.problem_types=[multiple_choice]",
     "data.media.min_frames=4", "data.media.max_frames=4",

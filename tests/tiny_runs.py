@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 TINY_RUN = [
-    "model.tiny_family=qwen2_5_vl",
+    "model.tiny_family=qwen2_5_vl", "model.init=random",
     "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
     "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
     "rollout.group_size=4", "rollout.max_new_tokens=4",
