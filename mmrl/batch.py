@@ -207,7 +207,8 @@ class RolloutBatch:
 
     def tokens(self, name: str, rows: Sequence[int], width: int) -> Tensor | None:
         """A per-token field for a micro-batch: rows ``rows``, the first ``width`` columns."""
-        t = getattr(self, name) if not callable(getattr(self, name)) else getattr(self, name)()
+        t = getattr(self, name)
+        t = t() if callable(t) else t  # kl_weights() / loss_weights() combine two fields
         if t is None:
             return None
         return t[torch.tensor(list(rows), dtype=torch.long), :width]
