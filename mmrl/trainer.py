@@ -335,14 +335,15 @@ class GRPOTrainer:
         off_policy = g.ppo_epochs > 1 or len(self._minibatches(len(batch))) > 1
         if self.ref is not None:
             batch.ref_logprobs = self._logprobs(self.ref, batch)[0]
-        want_old = off_policy or "logprobs" in needs or (g.kl_in_reward and self.ref is not None)
+        kl_to_reward = g.kl_in_reward and self.ref is not None and g.kl_coef > 0
+        want_old = off_policy or "logprobs" in needs or kl_to_reward
         want_ent = "entropies" in needs and batch.entropies is None
         if want_old or want_ent:
             old, ent = self._logprobs(self.policy, batch, entropies=want_ent)
             batch.old_logprobs = old if want_old else None
             if want_ent:
                 batch.entropies = ent
-        if g.kl_in_reward and self.ref is not None and g.kl_coef > 0:
+        if kl_to_reward:
             new, seq_kl = kl_in_reward(batch.rewards, batch.old_logprobs, batch.ref_logprobs, batch.loss_mask,
                                        g.kl_coef, g.kl_reward_estimator, clamp=g.kl_clamp)
             batch.rewards = new
