@@ -36,6 +36,12 @@ class Sampler:
     def draw(self, n: int) -> list[int]:
         raise NotImplementedError
 
+    def attach(self, trainer: Any) -> None:
+        """Called once by the trainer after the sampler is built (and again after a curriculum stage
+        builds a new one). Samplers that score their pool with the current policy keep
+        ``trainer.rollout_prompts(indices, n=..., hooks=False)``: it rolls out and scores the sampler's
+        own prompt indices and returns a :class:`mmrl.batch.RolloutBatch`."""
+
     def update(self, batch: Any) -> None:
         """Rollout feedback after every step: ``batch`` is the step's :class:`mmrl.batch.RolloutBatch` with
         every drawn group (kept by dynamic sampling or not). ``batch.prompt_index`` holds the indices this

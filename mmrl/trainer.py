@@ -124,7 +124,9 @@ class GRPOTrainer:
 
         d = self.cfg.data
         seed = self.cfg.train.seed + 1000 * int(self.stage["index"])
-        return make_sampler(d.sampler, [self.train_samples[i] for i in self.pool], seed=seed, **d.sampler_kwargs)
+        sampler = make_sampler(d.sampler, [self.train_samples[i] for i in self.pool], seed=seed, **d.sampler_kwargs)
+        sampler.attach(self)
+        return sampler
 
     def set_stage(self, name: str, *, pool: Sequence[str] | Callable[[Any], bool] | None = None,
                   rewards: Sequence[Any] | None = None, grpo: dict[str, Any] | None = None,
@@ -242,15 +244,25 @@ class GRPOTrainer:
 
     def rollout_round(self, n_prompts: int) -> RolloutBatch:
         """Draw ``n_prompts`` prompts, roll out G episodes each, score them."""
-        prompts = self.prepare(self.sampler.draw(n_prompts))
+        return self.rollout_prompts(self.sampler.draw(n_prompts))
+
+    def rollout_prompts(self, indices: Sequence[int], *, n: int | None = None, hooks: bool = True
+                        ) -> RolloutBatch:
+        """Roll out ``n`` (default: the group size) episodes for each of the sampler's prompts ``indices``
+        with the current policy and score them with the stage's rewards. Samplers that re-score their pool
+        (variance-aware sampling) call this with ``hooks=False``: no plug-in sees those rollouts."""
+        n = n or self.cfg.rollout.group_size
+        prompts = self.prepare(indices)
         episodes = run_episodes(
             self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
-            n=self.cfg.rollout.group_size, params=self.params, environment=self._environment(prompts),
+            n=n, params=self.params, environment=self._environment(prompts),
             max_turns=self.cfg.rollout.max_turns)
-        batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], self.cfg.rollout.group_size)
-        self._hook("after_rollout", batch)
+        batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], n)
+        if hooks:
+            self._hook("after_rollout", batch)
         self.score(batch)
-        self._hook("after_rewards", batch)
+        if hooks:
+            self._hook("after_rewards", batch)
         return batch
 
     def prepare(self, indices: Sequence[int]) -> list[PreparedPrompt]:
