@@ -17,6 +17,14 @@ CURVES = [
 ]
 
 
+def register_curve(key: str, title: str, filename: str) -> None:
+    """Add a plot to every run's ``report.md`` (methods call this when they are imported). ``key`` is a
+    metric logged in ``metrics.jsonl``; a key ending in ``*`` (``"ares/entropy/*"``) draws every metric with
+    that prefix as its own line in one figure. Registering the same file again replaces the entry."""
+    CURVES[:] = [c for c in CURVES if c[2] != filename]
+    CURVES.append((key, title, filename))
+
+
 def _smooth(values: list[float], k: int) -> list[float]:
     out, acc = [], []
     for v in values:
@@ -39,6 +47,10 @@ def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) 
     rows = [r for r in read_metrics(run_dir) if r.get("stage") == "rl"]
     made = []
     for key, title, fname in CURVES:
+        if key.endswith("*"):
+            if _plot_family(plt, rows, key[:-1], title, run_dir / fname):
+                made.append((title, fname))
+            continue
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         evals = sorted([(r["step"], r["eval/accuracy"]) for r in rows
                         if key == "reward/accuracy" and isinstance(r.get("eval/accuracy"), (int, float))]
@@ -60,6 +72,26 @@ def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) 
         plt.close(fig)
         made.append((title, fname))
     return made
+
+
+def _plot_family(plt: Any, rows: list[dict[str, Any]], prefix: str, title: str, path: Path) -> bool:
+    """One line (smoothed) per metric whose name starts with ``prefix``; False when there is none."""
+    keys = sorted({k for r in rows for k, v in r.items() if k.startswith(prefix) and isinstance(v, (int, float))})
+    if not keys:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.4), dpi=100)
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))]
+        steps, vals = zip(*pts)
+        ax.plot(steps, _smooth(list(vals), max(1, len(vals) // 20)), lw=1.6, label=k[len(prefix):] or k)
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
 
 
 def _fmt(v: Any) -> str:
