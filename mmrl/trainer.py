@@ -467,6 +467,10 @@ class GRPOTrainer:
     def reward_metrics(drawn: RolloutBatch) -> dict[str, Any]:
         """Mean reward and components over every drawn group (kept by dynamic sampling or not)."""
         stats: dict[str, Any] = {"reward": float(drawn.rewards.mean())}
+        groups = list(drawn.groups())
+        if groups:  # the share of groups GRPO can learn from: their total rewards are not all equal
+            stats["informative_groups"] = sum(
+                float(drawn.rewards[rows].max() - drawn.rewards[rows].min()) > 1e-6 for rows in groups) / len(groups)
         for k, v in drawn.reward_components.items():
             stats[f"reward/{k}"] = float(v.mean())
         for k, v in drawn.extra.get("reward_metrics", {}).items():  # a reward's log_metric (TRL)

@@ -105,3 +105,13 @@ def test_collapse_onto_one_answer_is_told_from_following_the_data() -> None:
     assert "warning/one_answer" in _health(collapsed)
     right = [_batch([g for g in golds for _ in range(4)], golds) for _ in range(2)]
     assert "warning/one_answer" not in _health(right)
+
+
+def test_informative_groups_is_the_share_of_groups_with_unequal_rewards() -> None:
+    from mmrl.trainer import GRPOTrainer
+
+    # group 0: all right (no signal); group 1: one right of four; group 2: all wrong
+    batch = _batch(["red"] * 4 + ["red", "blue", "blue", "blue"] + ["green"] * 4, ["red", "red", "blue"])
+    stats = GRPOTrainer.reward_metrics(batch)
+    assert stats["informative_groups"] == pytest.approx(1 / 3)
+    assert stats["reward/accuracy"] == pytest.approx(5 / 12)
