@@ -48,6 +48,11 @@ class Sampler:
         sampler drew, ``batch.group_index`` the groups, ``batch.rewards`` the totals,
         ``batch.component("accuracy")`` one reward component, ``batch.completions`` the texts."""
 
+    def metrics(self) -> dict[str, float]:
+        """Numbers for this step's ``metrics.jsonl`` row (the trainer merges them into the step's stats
+        right after :meth:`update`); name them ``<sampler>/<what>``."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -198,6 +198,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
         self.sampler.update(drawn)
+        stats.update(self.sampler.metrics())  # the sampler's own per-step numbers (empty for most)
         stats.update(self.reward_metrics(drawn))
         stats["curriculum_stage"] = self.stage["name"]  # the stage this step ran in
         stats["time/rollout_s"] = time.perf_counter() - t0
