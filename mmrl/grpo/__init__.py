@@ -7,6 +7,7 @@ aggregations, KL estimators and token shapers from their own modules.
 
 from mmrl_common.registry import Registry
 
+from . import cov_losses  # noqa: F401  (registers the clip_cov and kl_cov policy losses)
 from .advantages import (
     GroupStats,
     broadcast_to_tokens,

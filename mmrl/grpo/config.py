@@ -21,6 +21,9 @@ Defaults and why:
 * ``overlong_filter=False``, ``overlong_penalty=False`` -- off as in most DAPO runs; the penalty needs
   ``max_response_length`` (L_max) and ``overlong_cache`` (L_cache; DAPO 4096 of 20480).
 * ``shaper="none"`` -- no per-token shaping.
+* ``clip_cov_ratio=2e-4``, ``clip_cov_lb=1``, ``clip_cov_ub=5``, ``kl_cov_ratio=2e-4``, ``kl_cov_coef=1`` -- the
+  Clip-Cov / KL-Cov losses (``policy_loss: clip_cov | kl_cov``, :mod:`mmrl.grpo.cov_losses`) with the
+  authors' defaults (arXiv 2505.22617; KL-Cov's ratio as a fraction, verl's units).
 """
 
 from __future__ import annotations
@@ -50,6 +53,16 @@ class GRPOConfig:
     dual_clip_c: float | None = None
     gspo_clip_low: float = 3e-4
     gspo_clip_high: float = 4e-4
+    clip_cov_ratio: float = 2e-4
+    """Clip-Cov (policy_loss: clip_cov): share of the valid tokens whose gradient is cut."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: tokens are drawn among those with covariance above this ..."""
+    clip_cov_ub: float = 5.0
+    """... and below this."""
+    kl_cov_ratio: float = 2e-4
+    """KL-Cov (policy_loss: kl_cov): share of the valid tokens (largest covariance) that get the penalty."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: coefficient of |logp - old_logp| on those tokens."""
     # aggregation
     loss_agg: str = "token-mean"
     loss_norm_const: float | None = None
@@ -94,11 +107,17 @@ class GRPOConfig:
             return ConfigError(f"grpo.{key}={getattr(self, key)!r}: {why}")
 
         for key in ("clip_low", "clip_high", "gspo_clip_low", "gspo_clip_high", "kl_coef", "adv_eps",
-                    "dynamic_sampling_tol", "overlong_penalty_factor"):
+                    "dynamic_sampling_tol", "overlong_penalty_factor", "clip_cov_ratio", "kl_cov_ratio",
+                    "kl_cov_coef"):
             if getattr(self, key) < 0:
                 raise bad(key, "must be >= 0")
         if self.clip_low >= 1 or self.gspo_clip_low >= 1:
             raise bad("clip_low" if self.clip_low >= 1 else "gspo_clip_low", "must be < 1")
+        for key in ("clip_cov_ratio", "kl_cov_ratio"):
+            if getattr(self, key) > 1:
+                raise bad(key, "is a share of the tokens: must be in [0, 1] (2e-4 is the authors' default)")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise bad("clip_cov_lb", f"must be below clip_cov_ub={self.clip_cov_ub}")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise bad("dual_clip_c", "must be > 1 (e.g. 3.0) or null")
         if self.kl_clamp is not None and self.kl_clamp <= 0:
