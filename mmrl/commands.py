@@ -119,6 +119,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if getattr(args, "benchmark", None):
         from mmrl.benchmarks_eval import cli_run
 
+        if args.consistency:
+            from mmrl_common.errors import MmrlError
+
+            raise MmrlError("--consistency with --benchmark is not supported yet: the benchmark runner has its "
+                            "own prompts and scoring; export the benchmark's multiple-choice questions as an "
+                            "mmrl data file and run `mmrl eval --eval-data FILE --consistency`")
+
         return cli_run(args, _load(args))
     from mmrl.evaluate import evaluate
     from mmrl.policy import load_policy
@@ -144,7 +151,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics, preds = evaluate(
         RolloutService.from_config(policy, cfg), samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, show_progress=not args.quiet)
+        min_options=cfg.eval.min_options, show_progress=not args.quiet,
+        consistency={"seed": args.consistency_seed} if args.consistency else None)
     out = Path(cfg.out) if cfg.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +196,14 @@ def _table(m: dict[str, Any]) -> str:
         rows.append(f"  {k:<22} {f(v)}")
     for k, v in m["by_task"].items():
         rows.append(f"  task {k:<17} {f(v)}")
+    c = m.get("consistency")
+    if c:
+        rows.append(f"option-shuffling consistency (OSCR) {f(c['oscr'])} on {c['n']} multiple-choice questions; "
+                    f"accuracy with shuffled options {f(c['shuffled_accuracy'])}")
+        rows.append("  " + "  ".join(f"{k} {f(v)}" for k, v in c["cases"].items()))
+        if c.get("top_letter"):
+            rows.append(f"  most frequent answer letter {c['top_letter']}: {f(c['top_letter_share'])} of the answers "
+                        f"(gold {f(c['top_letter_gold_share'])}, gap {f(c['top_letter_gap'])})")
     return "\n".join(rows + describe_exclusions(m))
 
 
@@ -249,6 +265,12 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe-settings", action="store_true",
                    help="use the recipe's prompt, generation and media settings instead of those the model was "
                         "trained with (its mmrl_eval.json, used by default)")
+    p.add_argument("--consistency", action="store_true",
+                   help="also ask every multiple-choice question again with its options shuffled, continuing "
+                        "the model's own reasoning (ACRE's check): option-shuffling consistency rate (OSCR), "
+                        "the five answer cases, accuracy with shuffled options, answer-letter balance")
+    p.add_argument("--consistency-seed", type=int, default=0,
+                   help="seed of the option permutations of --consistency (default 0)")
     b = p.add_argument_group("public benchmarks (with --benchmark)")
     b.add_argument("--benchmark", default=None, metavar="NAME",
                    help="mvbench, videomme, longvideobench, mmvu, vqa-rad, slake, pathvqa or toy")

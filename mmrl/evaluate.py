@@ -5,28 +5,46 @@ Accuracy is reported overall, per problem type, and per task (``meta.task``, for
 to multiple-choice questions with at least that many options; the rest still count in the breakdowns.
 Every question left out of the headline, and every one skipped for unreadable media, is named with its
 reason in ``metrics["excluded"]`` (and on the console: :func:`describe_exclusions`).
+
+``consistency`` (``mmrl eval --consistency``, or the ``eval_consistency`` plug-in for the evaluations of a
+training run) adds ACRE's option-shuffling check on the multiple-choice questions: each question is asked
+again with its options shuffled (one permutation per question, never the identity by default), the policy
+continuing its own first reasoning trace, and ``metrics["consistency"]`` holds the option-shuffling
+consistency rate (``oscr``), the share of each case of :mod:`rewards.consistency`, the accuracy under the
+shuffled order, and the answer-letter balance (``top_letter_share`` of the most frequent predicted letter,
+its share among the gold answers, and the gap between the two).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
 from transformers import TrainerState
 
+from mmrl.plugins import Callback, register_plugin
 from mmrl.service import RolloutService
-from mmrl_common.errors import MediaError
+from mmrl_common.errors import ConfigError, MediaError
 
 
 def evaluate(
     service: RolloutService, samples: Sequence[Any], *, max_new_tokens: int = 64, batch_size: int = 16,
     min_options: int = 0, desc: str = "eval", skip_bad: bool = True, show_progress: bool = True,
+    consistency: Mapping[str, Any] | bool | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
-    evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``."""
+    evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``.
+
+    ``consistency``: ``True`` or the settings of :func:`consistency_check` (``seed``, ``exclude_identity``,
+    ``reuse_trace``) to add the option-shuffling check; ``None``: as ``service.evaluation`` says (off)."""
     from rewards import get_reward
+
+    if consistency is None:
+        consistency = service.evaluation.get("consistency")
+    if consistency is True:
+        consistency = {}
 
     accuracy = get_reward("accuracy")
     predictions: list[dict[str, Any]] = []
@@ -46,13 +64,66 @@ def evaluate(
         if kept:
             texts = [a[0].text for a in service.generate(kept, max_new_tokens=max_new_tokens)]
             scores = accuracy(texts, **reward_columns(kept))
-            for s, text, score in zip(kept, texts, scores):
-                predictions.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
-                                    "n_options": len(s.options or []), "answer": s.answer,
-                                    "completion": text, "score": float(score or 0.0)})
+            rows = [{"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
+                     "n_options": len(s.options or []), "answer": s.answer, "completion": text,
+                     "score": float(score or 0.0)} for s, text, score in zip(kept, texts, scores)]
+            if consistency not in (None, False):
+                consistency_check(service, kept, rows, max_new_tokens=max_new_tokens, **dict(consistency))
+            predictions.extend(rows)
         bar.update(len(chunk))
     bar.close()
-    return summarize(predictions, min_options=min_options, unreadable=unreadable), predictions
+    metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)
+    if consistency not in (None, False):
+        metrics["consistency"] = summarize_consistency(predictions)
+    return metrics, predictions
+
+
+def consistency_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,
+                      max_new_tokens: int = 64, seed: int = 0, exclude_identity: bool = True,
+                      reuse_trace: bool = True) -> None:
+    """ACRE's option-shuffling check on the multiple-choice questions among ``samples`` (their prediction
+    ``rows`` gain ``letter``, ``gold_letter``, ``permutation``, ``shuffled_letter`` and ``case``): each is
+    asked again, greedy, with its options shuffled (one permutation per question, drawn from ``seed`` and the
+    question id; never the unshuffled order unless ``exclude_identity=False``), continuing its first reasoning
+    trace (``reuse_trace``); the second answer is mapped back to the original lettering."""
+    from rewards.answers import normalize_gold_choice
+    from rewards.consistency import (
+        consistency_case,
+        draw_permutation,
+        first_answer,
+        is_multiple_choice,
+        reask_shuffled,
+        rollout_rng,
+    )
+
+    perms: list[list[int] | None] = []
+    for s, row in zip(samples, rows):
+        if not is_multiple_choice(s):
+            perms.append(None)
+            continue
+        row["gold_letter"] = normalize_gold_choice(s.answer, s.options)
+        row["letter"] = first_answer(row["completion"], s.options)
+        perm = draw_permutation(len(s.options), rollout_rng(seed, 0, s.id, 0), exclude_identity=exclude_identity)
+        row["permutation"] = perm
+        perms.append(perm if row["letter"] is not None else None)
+    seconds = reask_shuffled(service, samples, [r["completion"] for r in rows], perms, reuse_trace=reuse_trace,
+                             max_new_tokens=max_new_tokens)
+    for row, second in zip(rows, seconds):
+        if "gold_letter" in row:
+            row["shuffled_letter"] = second
+            row["case"] = consistency_case(row["letter"], second, row["gold_letter"])
+
+
+def summarize_consistency(predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The option-shuffling metrics over the predictions that went through :func:`consistency_check`."""
+    from rewards.consistency import case_shares, letter_balance, oscr
+
+    rows = [p for p in predictions if "case" in p]
+    cases = [p["case"] for p in rows]
+    return {"n": len(rows), "oscr": oscr(cases), "cases": case_shares(cases),
+            "shuffled_accuracy": sum(p["shuffled_letter"] == p["gold_letter"] for p in rows) / len(rows)
+            if rows else None,
+            **letter_balance([p["letter"] for p in rows], [p["gold_letter"] for p in rows])}
 
 
 def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
@@ -177,3 +248,22 @@ def describe_exclusions(metrics: dict[str, Any], shown: int = 10) -> list[str]:
         hint = " (eval.min_options=0 counts them)" if "eval.min_options" in reason else ""
         lines.append(f"  not counted: {len(ids)} question(s), {reason}{hint}: {', '.join(ids[:shown])}{more}")
     return lines
+
+
+
+@register_plugin("eval_consistency")
+class EvalConsistency(Callback):
+    """``plugins: {eval_consistency: {}}``: every held-out evaluation of the run (before, during and after RL)
+    also runs the option-shuffling check (:func:`consistency_check`; settings ``seed`` (0),
+    ``exclude_identity`` (true), ``reuse_trace`` (true)); its numbers land in ``metrics["consistency"]``, so
+    ``summary.json`` and ``mmrl compare`` read e.g. ``eval_after_rl.consistency.oscr``."""
+
+    KEYS = ("seed", "exclude_identity", "reuse_trace")
+
+    def __init__(self, trainer: Any, **settings: Any):
+        unknown = sorted(set(settings) - set(self.KEYS))
+        if unknown:
+            raise ConfigError(f"plugins.eval_consistency: unknown setting(s) {', '.join(unknown)}; the settings "
+                              f"are {', '.join(self.KEYS)}")
+        super().__init__(trainer, **settings)
+        trainer.service.evaluation["consistency"] = dict(settings)

@@ -40,6 +40,10 @@ class Ask:
     """The whole user text instead of the template (the media are still shown first)."""
     media: list[MediaInput] | None = None
     """Other decoded media instead of the sample's own (give each a key of its own)."""
+    prefix: str | None = None
+    """The start of the assistant turn (e.g. ``"<think>...</think><answer>"``: answer again from a given
+    reasoning trace); the policy continues after it. ``Answer.text`` is the continuation; the parsed answer
+    reads the prefix and the continuation together."""
 
 
 @dataclass
@@ -78,6 +82,9 @@ class RolloutService:
         self.defaults = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                        top_k=top_k, stop=list(stop))
         self.calls = 0  # generate calls served (for tests and logs)
+        self.evaluation: dict[str, Any] = {}
+        """Settings every :func:`mmrl.evaluate.evaluate` through this service applies unless the caller gives
+        its own (plug-ins set them, e.g. ``{"consistency": {...}}`` from the ``eval_consistency`` plug-in)."""
 
     @classmethod
     def from_config(cls, policy: Policy, cfg: Any, *, backend: RolloutBackend | None = None,
@@ -97,13 +104,13 @@ class RolloutService:
         ask = ask or Ask()
         if ask.question is not None:
             sample = dataclasses.replace(sample, question=ask.question)
-        if ask.media is None and ask.user_text is None:
+        if ask.media is None and ask.user_text is None and not ask.prefix:
             return encode_prompt(self.policy, self.preparer, sample, self.prompt, options=ask.options)
         media = ask.media if ask.media is not None else self.preparer.prepare(sample)
         messages = build_messages(sample, self.prompt, [m.kind for m in media], options=ask.options)
         if ask.user_text is not None:
             messages[-1]["content"][-1] = {"type": "text", "text": ask.user_text}
-        return self.policy.encode(self.policy.render(messages), media), media
+        return self.policy.encode(self.policy.render(messages) + (ask.prefix or ""), media), media
 
     def generate(self, samples: Sequence[Any], asks: Sequence[Ask | None] | None = None, *, n: int = 1,
                  greedy: bool = True, max_new_tokens: int | None = None, temperature: float | None = None,
@@ -131,7 +138,9 @@ class RolloutService:
         out: list[list[Answer]] = []
         for sample, ask, group in zip(samples, asks, gens):
             options = ask.options if ask is not None and ask.options is not None else sample.options
-            out.append([Answer(text=g.text, answer=parse_answer(g.text, sample, options), token_ids=list(g.token_ids),
+            prefix = (ask.prefix or "") if ask is not None else ""
+            out.append([Answer(text=g.text, answer=parse_answer(prefix + g.text, sample, options),
+                               token_ids=list(g.token_ids),
                                finished=g.finished, options=options, logprobs=list(g.logprobs),
                                entropies=list(g.entropies)) for g in group])
         return out

@@ -1,0 +1,233 @@
+"""ACRE: the option permutation and its inverse, the five cases and their values by hand, the second pass
+(eval mode, no gradient, the training log-probs untouched), the reward inside a real trainer, and the
+option-shuffling check of `mmrl eval --consistency` / the `eval_consistency` plug-in."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cache is a fixture)
+
+from data_pipelines.schema import Sample
+from mmrl import cli
+from mmrl.service import Answer
+from mmrl_common.errors import ConfigError
+from rewards import consistency as C
+from rewards.registry import CombinedReward
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+OPTIONS = ["red", "green", "blue", "yellow"]
+
+
+# ------------------------------------------------------------------------------------------ permutations
+def test_permutation_shuffles_and_maps_back() -> None:
+    perm = [2, 0, 3, 1]  # slot A shows option C ("blue"), slot B shows A, slot C shows D, slot D shows B
+    assert C.shuffle_options(OPTIONS, perm) == ["blue", "red", "yellow", "green"]
+    assert C.inverse_permutation(perm) == [1, 3, 0, 2]
+    assert [C.from_shuffled_letter(x, perm) for x in "ABCD"] == ["C", "A", "D", "B"]
+    assert [C.to_shuffled_letter(x, perm) for x in "ABCD"] == ["B", "D", "A", "C"]
+    assert C.from_shuffled_letter(None, perm) is None
+    for p in itertools.permutations(range(4)):
+        for x in "ABCD":
+            assert C.from_shuffled_letter(C.to_shuffled_letter(x, p), p) == x
+            # the option named in the shuffled list is the same text as the original letter's
+            shown = C.shuffle_options(OPTIONS, p)
+            assert shown[ord(C.to_shuffled_letter(x, p)) - 65] == OPTIONS[ord(x) - 65]
+    with pytest.raises(ValueError, match="not a permutation"):
+        C.shuffle_options(OPTIONS, [0, 0, 1, 2])
+    with pytest.raises(ValueError, match="not one of the 4"):
+        C.from_shuffled_letter("E", perm)
+
+
+def test_identity_permutation_is_drawn_unless_excluded() -> None:
+    rng = random.Random(0)
+    drawn = {tuple(C.draw_permutation(2, rng)) for _ in range(100)}
+    assert drawn == {(0, 1), (1, 0)}
+    rng = random.Random(0)
+    assert {tuple(C.draw_permutation(2, rng, exclude_identity=True)) for _ in range(100)} == {(1, 0)}
+    assert all(sorted(p) == [0, 1, 2] and p != [0, 1, 2]
+               for p in (C.draw_permutation(3, rng, exclude_identity=True) for _ in range(50)))
+    # one stream per (seed, step, sample, rollout): the same permutation on a resumed run
+    assert C.draw_permutation(4, C.rollout_rng(0, 3, "s1", 2)) == C.draw_permutation(4, C.rollout_rng(0, 3, "s1", 2))
+
+
+# ------------------------------------------------------------------------------------------ the cases
+def test_five_cases_by_hand() -> None:
+    gold = "B"
+    assert C.consistency_case("B", "B", gold) == "consistent_correct"
+    assert C.consistency_case("B", "C", gold) == "correct_then_wrong"
+    assert C.consistency_case("B", None, gold) == "correct_then_wrong"  # no option named: a wrong one
+    assert C.consistency_case("A", "B", gold) == "wrong_then_correct"
+    assert C.consistency_case("A", "A", gold) == "consistent_wrong"
+    assert C.consistency_case("A", "D", gold) == "inconsistent_wrong"
+    assert C.consistency_case("A", None, gold) == "inconsistent_wrong"
+    assert C.consistency_case(None, None, gold) == "unanswered"
+    cases = ["consistent_correct", "consistent_wrong", "inconsistent_wrong", "correct_then_wrong", "unanswered"]
+    assert C.oscr(cases) == pytest.approx(2 / 4)
+    shares = C.case_shares(cases)
+    assert shares["consistent_correct"] == pytest.approx(0.25) and shares["unanswered"] == pytest.approx(0.2)
+    assert shares["wrong_then_correct"] == 0.0
+
+
+class ScriptedService:
+    """The rollout service's interface with scripted second answers: each sample's second answer names the
+    option *text* given in ``script`` (so the letter it returns depends on the shuffled order it is shown)."""
+
+    def __init__(self, script: dict[str, str | None]):
+        self.script = script
+        self.asks: list = []
+
+    def generate(self, samples, asks, **kwargs):
+        self.asks.extend(asks)
+        out = []
+        for s, ask in zip(samples, asks):
+            text = self.script[s.id]
+            letter = None if text is None else chr(65 + ask.options.index(text))
+            out.append([Answer(text=f"{text}</answer>", answer=letter, token_ids=[], finished=True,
+                               options=ask.options)])
+        return out
+
+
+def _mc(sid: str, answer: str = "B") -> Sample:
+    return Sample(id=sid, problem_type="multiple_choice", question="What colour?", answer=answer,
+                  options=list(OPTIONS))
+
+
+def _run_reward(samples, completions, script, **kwargs):
+    service = ScriptedService(script)
+    metrics: dict[str, float] = {}
+    reward = CombinedReward([{"name": "acre", "kwargs": kwargs}])
+    columns = {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
+               "options": [s.options for s in samples], "answer": [s.answer for s in samples],
+               "meta": [s.meta for s in samples], "rollout_service": service,
+               "rollout_batch": SimpleNamespace(samples=samples),
+               "trainer_state": SimpleNamespace(global_step=5),
+               "log_metric": lambda k, v: metrics.__setitem__(k, v)}
+    return reward.compute(completions, columns).components["acre"], metrics, service
+
+
+def test_reward_values_of_every_case_by_hand() -> None:
+    # gold B = "green"; the second answers name option texts, whatever order they are shown in
+    samples = [_mc(f"q{i}") for i in range(6)] + [
+        Sample(id="n", problem_type="numeric", question="How many?", answer="3")]
+    completions = ["<answer>B</answer>", "<answer>green</answer>", "<answer>A</answer>", "<answer>red</answer>",
+                   "<answer>red</answer>", "no answer here", "<answer>3</answer>"]
+    script = {"q0": "green", "q1": "blue", "q2": "green", "q3": "red", "q4": "yellow", "q5": "red"}
+    values, metrics, service = _run_reward(samples, completions, script)
+    #   q0 correct & consistent 1.0 | q1 correct then wrong 0.5 | q2 wrong then correct 0.25 |
+    #   q3 the same wrong option 0 | q4 two wrong options 0 | q5 unanswered 0 (no second pass) | numeric: accuracy
+    assert values == [1.0, 0.5, 0.25, 0.0, 0.0, 0.0, 1.0]
+    assert len(service.asks) == 5  # q5 gave no answer: not re-asked; the numeric question neither
+    assert all(a.prefix == "<answer>" for a in service.asks)  # no reasoning in these completions
+    assert metrics["acre/oscr"] == pytest.approx(2 / 5)
+    assert metrics["acre/consistent_correct"] == pytest.approx(1 / 5)
+    assert metrics["acre/unanswered"] == pytest.approx(1 / 6)
+    assert metrics["acre/shuffled_accuracy"] == pytest.approx(2 / 5)
+
+    custom = {"consistent_correct": 2.0, "correct_then_wrong": -1.0, "wrong_then_correct": 0.5,
+              "consistent_wrong": -0.5, "inconsistent_wrong": -0.25, "unanswered": -2.0}
+    values, _, _ = _run_reward(samples, completions, script, values=custom)
+    assert values == [2.0, -1.0, 0.5, -0.5, -0.25, -2.0, 1.0]
+    values, _, _ = _run_reward(samples, completions, script, values=custom, mode="add")
+    assert values == [3.0, 0.0, 0.5, -0.5, -0.25, -2.0, 1.0]  # + accuracy of the first answer
+
+
+def test_reward_reuses_the_reasoning_trace_and_draws_one_permutation_per_rollout() -> None:
+    samples = [_mc("q0"), _mc("q0")]
+    completions = ["<think>it is the green one</think><answer>B</answer>", "<think>x</think><answer>B</answer>"]
+    _, _, service = _run_reward(samples, completions, {"q0": "green"}, exclude_identity=True)
+    assert [a.prefix for a in service.asks] == ["<think>it is the green one</think><answer>",
+                                                "<think>x</think><answer>"]
+    assert all(a.options != OPTIONS and sorted(a.options) == sorted(OPTIONS) for a in service.asks)
+    _, _, service = _run_reward(samples, completions, {"q0": "green"}, reuse_trace=False)
+    assert [a.prefix for a in service.asks] == ["<answer>", "<answer>"]
+
+
+def test_reward_settings_are_checked() -> None:
+    samples, completions = [_mc("q0")], ["<answer>B</answer>"]
+    with pytest.raises(Exception, match="unknown case 'consistent'"):
+        _run_reward(samples, completions, {"q0": "green"}, values={"consistent": 1.0})
+    with pytest.raises(Exception, match="mode must be one of replace, add"):
+        _run_reward(samples, completions, {"q0": "green"}, mode="sum")
+    with pytest.raises(Exception, match="inside `mmrl train`"):
+        CombinedReward(["acre"]).compute(completions, {"problem_type": ["multiple_choice"], "answer": ["B"]})
+    with pytest.raises(ConfigError, match="values.consistent_correct must be a number"):
+        C.resolve_values({"consistent_correct": "high"})
+
+
+def test_letter_balance() -> None:
+    bal = C.letter_balance(["A", "A", "A", "B", None], ["A", "B", "C", "D", "A"])
+    assert bal["top_letter"] == "A"
+    assert bal["top_letter_share"] == pytest.approx(3 / 5)
+    assert bal["top_letter_gold_share"] == pytest.approx(2 / 5)
+    assert bal["top_letter_gap"] == pytest.approx(1 / 5)
+
+
+# ------------------------------------------------------------------------------------------ the second pass
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory):
+    from mmrl.config import load_run_config
+    from mmrl.policy import load_policy
+    from mmrl.run import load_split, resolve_model
+    from mmrl.trainer import GRPOTrainer
+
+    cfg = load_run_config("video-qa", overrides=[
+        *TINY_RUN, "imports=[rewards.consistency]",
+        "rewards=[{name: accuracy, weight: 0}, {name: acre, kwargs: {exclude_identity: true}}]"])
+    samples, _ = load_split(cfg, "train", show_progress=False)
+    policy = load_policy(resolve_model(cfg), device="cpu")
+    return GRPOTrainer(cfg, policy, samples, run_dir=tmp_path_factory.mktemp("acre") / "run", show_progress=False)
+
+
+def test_second_pass_runs_in_eval_mode_without_gradient_and_leaves_logprobs_unchanged(trainer) -> None:
+    policy = trainer.policy
+    batch = trainer.rollout_round(2)
+    # the tiny random model names no option: give each rollout a parseable answer, the gold one or not
+    golds = [s.answer for s in batch.samples]
+    batch.completions = [f"<answer>{g if i % 2 else 'A'}</answer>" for i, g in enumerate(golds)]
+    policy.model.train()
+    with torch.no_grad():
+        before, _, _ = policy.forward_logprobs(batch.seqs)
+    seen: list[tuple[bool, bool]] = []
+    hook = policy.model.register_forward_hook(
+        lambda module, args, out: seen.append((module.training, torch.is_grad_enabled())))
+    calls = trainer.service.calls
+    try:
+        trainer.score(batch)
+    finally:
+        hook.remove()
+    assert trainer.service.calls == calls + 1  # one generate call for the whole batch
+    assert seen and all(training is False and grad is False for training, grad in seen)
+    assert policy.model.training  # back in train mode for the update
+    with torch.no_grad():
+        after, _, _ = policy.forward_logprobs(batch.seqs)
+    assert torch.equal(before, after)
+    assert all(p.grad is None for p in policy.model.parameters())
+    values = batch.component("acre").tolist()
+    assert set(values) <= {1.0, 0.5, 0.25, 0.0}
+    metrics = batch.extra["reward_metrics"]
+    assert metrics["acre/unanswered"] == 0.0 and 0.0 <= metrics["acre/oscr"] <= 1.0
+
+
+def test_train_logs_case_shares_and_eval_consistency_lands_in_the_summary(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--quiet", "--out", str(out), *TINY_RUN, "train.steps=1", "eval.after_rl=true",
+            "imports=[rewards.consistency]", "plugins={eval_consistency: {}}",
+            "rewards=[{name: accuracy, weight: 0}, {name: acre}]"]
+    assert cli.main(args) == 0
+    row = rl_rows(out)[0]
+    assert "reward/acre" in row and "reward_metric/acre/unanswered" in row
+    summary = json.loads((out / "summary.json").read_text())
+    c = summary["eval_after_rl"]["consistency"]
+    assert c["n"] == 2 and set(c["cases"]) == {*C.CASES, "unanswered"}
+    with pytest.raises(ConfigError, match="unknown setting"):
+        from mmrl.evaluate import EvalConsistency
+
+        EvalConsistency(SimpleNamespace(service=SimpleNamespace(evaluation={})), shuffle=True)
