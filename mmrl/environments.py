@@ -5,6 +5,8 @@
 ``<zoom>0.2,0.2,0.7,0.7@1.5</zoom>``; without it the middle of the shown clip is used). The environment
 answers with the zoomed crop as a new image. An answer (``<answer>``) or the zoom budget ends the episode;
 a malformed action gets a short text reminder of the format, so the loop always makes progress.
+
+``select_frames``: EARL's key-frame selection with local re-sampling (:mod:`mmrl.frame_selection`).
 """
 
 from __future__ import annotations
@@ -71,3 +73,6 @@ class ZoomEnvironment(Environment):
             return Image.fromarray(frames[0])
         i = min(range(len(stamps)), key=lambda j: abs(stamps[j] - target))
         return Image.fromarray(video.frames[i].permute(1, 2, 0).numpy())
+
+
+from mmrl import frame_selection as _frame_selection  # noqa: F401  (registers select_frames)

@@ -1,8 +1,10 @@
 """Localized re-sampling around selected key frames (EARL's environment step, research/earl.md §1.3).
 
 Rule (reading (a) of the note): the current frame grid has sorted timestamps ``t_0 < ... < t_{m-1}``.
-Selecting grid frame ``k`` opens the interval ``[t_{k-1}, t_{k+1}]`` (the first/last frame's interval
-reaches the ``start``/``end`` bound). Overlapping intervals are merged. Up to ``max_frames`` new frames
+Selecting grid frame ``k`` opens the interval ``[t_{k-1}, t_{k+1}]``. The first/last frame's open side
+reaches the ``start``/``end`` bound (``edge="bound"``, the default) or mirrors its one neighbour
+(``edge="mirror"``: ``[t_0 - (t_1 - t_0), t_1]``), which keeps a second round's edge frames from opening
+the whole rest of the video. Overlapping intervals are merged. Up to ``max_frames`` new frames
 are allocated across the merged intervals proportionally to their length (Sainte-Laguë highest
 averages; ``allocation="equal"`` gives every interval the same weight), never more than an interval has
 unseen frames, and spread evenly over each interval's unseen frames. Everything is compared at frame
@@ -36,10 +38,18 @@ class Resampled:
         return len(self.indices)
 
 
+Edge = Literal["bound", "mirror"]
+
+
 def neighbour_intervals(
-    grid: Sequence[float], selected: Iterable[int], start: float, end: float
+    grid: Sequence[float], selected: Iterable[int], start: float, end: float, *, edge: Edge = "bound"
 ) -> list[tuple[float, float]]:
-    """Merged ``[t_{k-1}, t_{k+1}]`` intervals of the selected grid positions, clipped to ``[start, end]``."""
+    """Merged ``[t_{k-1}, t_{k+1}]`` intervals of the selected grid positions, clipped to ``[start, end]``.
+
+    ``edge``: what the first/last grid frame's open side reaches: the bound (``"bound"``) or as far as its
+    one neighbour on the other side (``"mirror"``; a grid of one frame always reaches the bounds)."""
+    if edge not in ("bound", "mirror"):
+        raise ValueError(f"edge must be 'bound' or 'mirror', got {edge!r}")
     times = [float(t) for t in grid]
     if any(b < a for a, b in pairwise(times)):
         raise ValueError("grid timestamps must be sorted in ascending order")
@@ -47,8 +57,15 @@ def neighbour_intervals(
     for k in sorted({int(k) for k in selected}):
         if not 0 <= k < len(times):
             raise ValueError(f"selected frame {k} is not in the current grid of {len(times)} frames")
-        lo = times[k - 1] if k > 0 else start
-        hi = times[k + 1] if k + 1 < len(times) else end
+        mirror = edge == "mirror" and len(times) > 1
+        if k > 0:
+            lo = times[k - 1]
+        else:
+            lo = times[0] - (times[1] - times[0]) if mirror else start
+        if k + 1 < len(times):
+            hi = times[k + 1]
+        else:
+            hi = times[-1] + (times[-1] - times[-2]) if mirror else end
         lo, hi = max(lo, start), min(hi, end)
         if hi >= lo:
             spans.append((lo, hi))
@@ -86,12 +103,14 @@ def resample_around(
     end: float | None = None,
     shown: Iterable[float] = (),
     allocation: Allocation = "proportional",
+    edge: Edge = "bound",
 ) -> Resampled:
     """Up to ``max_frames`` new frame timestamps around the ``selected`` grid positions (0-based).
 
     ``grid``: timestamps (s) of the frames currently shown, sorted. ``fps``/``num_frames``: the video.
     ``start``/``end``: bounds in seconds (default the whole video). ``shown``: timestamps already shown
-    in earlier rounds (the grid counts as shown too). Returns ascending, unique, unseen frames.
+    in earlier rounds (the grid counts as shown too). ``edge``: see :func:`neighbour_intervals`. Returns
+    ascending, unique, unseen frames.
     """
     if fps <= 0 or num_frames <= 0:
         raise ValueError(f"need a positive fps and frame count, got fps={fps}, num_frames={num_frames}")
@@ -106,7 +125,7 @@ def resample_around(
     last = min(math.floor(hi_t * fps + 1e-9), num_frames - 1)
     seen = {round(float(t) * fps) for t in (*grid, *shown)}
 
-    intervals = neighbour_intervals(grid, selected, lo_t, hi_t)
+    intervals = neighbour_intervals(grid, selected, lo_t, hi_t, edge=edge)
     free: list[list[int]] = []
     for a, b in intervals:
         lo_i = max(first, math.ceil(a * fps - 1e-9))
@@ -134,6 +153,7 @@ def resample_video(
     end: float | None = None,
     shown: Iterable[float] = (),
     allocation: Allocation = "proportional",
+    edge: Edge = "bound",
     **resize: Any,
 ) -> tuple[Resampled, SampledVideo | None]:
     """:func:`resample_around` on ``reader``'s video, then decode and fit the frames to the pixel budget
@@ -142,11 +162,11 @@ def resample_video(
     second of the merged intervals."""
     res = resample_around(
         grid, selected, max_frames, fps=reader.fps, num_frames=reader.num_frames,
-        start=start, end=end, shown=shown, allocation=allocation,
+        start=start, end=end, shown=shown, allocation=allocation, edge=edge,
     )
     if not res.indices:
         return res, None
     span = sum(max(1, round((b - a) * reader.fps)) for a, b in res.intervals)
     video = decode_indices(reader, res.indices, window_frames=span, policy="resample",
-                           options={"max_frames": max_frames, "allocation": allocation}, **resize)
+                           options={"max_frames": max_frames, "allocation": allocation, "edge": edge}, **resize)
     return res, video
