@@ -9,13 +9,14 @@ the same prompts. Register new samplers with :func:`register_sampler`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from mmrl_common.errors import ConfigError
-from mmrl_common.registry import Registry
+from mmrl_common.registry import Registry, did_you_mean
 
 SAMPLERS: Registry[Callable[..., Sampler]] = Registry("sampler", "data.sampler")
 register_sampler = SAMPLERS.register
@@ -25,7 +26,21 @@ def make_sampler(name: str, samples: Sequence[Any], *, seed: int = 0, **kwargs: 
     factory = SAMPLERS.get(name)
     if not samples:
         raise ConfigError("data.train: the training set is empty")
+    check_settings(name, factory, kwargs)
     return factory(samples, seed=seed, **kwargs)
+
+
+def check_settings(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """A :class:`ConfigError` for a ``data.sampler_kwargs`` key the sampler does not take (a factory that
+    takes ``**kwargs`` accepts any)."""
+    params = inspect.signature(factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and k != "seed"]
+    for key in kwargs:
+        if key not in known:
+            raise ConfigError(f"data.sampler_kwargs.{key}: sampler {name!r} has no such setting; "
+                              f"{did_you_mean(key, known)}its settings: {', '.join(known) or '(none)'}")
 
 
 class Sampler:
@@ -92,3 +107,7 @@ class UniformSampler(Sampler):
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._order = self._permutation(self.epoch)
+
+
+# built-in samplers kept in modules of their own register themselves on import
+from data_pipelines import vas  # noqa: F401
