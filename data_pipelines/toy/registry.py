@@ -77,6 +77,7 @@ def register_task(name: str, *, kind: str, description: str = "",
 def toy_tasks() -> dict[str, ToyTask]:
     """Registered tasks in registration order (built-ins first)."""
     from . import video_tasks, image_tasks, scan  # noqa: F401, I001  (registration order: videos first)
+    from . import evidence_task  # noqa: F401  (EARL's evidence task)
 
     return dict(TASKS.items())
 
