@@ -9,7 +9,8 @@ from typing import Any
 
 from rewards.answers import text_tokens
 
-__all__ = ["bleu1", "lcs_length", "llava_med_overlap", "rouge_l", "temporal_iou", "token_f1"]
+__all__ = ["bleu", "bleu1", "exact_match", "lcs_length", "llava_med_overlap", "rouge_l", "rouge_n", "temporal_iou",
+           "token_f1"]
 
 
 def _tokens(x: Any) -> list[str]:
@@ -64,6 +65,52 @@ def bleu1(prediction: Any, reference: Any) -> float:
     c, ref_len = len(p), len(r)
     bp = 1.0 if c > ref_len else math.exp(1 - ref_len / c)
     return bp * clipped / c
+
+
+def bleu(prediction: Any, reference: Any, *, max_n: int = 1) -> float:
+    """Sentence BLEU with uniform weights 1/``max_n`` over 1..``max_n``-grams and no smoothing, as NLTK's
+    ``sentence_bleu`` computes it: BP · exp(Σ_k log p_k / max_n), p_k the clipped k-gram precision,
+    BP = 1 if c > r else exp(1 − r/c). Any p_k = 0 (e.g. a prediction shorter than ``max_n`` tokens) gives
+    0, which is why BLEU-4 collapses on one- or two-word answers. ``max_n=1`` is :func:`bleu1`."""
+    if max_n < 1:
+        raise ValueError(f"BLEU max_n must be >= 1, got {max_n}")
+    p, r = _tokens(prediction), _tokens(reference)
+    if not p or not r:
+        return 0.0
+    log_sum = 0.0
+    for k in range(1, max_n + 1):
+        cand = Counter(tuple(p[i:i + k]) for i in range(len(p) - k + 1))
+        ref = Counter(tuple(r[i:i + k]) for i in range(len(r) - k + 1))
+        clipped = sum((cand & ref).values())
+        total = sum(cand.values())
+        if clipped == 0 or total == 0:
+            return 0.0
+        log_sum += math.log(clipped / total)
+    c, ref_len = len(p), len(r)
+    bp = 1.0 if c > ref_len else math.exp(1 - ref_len / c)
+    return bp * math.exp(log_sum / max_n)
+
+
+def rouge_n(prediction: Any, reference: Any, *, n: int = 1) -> float:
+    """ROUGE-N F1 over normalised tokens: overlap = clipped count of shared n-grams, P = overlap/#pred n-grams,
+    R = overlap/#ref n-grams, F = 2PR/(P+R) (the ``rouge`` package's F-score). Both empty → 1.0; no n-gram on
+    one side → 0.0."""
+    p, r = _tokens(prediction), _tokens(reference)
+    if not p and not r:
+        return 1.0
+    cand = Counter(tuple(p[i:i + n]) for i in range(len(p) - n + 1))
+    ref = Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+    overlap = sum((cand & ref).values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / sum(cand.values()), overlap / sum(ref.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: Any, reference: Any) -> float:
+    """1.0 when the normalised token sequences are equal (:func:`rewards.answers.text_tokens`: lower-case,
+    punctuation and articles removed), else 0.0."""
+    return float(_tokens(prediction) == _tokens(reference))
 
 
 def lcs_length(a: Sequence[Any], b: Sequence[Any]) -> int:

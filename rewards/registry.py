@@ -477,6 +477,23 @@ class CombinedReward:
     def labels(self) -> list[str]:
         return [s.display_name for s in self.specs]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The state of every stateful reward (one whose function has ``state_dict``/``load_state_dict``,
+        e.g. a running-quantile remap built with ``init``), by label; plain data only. Whoever saves
+        checkpoints (a plug-in) keeps it, and hands it to the next combination after a stage switch."""
+        return {label: fn.state_dict() for label, fn in zip(self.labels, self._fns)
+                if callable(getattr(fn, "state_dict", None)) and callable(getattr(fn, "load_state_dict", None))}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> list[str]:
+        """Restore :meth:`state_dict` into the rewards of the same label; returns the labels restored
+        (labels this combination does not have, or whose reward keeps no state, are left alone)."""
+        done = []
+        for label, fn in zip(self.labels, self._fns):
+            if label in state and callable(getattr(fn, "load_state_dict", None)):
+                fn.load_state_dict(state[label])
+                done.append(label)
+        return done
+
     def __call__(self, completions: Sequence[Any], **columns: Any) -> list[float]:
         return self.compute(completions, columns).total
 
