@@ -43,15 +43,19 @@ DEFAULT_TRIGGERS = (
 """Reasoning-trigger words of the ``triggers`` count mode (our own short list; ARES ships a 174-word one)."""
 
 
+def _wide(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Exact entropy over the last dimension (nats), in float32 or wider."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(_wide(logits), dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
 def topk_entropy(topk_logprobs: Tensor, *, tail: bool = True) -> Tensor:
     """Entropy approximated from the top-k log-probs ``(..., k)`` (module docstring, with its error bound)."""
-    lp = topk_logprobs.float()
+    lp = _wide(topk_logprobs)
     p = lp.exp()
     h = -(p * lp).sum(-1)
     if tail:
@@ -63,7 +67,7 @@ def topk_entropy(topk_logprobs: Tensor, *, tail: bool = True) -> Tensor:
 def topk_error_bound(topk_logprobs: Tensor, vocab_size: int) -> Tensor:
     """The bound ``p_tail * log(V - k)`` on ``exact - topk_entropy(..., tail=True)`` per position."""
     k = topk_logprobs.shape[-1]
-    p_tail = (1.0 - topk_logprobs.float().exp().sum(-1)).clamp(min=0.0)
+    p_tail = (1.0 - _wide(topk_logprobs).exp().sum(-1)).clamp(min=0.0)
     return p_tail * math.log(max(1, vocab_size - k))
 
 
