@@ -306,7 +306,7 @@ def test_registries_reject_unknown_names(getter, bad, valid):
 
 
 def test_config_validates_names_and_values():
-    with pytest.raises(ConfigError, match="unknown policy loss 'ppo2'.*valid: gspo, ppo"):
+    with pytest.raises(ConfigError, match="unknown policy loss 'ppo2'.*valid: clip_cov, gspo, kl_cov, ppo"):
         GRPOConfig(policy_loss="ppo2")
     with pytest.raises(ConfigError, match="dual_clip_c"):
         GRPOConfig(dual_clip_c=1.0)
