@@ -169,6 +169,45 @@ class FrameSelectionEnvironment(Environment):
                              frames_shown=len(self.current),
                              frames=[{"round": 0, "index": i + 1, "timestamp": t} for i, t in enumerate(self.current)])
 
+    # ------------------------------------------------------------------------------------------ demonstrations
+    def demonstration(self, answer: str, rounds: int | str = "auto", *, seed: int = 0) -> list[str] | None:
+        """The assistant turns of an expert episode for action-aware SFT, played on this environment:
+        0-``max_rounds`` selections of the current frames whose time cell overlaps the gold evidence (at
+        most ``max_select``, nearest to the evidence first), then ``answer``. ``rounds``: ``auto`` selects
+        until a shown frame lies inside a gold span (1 round for point-like gold such as grid
+        ``gold_frames``), ``mix`` draws 0, 1 or 2 (seeded by the sample id and ``seed``), or a number.
+        None when the sample has no video or no gold evidence."""
+        import random
+
+        from rewards.evidence import gold_time_spans
+
+        if self.video is None:
+            return None
+        spans = gold_time_spans(self.sample.meta, self.info["initial_timestamps"])
+        if not spans:
+            return None
+        if rounds == "mix":
+            rounds = random.Random(f"{self.sample.id}|{seed}").randrange(self.max_rounds + 1)
+        if rounds != "auto" and (not isinstance(rounds, int) or not 0 <= rounds <= self.max_rounds):
+            raise ConfigError(f"demonstration rounds={rounds!r}: use auto, mix or 0..{self.max_rounds}")
+        points = all(a == b for a, b in spans)
+        turns: list[str] = []
+        for r in range(self.max_rounds):
+            if rounds == "auto":
+                seen = any(a <= t <= b for t in self.current for a, b in spans)
+                if (r >= 1) if points else seen:
+                    break
+            elif r >= rounds:
+                break
+            centre = [(a + b) / 2 for a, b in spans]
+            hits = sorted(frames_on_spans(self.current, spans),
+                          key=lambda k: min(abs(self.current[k] - c) for c in centre))[:self.max_select]
+            call = format_call(sorted(k + 1 for k in hits))
+            turns.append(call)
+            if self.step(call) is None or self.info["events"][-1]["outcome"] != "selected":
+                break
+        return [*turns, answer]
+
     # ------------------------------------------------------------------------------------------ the step
     def _event(self, outcome: str, **extra: Any) -> None:
         self.info["events"].append({"turn": self.turn, "outcome": outcome, **extra})
@@ -231,10 +270,11 @@ class FrameSelectionEnvironment(Environment):
                 raise MmrlError("the video has no source file")
             with open_video(data.path) as reader:
                 res, video = resample_video(reader, self.current, [i - 1 for i in chosen], self.max_new_frames,
+                                            start=data.options.get("start"), end=data.options.get("end"),
                                             shown=self.shown, allocation=self.allocation, edge=self.edge,
                                             image_patch_size=int(data.options.get("image_patch_size", 14)),
                                             **resize)
-        except (MmrlError, ValueError, OSError) as exc:
+        except (MmrlError, ValueError, OSError, RuntimeError) as exc:  # e.g. a frame folder, a moved file
             self._event("no_video", reason=str(exc))
             return None
         self.info["rounds"] = round_

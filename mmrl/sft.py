@@ -54,6 +54,8 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
     """``keep_encoded``: encode each sample's prompt and media once and keep them for the next epochs (fast
     when a small dataset is seen many times, e.g. the toy base model's pre-training; memory grows with the
     dataset's pixels)."""
+    from mmrl.agent import sft_sequence
+
     s = cfg.sft
     if s.steps <= 0:
         return {}
@@ -81,9 +83,9 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
                 rng.shuffle(order)
             sample = samples[order.pop()]
             try:
-                prompt = encoded.get(sample.id) or encode_prompt(policy, preparer, sample, cfg.prompt)[0]
+                prompt, media = encoded.get(sample.id) or encode_prompt(policy, preparer, sample, cfg.prompt)
                 if keep_encoded:
-                    encoded[sample.id] = prompt
+                    encoded[sample.id] = (prompt, media)
             except MediaError as exc:
                 if cfg.data.on_bad_sample != "skip":
                     raise MmrlError(f"sample {sample.id}: {exc} (set data.on_bad_sample=skip to skip bad samples)"
@@ -91,6 +93,10 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
                 bad += 1
                 if bad > 10 * max(1, s.batch_size) + len(samples):
                     raise MmrlError("sft: too many unreadable samples; run `mmrl data validate` on the data") from exc
+                continue
+            episode = sft_sequence(cfg, policy, sample, prompt, media)  # multi-turn records (mmrl.agent)
+            if episode is not None:
+                seqs.append(episode)
                 continue
             answer = answer_text(sample) if s.target == "gold" else random_answer(sample, samples, rng)
             ids = policy.tokenizer(target_text(sample, answer, cfg.prompt.answer_format),

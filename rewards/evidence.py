@@ -116,6 +116,25 @@ def _spans(meta: Mapping[str, Any]) -> list[list[float]] | None:
     return [[float(a), float(b)] for a, b in spans]
 
 
+def gold_time_spans(meta: Mapping[str, Any], initial: Sequence[float],
+                    settings: EvidenceSettings | None = None) -> list[list[float]] | None:
+    """Gold evidence as time spans (seconds): the record's spans, or its ``gold_frames`` as points (grid
+    indices: the initial frames' timestamps; video frame numbers: ``[i / fps, (i + 1) / fps]``)."""
+    settings = settings or EvidenceSettings()
+    spans = _spans(meta) if settings.gold in ("auto", "spans") else None
+    if spans is not None:
+        return spans
+    frames = meta.get("gold_frames") if settings.gold in ("auto", "frames") else None
+    if frames is None or not initial:
+        return None
+    cells_ = gold_cells({"gold_frames": frames, "video": meta.get("video")}, initial,
+                        EvidenceSettings(gold="frames", gold_frames_on=settings.gold_frames_on))
+    if settings.gold_frames_on == "video":
+        fps = float(meta["video"]["fps"])
+        return [[i / fps, (i + 1) / fps] for i in frames]
+    return [[float(initial[k]), float(initial[k])] for k in sorted(cells_ or ())]
+
+
 def gold_cells(meta: Mapping[str, Any], initial: Sequence[float], settings: EvidenceSettings) -> set[int] | None:
     """0-based round-0 frames that hold gold evidence (None: the record has no gold)."""
     from mmrl.frame_selection import cell_of, frames_on_spans

@@ -1,0 +1,338 @@
+"""Agent loops outside the trainer's rollouts: multi-turn SFT targets, and evaluation through an environment.
+
+* :func:`sft_sequence` -- what ``mmrl sft`` (and a run's cold start) trains on for a record with
+  ``meta.sft_turns`` (assistant turns written by ``mmrl data earl-sft``), or, with ``rollout.environment``
+  set and ``sft.target: gold``, on a demonstration the environment plays itself
+  (``Environment.demonstration``). The turns are replayed through the environment: assistant turns are
+  trained, the environment's turns (text and new frames) are masked out, exactly as in RL rollouts.
+* :func:`evaluate_agent` -- greedy episodes through an environment on held-out samples: accuracy of the
+  final answer, frames shown and selection rounds per answer, selection IoU where gold exists.
+* the ``agent_eval`` plug-in -- runs :func:`evaluate_agent` at the end of training (and every ``every``
+  steps) and logs ``agent_eval/*`` in ``metrics.jsonl``, so ``mmrl compare`` can read ``last:agent_eval/accuracy``
+  (the trainer's own evaluation is single-turn); ``uniform_frames: [16, 32]`` adds single-turn evaluations
+  with that many uniformly sampled frames (the uniform budget a plain model needs).
+* :func:`run_benchmark_agent` -- ``mmrl eval --benchmark NAME --agent earl``: a public benchmark through the
+  agent loop, beside the plain single-turn answer with the same initial frames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mmrl.plugins import Callback, register_plugin
+from mmrl.policy import Policy, TokenSeq
+from mmrl_common.errors import ConfigError, DataError, MmrlError
+
+AGENTS: dict[str, dict[str, Any]] = {
+    "earl": {"environment": "select_frames", "environment_kwargs": {}, "max_turns": 4},
+}
+"""``--agent`` names: the environment, its settings and the turn limit (2 selections, the answer, and a
+turn for the environment to see a third call)."""
+
+
+# ------------------------------------------------------------------------------------------------ SFT
+def replay(policy: Policy, prompt: TokenSeq, env: Any, turns: Sequence[str], *, where: str = "") -> TokenSeq:
+    """``prompt`` followed by the assistant ``turns`` (trained) and the environment's answers to all but the
+    last (masked), as the rollout loop builds them."""
+    from mmrl.rollout import observation_fragment
+
+    im_end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    seq = prompt
+    for k, text in enumerate(turns):
+        ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [im_end]
+        seq = seq.extend(ids, trained=True)
+        if k == len(turns) - 1:
+            break
+        obs = env.step(text)
+        if obs is None:
+            raise DataError(f"{where}: turn {k + 1} of {len(turns)} ({text[:60]!r}) ended the episode "
+                            f"({env.info.get('events', [{}])[-1].get('outcome', 'ended')}); only the last turn "
+                            "may answer")
+        frag = observation_fragment(policy, obs)
+        seq = seq.extend(frag.ids, trained=False, mm_types=frag.mm_types, media=frag.media)
+    return seq
+
+
+def _check_grid(sample: Any, env: Any) -> None:
+    want = sample.meta.get("sft_initial_timestamps")
+    have = env.info.get("initial_timestamps")
+    if want is None or have is None:
+        return
+    if len(want) != len(have) or any(abs(float(a) - float(b)) > 1e-3 for a, b in zip(want, have)):
+        raise DataError(f"sample {sample.id}: meta.sft_turns were written for {len(want)} initial frames at "
+                        f"{[round(float(t), 2) for t in want][:8]} s, but this run shows {len(have)} at "
+                        f"{[round(float(t), 2) for t in have][:8]} s; re-run `mmrl data earl-sft` with the run's "
+                        "frame settings (--frames), or set data.media to match")
+
+
+def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media: list[Any]) -> TokenSeq | None:
+    """The multi-turn SFT sequence of ``sample`` (None: train the ordinary single answer)."""
+    from mmrl.rollout import get_environment
+    from mmrl.sft import answer_text, target_text
+
+    turns = sample.meta.get("sft_turns")
+    name = cfg.rollout.environment
+    if turns is None and not (name and cfg.sft.target == "gold"):
+        return None
+    if not name:
+        raise DataError(f"sample {sample.id}: the record has meta.sft_turns (a multi-turn trajectory) but "
+                        "rollout.environment is not set; set it to the environment the turns were written for "
+                        "(e.g. rollout.environment=select_frames)")
+    env_cls = get_environment(name)
+    env = env_cls(sample, media, **cfg.rollout.environment_kwargs)
+    if turns is None:
+        demo = getattr(env, "demonstration", None)
+        if demo is None:
+            return None
+        turns = demo(target_text(sample, answer_text(sample), cfg.prompt.answer_format))
+        if turns is None:
+            return None
+        env = env_cls(sample, media, **cfg.rollout.environment_kwargs)
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+        raise DataError(f"sample {sample.id}: meta.sft_turns must be a non-empty list of assistant turns "
+                        f"(strings), got {turns!r}")
+    _check_grid(sample, env)
+    return replay(policy, prompt, env, turns, where=f"sample {sample.id}")
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def _with_frames(sample: Any, nframes: int) -> Any:
+    media = [dataclasses.replace(m, sampling={**(m.sampling or {}), "nframes": int(nframes)})
+             if m.type == "video" else m for m in sample.media]
+    return dataclasses.replace(sample, media=media)
+
+
+def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, samples: Sequence[Any], *,
+                   environment: str | None, environment_kwargs: dict[str, Any] | None = None,
+                   max_turns: int = 4, max_new_tokens: int = 64, stop: Sequence[str] = (),
+                   batch_size: int = 16, nframes: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Greedy episodes (through ``environment``, or single-turn when None) on ``samples``; ``nframes``
+    replaces each video's initial frame count. Returns ``(metrics, predictions)``: ``accuracy`` (as
+    :func:`mmrl.evaluate.evaluate` scores it, on the final turn), ``frames`` (frames shown per answer),
+    ``rounds`` (selection rounds per answer), ``iou`` (mean selection IoU over samples with gold),
+    ``invalid_actions``, per-task accuracy."""
+    from mmrl.evaluate import reward_columns, summarize
+    from mmrl.prompts import encode_prompt
+    from mmrl.rollout import SamplingParams, get_environment, run_episodes
+    from rewards import get_reward
+    from rewards.evidence import EvidenceSettings, gold_cells, selected_cells
+
+    env_cls = get_environment(environment) if environment else None
+    kwargs = dict(environment_kwargs or {})
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop=list(stop))
+    accuracy = get_reward("accuracy")
+    preds: list[dict[str, Any]] = []
+    held = set(policy.media)
+    try:
+        for start in range(0, len(samples), batch_size):
+            chunk = [_with_frames(s, nframes) if nframes else s for s in samples[start:start + batch_size]]
+            encoded = [encode_prompt(policy, preparer, s, prompt) for s in chunk]
+            media_of = {id(s): m for s, (_, m) in zip(chunk, encoded)}
+            factory = (lambda s, m=media_of: env_cls(s, m[id(s)], **kwargs)) if env_cls else None
+            episodes = run_episodes(policy, backend, [seq for seq, _ in encoded], chunk, n=1, params=params,
+                                    environment=factory, max_turns=max_turns if env_cls else 1)
+            texts = [ep.completion for ep in episodes]
+            scores = accuracy(texts, **reward_columns(chunk))
+            for s, ep, (_, media), score in zip(chunk, episodes, encoded, scores):
+                info = ep.env.info if ep.env is not None else {}
+                initial = sum(len(m.timestamps or []) for m in media if m.kind == "video")
+                gold = gold_cells(s.meta, info.get("initial_timestamps") or [], EvidenceSettings()) if info else None
+                chosen = selected_cells(info)
+                preds.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
+                              "n_options": len(s.options or []), "answer": s.answer, "turns": ep.turns,
+                              "completion": ep.completion, "score": float(score or 0.0),
+                              "frames": int(info.get("frames_shown", initial)), "rounds": int(info.get("rounds", 0)),
+                              "invalid_actions": int(info.get("invalid_actions", 0)),
+                              "iou": None if not gold else len(chosen & gold) / len(chosen | gold)})
+            for key in [k for k in policy.media if k not in held]:
+                del policy.media[key]
+    finally:
+        for key in [k for k in policy.media if k not in held]:
+            del policy.media[key]
+    metrics = summarize(preds)
+    n = max(1, len(preds))
+    ious = [p["iou"] for p in preds if p["iou"] is not None]
+    metrics.update(frames=sum(p["frames"] for p in preds) / n, rounds=sum(p["rounds"] for p in preds) / n,
+                   invalid_actions=sum(p["invalid_actions"] for p in preds) / n,
+                   iou=sum(ious) / len(ious) if ious else None)
+    return metrics, preds
+
+
+@register_plugin("agent_eval")
+class AgentEval(Callback):
+    """Held-out evaluation through the run's environment (see the module docstring).
+
+    Settings (defaults): ``every`` (0: only after the last step), ``before`` (true: also before RL, logged
+    at the first step as ``agent_eval_before/*``), ``uniform_frames`` ([]: extra single-turn evaluations
+    with these initial frame counts, ``agent_eval/uniform<N>/accuracy``), ``limit`` (null: every eval
+    sample), ``environment`` (default: the run's ``rollout.environment``; ``none`` for single-turn),
+    ``max_turns`` (default: the run's ``rollout.max_turns``). Results also go to ``agent_eval.json``.
+    """
+
+    KEYS = ("every", "before", "uniform_frames", "limit", "environment", "max_turns")
+
+    def __init__(self, trainer: Any, **settings: Any):
+        super().__init__(trainer, **settings)
+        unknown = sorted(set(settings) - set(self.KEYS))
+        if unknown:
+            raise ConfigError(f"plugins.agent_eval: unknown setting(s) {unknown}; valid: {', '.join(self.KEYS)}")
+        r = trainer.cfg.rollout
+        self.every = int(settings.get("every", 0))
+        self.before = bool(settings.get("before", True))
+        self.uniform = [int(n) for n in settings.get("uniform_frames", [])]
+        self.limit = settings.get("limit")
+        env = settings.get("environment", r.environment)
+        self.environment = None if env in (None, "none", "") else str(env)
+        self.max_turns = int(settings.get("max_turns", r.max_turns))
+        self.pending: dict[str, Any] = {}
+
+    def _evaluate(self, *, nframes: int | None = None, environment: str | None = None) -> dict[str, Any]:
+        t = self.trainer
+        samples = t.eval_samples[:self.limit] if self.limit else t.eval_samples
+        r = t.cfg.rollout
+        metrics, _ = evaluate_agent(
+            t.policy, t.backend, t.preparer, t.cfg.prompt, samples, environment=environment,
+            environment_kwargs=r.environment_kwargs if environment == r.environment else {},
+            max_turns=self.max_turns, max_new_tokens=t.cfg.eval.max_new_tokens or r.max_new_tokens,
+            stop=r.stop, batch_size=t.cfg.eval.batch_size, nframes=nframes)
+        return metrics
+
+    def _all(self, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        m = self._evaluate(environment=self.environment)
+        for key in ("accuracy", "frames", "rounds", "iou", "invalid_actions"):
+            if m.get(key) is not None:
+                out[f"{prefix}/{key}"] = m[key]
+        for n in self.uniform:
+            u = self._evaluate(nframes=n, environment=None)
+            out[f"{prefix}/uniform{n}/accuracy"] = u["accuracy"]
+        self._save(prefix, out)
+        return out
+
+    def _save(self, prefix: str, values: dict[str, Any]) -> None:
+        path = Path(self.trainer.run_dir) / "agent_eval.json"
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data[f"{prefix}@{self.trainer.step}"] = values
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+    def on_train_start(self) -> None:
+        if self.before and self.trainer.step == 0 and self.trainer.eval_samples:
+            self.pending = self._all("agent_eval_before")
+
+    def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
+        stats.update(self.pending)
+        self.pending = {}
+        last = step >= self.trainer.cfg.train.steps
+        if self.trainer.eval_samples and (last or (self.every and step % self.every == 0)):
+            stats.update(self._all("agent_eval"))
+
+
+# ------------------------------------------------------------------------------------------------ benchmarks
+def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path | None = None, *, agent: str,
+                        out: str | Path | None = None, protocol: str = "official", frames: int | None = None,
+                        max_pixels: int | None = None, prompt_template: str | None = None,
+                        max_new_tokens: int | None = None, batch_size: int = 8, limit: int | None = None,
+                        split: str | None = None, dtype: str = "fp32", policy: Any = None) -> dict[str, Any]:
+    """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
+    same initial frames. Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
+    metrics: ``agent`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
+    from data_pipelines.benchmarks import get_benchmark, load_benchmark
+    from mmrl.benchmarks_eval.protocols import build_prompt, make_protocol
+    from mmrl.benchmarks_eval.runner import media_config
+    from mmrl.benchmarks_eval.scoring import score_item, summarize
+    from mmrl.frame_selection import instructions
+    from mmrl.policy import load_policy
+    from mmrl.rollout import HFBackend, SamplingParams, get_environment, run_episodes
+
+    if agent not in AGENTS:
+        raise ConfigError(f"--agent {agent!r}: known agents are {', '.join(AGENTS)}")
+    spec = AGENTS[agent]
+    t0 = time.perf_counter()
+    name = get_benchmark(benchmark).name
+    if policy is None:
+        if model is None:
+            raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
+        policy = load_policy(model, dtype=dtype)
+    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
+                          template=prompt_template, max_new_tokens=max_new_tokens)
+    out = Path(out) if out else Path("runs") / "eval" / f"{name}-{agent}"
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
+    samples = data.samples[:limit] if limit else list(data.samples)
+    from mmrl.benchmarks_eval.media import BenchMediaPreparer
+
+    extra = {"total_pixels": proto.total_pixels} if proto.total_pixels else {}
+    preparer = BenchMediaPreparer(media_config(proto), family=policy.family, extra=extra)
+    env_cls = get_environment(spec["environment"])
+    backend = HFBackend(policy, max_batch=batch_size)
+    params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
+    records: dict[str, list[dict[str, Any]]] = {"agent": [], "baseline": []}
+    tool_note = instructions()
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        ready, seqs, plain, media_of = [], [], [], {}
+        for s in chunk:
+            try:
+                media = preparer.prepare(s)
+            except MmrlError as exc:
+                for recs in records.values():
+                    recs.append({"id": s.id, "error": str(exc), "correct": False, "parsed": False,
+                                          "pred": None, "problem_type": s.problem_type, "answer": s.answer})
+                continue
+            system, text, prefill = build_prompt(s, proto)
+            content = [{"type": m.kind} for m in media] + [{"type": "text", "text": text}]
+            for mode, sys_text in (("agent", "\n".join(t for t in (system, tool_note) if t)), ("baseline", system)):
+                messages = ([{"role": "system", "content": [{"type": "text", "text": sys_text}]}] if sys_text else [])
+                messages.append({"role": "user", "content": content})
+                seq = policy.encode(policy.render(messages) + prefill, media)
+                (seqs if mode == "agent" else plain).append(seq)
+            ready.append((s, prefill, media))
+            media_of[id(s)] = media
+        if ready:
+            group = [s for s, _, _ in ready]
+            runs = {
+                "agent": run_episodes(policy, backend, seqs, group, n=1, params=params,
+                                      environment=lambda s, m=media_of: env_cls(s, m[id(s)], **spec["environment_kwargs"]),
+                                      max_turns=spec["max_turns"]),
+                "baseline": run_episodes(policy, backend, plain, group, n=1, params=params),
+            }
+            for mode, episodes in runs.items():
+                for (s, prefill, media), ep in zip(ready, episodes):
+                    info = ep.env.info if ep.env is not None else {}
+                    initial = sum(len(m.timestamps or []) for m in media if m.kind == "video")
+                    rec = {"id": s.id, "problem_type": s.problem_type, "answer": s.answer,
+                           "answer_type": s.meta.get("answer_type"), "completion": ep.completion, "turns": ep.turns,
+                           "frames": int(info.get("frames_shown", initial)), "rounds": int(info.get("rounds", 0))}
+                    rec.update(score_item(s, ep.completion, benchmark=name, prefill=prefill))
+                    records[mode].append(rec)
+        policy.media.clear()
+    with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
+        for mode, recs in records.items():
+            for rec in recs:
+                fh.write(json.dumps({"mode": mode, **rec}, default=str) + "\n")
+    result: dict[str, Any] = {"benchmark": name, "agent": agent, "out": str(out), "n": len(samples),
+                              "protocol": proto.settings(), "seconds": time.perf_counter() - t0}
+    for mode, recs in records.items():
+        ok = [r for r in recs if "error" not in r]
+        n = max(1, len(ok))
+        result[mode] = {"scores": summarize(name, recs), "frames_per_answer": sum(r["frames"] for r in ok) / n,
+                        "rounds_per_answer": sum(r["rounds"] for r in ok) / n}
+    (out / "metrics.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
+
+
+def headline(result: dict[str, Any]) -> str:
+    def pct(mode: str) -> str:
+        acc = result[mode]["scores"].get("overall", {}).get("accuracy")
+        return "–" if acc is None else f"{100 * acc:.1f}"
+
+    a, b = result["agent"], result["baseline"]
+    return (f"{result['benchmark']} with --agent {result['agent']}: accuracy {pct('agent')} using "
+            f"{a['frames_per_answer']:.1f} frames and {a['rounds_per_answer']:.2f} selection rounds per answer; "
+            f"plain answer on the same initial frames {pct('baseline')} ({b['frames_per_answer']:.1f} frames)")
