@@ -1,0 +1,197 @@
+"""EARL's ``select_frames`` environment on a real MP4 whose frames encode their own index: re-sampling
+around the selection (hand-computed frames, inside the neighbour intervals, unseen, within the budget, equal
+to the source frames), the defined outcome of every bad action, env_info, and the masks of the environment's
+turns in RL rollouts and SFT replays on a real tiny Qwen2.5-VL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipelines.schema import MediaItem, Sample
+from mmrl.agent import replay
+from mmrl.config import MediaConfig, PromptConfig
+from mmrl.frame_selection import FrameSelectionEnvironment, parse_selection
+from mmrl.media import MediaPreparer
+from mmrl.policy import Generation, Policy, load_policy
+from mmrl.prompts import encode_prompt
+from mmrl.rollout import SamplingParams, get_environment, run_episodes
+from mmrl.tiny_models import make_tiny
+from mmrl_common.errors import ConfigError
+from video import open_video
+from video.sampling import resize_frames
+from video.writer import write_mp4
+
+FPS, N = 8.0, 32  # a 4 s video; frame i is painted (8i, 255 - 8i, 60)
+MEDIA = MediaConfig(video_policy="uniform", nframes=5, video_min_pixels=3136, video_max_pixels=3136)
+
+
+def frame_index(frame: torch.Tensor) -> int:
+    """The source frame a decoded (3, H, W) frame shows, read from its colour code."""
+    return round(float(frame[0].float().mean()) / 8)
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    frames = np.zeros((N, 32, 32, 3), np.uint8)
+    for i in range(N):
+        frames[i] = (8 * i, 255 - 8 * i, 60)
+    return write_mp4(tmp_path_factory.mktemp("earl-env") / "coded.mp4", frames, FPS, crf=0)
+
+
+@pytest.fixture(scope="module")
+def sample(video: Path) -> Sample:
+    return Sample(id="coded", problem_type="multiple_choice", question="Which colour?", answer="A",
+                  options=["red", "green"], media=[MediaItem("video", str(video), {})],
+                  meta={"gold_span": [1.2, 1.3]})
+
+
+@pytest.fixture(scope="module")
+def media(sample: Sample):
+    return MediaPreparer(MEDIA).prepare(sample)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> Policy:
+    p = load_policy(make_tiny("qwen2_5_vl", tmp_path_factory.mktemp("earl-model") / "m", seed=0))
+    p.model.eval()
+    return p
+
+
+def test_initial_grid(media) -> None:
+    # uniform 5 of 32 frames: round(linspace(0, 31, 5))
+    assert media[0].data.indices == [0, 8, 16, 23, 31]
+    assert [frame_index(f) for f in media[0].data.frames] == [0, 8, 16, 23, 31]
+
+
+def test_resampling_two_rounds_on_a_real_mp4(sample: Sample, media, video: Path) -> None:
+    env = FrameSelectionEnvironment(sample, media, max_new_frames=4)
+    assert get_environment("select_frames") is FrameSelectionEnvironment
+    obs = env.step("I look closer. select_frames([2])")
+    new = obs.media[0].data
+    # frame 2 (1.0 s) opens [t1, t3] = [0, 2] s = frames 0..16; unseen: 14 of them; 4 spread evenly over
+    # those: positions int((j + 0.5) * 14 / 4) = 1, 5, 8, 12 of [1..7, 9..15]
+    assert new.indices == [2, 6, 10, 14]
+    assert new.timestamps == [0.25, 0.75, 1.25, 1.75] == obs.media[0].timestamps
+    assert all(0.0 <= t <= 2.0 for t in new.timestamps)
+    # decoded from the source at those times: the colour code, and the reader's own frames at that size
+    assert [frame_index(f) for f in new.frames] == new.indices
+    with open_video(video) as reader:
+        source = resize_frames(reader.get_frames(new.indices), tuple(new.frames.shape[-2:]))
+    assert torch.equal(new.frames, source)
+    assert new.frames.shape[-2:] == media[0].data.frames.shape[-2:]  # the initial frames' pixel budget
+    assert "1 @ 0.25s, 2 @ 0.75s, 3 @ 1.25s, 4 @ 1.75s" in obs.text and "{video}" in obs.text
+    # round 2 selects among the new frames: frame 4 (1.75 s) is the last one; its interval mirrors its one
+    # neighbour: [1.25, 2.25] s = frames 10..18; unseen 11, 12, 13, 15, 17, 18 -> positions 0, 2, 3, 5
+    obs2 = env.step("select_frames(target_frames=[4])")
+    second = obs2.media[0].data
+    assert second.indices == [11, 13, 15, 18]
+    assert [frame_index(f) for f in second.frames] == [11, 13, 15, 18]
+    shown = [f["timestamp"] for f in env.info["frames"]]
+    assert len(shown) == len(set(shown)) == 5 + 4 + 4 == env.info["frames_shown"]  # never a frame twice
+    assert env.info["frames"][5:9] == [{"round": 1, "index": i + 1, "timestamp": t}
+                                       for i, t in enumerate([0.25, 0.75, 1.25, 1.75])]
+    assert env.info["selections"] == [{"round": 1, "indices": [2], "timestamps": [1.0]},
+                                      {"round": 2, "indices": [4], "timestamps": [1.75]}]
+    # a third call: not executed, the episode ends (default) and the outcome is logged
+    assert env.step("select_frames([1])") is None
+    assert env.info["rounds"] == 2 and env.info["extra_calls"] == 1
+    assert [e["outcome"] for e in env.info["events"]] == ["selected", "selected", "extra_call"]
+
+
+def test_budget_cap_and_larger_pixels(sample: Sample, media) -> None:
+    env = FrameSelectionEnvironment(sample, media, max_new_frames=16, max_pixels=4 * 3136)
+    obs = env.step("select_frames([1, 5])")
+    new = obs.media[0].data
+    # frame 1 opens [0, 1] s (frames 0..8), frame 5 [2.875, 3.875] s (frames 23..31): 7 + 7 unseen frames
+    assert len(new.indices) == len(set(new.indices)) == 14  # every unseen frame: fewer than the 16 allowed
+    assert all(i <= 8 or i >= 23 for i in new.indices) and not set(new.indices) & {0, 8, 16, 23, 31}
+    h, w = new.frames.shape[-2:]
+    assert h * w >= 56 * 56  # at least the initial frames' pixels
+    assert [frame_index(f) for f in new.frames] == new.indices
+
+
+def test_bad_actions_have_defined_outcomes(sample: Sample, media) -> None:
+    env = FrameSelectionEnvironment(sample, media, max_select=2)
+    cases = [("select_frames([two])", "malformed", "Could not read"),
+             ('<tool_call>{"name": "select_frames", "arguments": {"frames": [1]}}</tool_call>', "malformed", "Could"),
+             ("select_frames([])", "empty", "No frame selected"),
+             ("select_frames([1, 2, 3])", "too_many", "at most 2"),
+             ("select_frames([0, 6])", "out_of_range", "Frame(s) 0, 6 do not exist: the current frames are 1 to 5")]
+    for action, outcome, text in cases:
+        obs = env.step(action)
+        assert obs is not None and obs.media == [] and text in obs.text
+        assert env.info["events"][-1]["outcome"] == outcome
+    assert env.info["invalid_actions"] == 5 and env.info["rounds"] == 0 and env.info["frames_shown"] == 5
+    # a valid call still works afterwards (duplicates count once), then the answer ends the episode
+    assert env.step("select_frames([3, 3])").media
+    assert env.info["selections"][0]["indices"] == [3]
+    assert env.step("select_frames([1]) <answer>A</answer>") is None  # an answer wins over a call
+    assert env.info["events"][-1]["outcome"] == "answer"
+    # plain text without a call or an answer ends the episode as it stands
+    other = FrameSelectionEnvironment(sample, media)
+    assert other.step("it is red") is None and other.info["events"][-1]["outcome"] == "no_action"
+
+
+def test_answer_now_after_the_last_round(sample: Sample, media) -> None:
+    env = FrameSelectionEnvironment(sample, media, max_rounds=1, on_extra_call="answer_now")
+    assert "(0 left)" not in env.step("select_frames([2])").text
+    obs = env.step("select_frames([1])")
+    assert obs is not None and obs.media == [] and "Answer now" in obs.text and env.info["extra_calls"] == 1
+    with pytest.raises(ConfigError, match="on_extra_call"):
+        FrameSelectionEnvironment(sample, media, on_extra_call="ignore")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        FrameSelectionEnvironment(sample, media, max_frames=3)
+
+
+def test_parse_forms() -> None:
+    assert parse_selection("select_frames([3, 5])") == ("ok", [3, 5])
+    assert parse_selection('<tool_call>{"name": "select_frames", "arguments": {"target_frames": [2]}}</tool_call>'
+                           ) == ("ok", [2])
+    assert parse_selection("select_frames([1.5])") == ("malformed", None)
+    assert parse_selection("<answer>B</answer>") == ("none", None)
+
+
+class Scripted:
+    """A rollout backend that answers every sequence of the k-th call with script[k] (real tokenizer ids)."""
+
+    def __init__(self, policy: Policy, script: list[str]):
+        self.policy, self.script, self.calls = policy, script, 0
+
+    def generate(self, seqs, *, n: int, params: SamplingParams):
+        text = self.script[self.calls]
+        self.calls += 1
+        ids = self.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = [*ids, self.policy.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return [[Generation(token_ids=ids, text=text, logprobs=[], finished=True) for _ in range(n)] for _ in seqs]
+
+
+def _turn_tokens(policy: Policy, text: str) -> int:
+    return len(policy.tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+
+
+def test_environment_tokens_are_masked_in_rollouts_and_sft(policy: Policy, sample: Sample, media) -> None:
+    prompt, _ = encode_prompt(policy, MediaPreparer(MEDIA), sample, PromptConfig(answer_format="answer"))
+    script = ["select_frames([2])", "select_frames([1])", "<answer>A</answer>"]
+    episodes = run_episodes(policy, Scripted(policy, script), [prompt], [sample], n=2,
+                            params=SamplingParams(max_new_tokens=8),
+                            environment=lambda s: FrameSelectionEnvironment(s, media, max_new_frames=4), max_turns=4)
+    sft = replay(policy, prompt, FrameSelectionEnvironment(sample, media, max_new_frames=4), script)
+    video_pad = policy.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    for seq in (episodes[0].seq, episodes[1].seq, sft):
+        trained = [t for t, m in zip(seq.ids, seq.loss_mask) if m]
+        assert len(trained) == sum(_turn_tokens(policy, t) for t in script)
+        assert policy.tokenizer.decode(trained).count("select_frames") == 2
+        assert video_pad not in trained  # the re-sampled frames (and every environment token) are masked
+        assert len(seq.media) == 3 and seq.ids.count(video_pad) > prompt.ids.count(video_pad)
+        masked = policy.tokenizer.decode([t for t, m in zip(seq.ids, seq.loss_mask) if not m])
+        assert "4 new frames" in masked
+    assert episodes[0].seq.ids == sft.ids and episodes[0].seq.loss_mask == sft.loss_mask
+    assert episodes[0].env.info["rounds"] == 2 and episodes[0].completion == "<answer>A</answer>"
+    with torch.no_grad():  # the sequences with the environment's videos run through the model
+        _, _, mask = policy.forward_logprobs([episodes[0].seq, sft])
+    assert int(mask[0].sum()) == int(mask[1].sum()) == sum(_turn_tokens(policy, t) for t in script)
+    policy.media.clear()
