@@ -284,10 +284,13 @@ class AdaptiveRemap:
     """
 
     def __init__(self, *args: Any, reward: str = "semantic", quantile: float = 0.5, slope: float = 10.0,
-                 buffer_size: int = 1024, min_history: int = 0):
-        if args:
+                 buffer_size: int = 1024, min_history: int = 0, **unknown: Any):
+        if args or "completions" in unknown:
             raise ConfigError("the 'armed' reward wraps another reward: configure it with init, e.g. "
                               "{name: armed, init: {reward: semantic, quantile: 0.5, slope: 10}}")
+        if unknown:
+            raise ConfigError(f"armed: unknown init setting(s) {sorted(unknown)}; valid: reward, quantile, slope, "
+                              "buffer_size, min_history (the wrapped reward's settings go in the entry's kwargs)")
         if not 0.0 <= float(quantile) <= 1.0:
             raise ConfigError(f"armed: quantile must be in [0, 1], got {quantile}")
         if float(slope) <= 0:
