@@ -97,7 +97,15 @@ def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media:
         raise DataError(f"sample {sample.id}: meta.sft_turns must be a non-empty list of assistant turns "
                         f"(strings), got {turns!r}")
     _check_grid(sample, env)
-    return replay(policy, prompt, env, turns, where=f"sample {sample.id}")
+    seq = replay(policy, prompt, env, turns, where=f"sample {sample.id}")
+    want = sample.meta.get("sft_selected_timestamps")
+    have = [sel["timestamps"] for sel in env.info.get("selections", [])]
+    if want is not None and (len(want) != len(have) or any(
+            len(a) != len(b) or any(abs(float(x) - float(y)) > 1e-3 for x, y in zip(a, b)) for a, b in zip(want, have))):
+        raise DataError(f"sample {sample.id}: the selections in meta.sft_turns picked frames at {want} s when "
+                        f"written, but at {have} s in this run (another max_new_frames or re-sampling setting?); "
+                        "re-run `mmrl data earl-sft` with the run's rollout.environment_kwargs")
+    return seq
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

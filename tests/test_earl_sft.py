@@ -1,0 +1,105 @@
+"""``mmrl data earl-sft``: trajectories on the toy evidence task select frames that bring the gold evidence
+into view, end with the gold answer, and train with ``mmrl sft`` (tiny random model); records that no longer
+match the run's frames are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_runs import TINY_RUN, module_cache  # noqa: F401  (module_cache is a fixture)
+
+from data_pipelines.earl_sft import synthesize
+from data_pipelines.loaders import load_samples
+from data_pipelines.toy import make_toy
+from mmrl.cli import main
+from mmrl.config import MediaConfig, load_run_config
+from mmrl.frame_selection import FrameSelectionEnvironment, cells, parse_selection
+from mmrl.media import MediaPreparer
+from mmrl_common.errors import DataError
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_toy(tmp_path_factory.mktemp("earl-sft") / "toy", 0, size={"train": 4, "val": 0, "test": 0},
+                    tasks=["evidence"], progress=False)
+
+
+@pytest.fixture(scope="module")
+def written(toy: Path) -> Path:
+    summary = synthesize(toy / "train.jsonl", toy / "earl-sft.jsonl")
+    assert summary["written"] == 4 and summary["skipped"] == {}
+    return toy / "earl-sft.jsonl"
+
+
+def test_trajectories_bring_the_evidence_into_view(written: Path) -> None:
+    samples = load_samples(written).samples
+    preparer = MediaPreparer(MediaConfig(video_policy="qwen", video_min_pixels=3136, video_max_pixels=3136))
+    for s in samples:
+        turns, (lo, hi) = s.meta["sft_turns"], s.meta["gold_span"]
+        letter = s.answer
+        assert turns[-1] == f"<answer>{letter}</answer>" and s.meta["sft_rounds"] == len(turns) - 1 <= 2
+        env = FrameSelectionEnvironment(s, preparer.prepare(s))
+        assert env.info["initial_timestamps"] == pytest.approx(s.meta["sft_initial_timestamps"])
+        inside = [t for t in env.info["initial_timestamps"] if lo <= t <= hi]
+        assert (len(turns) == 1) == bool(inside)  # auto: select only when 8 frames miss the coloured moment
+        for turn in turns[:-1]:
+            status, picked = parse_selection(turn)
+            assert status == "ok"
+            grid = list(env.current)
+            for i in picked:  # every selected frame's time cell overlaps the gold span
+                a, b = cells(grid)[i - 1]
+                assert a <= hi and lo <= b
+            assert env.step(turn).media
+        shown = [f["timestamp"] for f in env.info["frames"]]
+        assert any(lo <= t <= hi for t in shown)  # the coloured moment is on a frame the model saw
+        picked_times = [t for sel in env.info["selections"] for t in sel["timestamps"]]
+        assert picked_times == pytest.approx([t for ts in s.meta["sft_selected_timestamps"] for t in ts])
+
+
+def test_fixed_rounds_and_records_without_gold(toy: Path, tmp_path: Path) -> None:
+    summary = synthesize(toy / "train.jsonl", tmp_path / "two.jsonl", rounds=2)
+    assert summary["rounds"] == {2: 4}
+    plain = tmp_path / "plain.jsonl"
+    recs = [json.loads(line) for line in (toy / "train.jsonl").read_text().splitlines()]
+    for r in recs:
+        r["meta"] = {k: v for k, v in r["meta"].items() if not k.startswith("gold")}
+        r["media"][0]["path"] = str(toy / r["media"][0]["path"])
+    plain.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(DataError, match="no record has a video with gold evidence"):
+        synthesize(plain, tmp_path / "none.jsonl")
+
+
+def test_output_trains_with_mmrl_sft(written: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    rc = main(["sft", "--task", "earl", "--data", str(written), "--out", str(out), "--steps", "2", "--quiet",
+               *TINY_RUN, "sft.batch_size=2"])
+    assert rc == 0 and (out / "final" / "config.json").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["stage"] == "sft"] == [1, 2]
+    assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in rows if r["stage"] == "sft")
+
+
+def test_mismatched_records_are_refused(written: Path) -> None:
+    from mmrl.agent import sft_sequence
+    from mmrl.policy import load_policy
+    from mmrl.prompts import encode_prompt
+    from mmrl.run import resolve_model
+
+    cfg = load_run_config("earl", overrides=[*TINY_RUN])
+    policy = load_policy(resolve_model(cfg))
+    sample = load_samples(written).samples[0]
+    prompt, media = encode_prompt(policy, MediaPreparer(cfg.data.media), sample, cfg.prompt)
+    seq = sft_sequence(cfg, policy, sample, prompt, media)
+    trained = policy.tokenizer.decode([t for t, m in zip(seq.ids, seq.loss_mask) if m])
+    assert trained.replace("<|im_end|>", "") == "".join(sample.meta["sft_turns"])
+    sample.meta["sft_initial_timestamps"] = [t + 0.5 for t in sample.meta["sft_initial_timestamps"]]
+    with pytest.raises(DataError, match="re-run `mmrl data earl-sft`"):
+        sft_sequence(cfg, policy, sample, prompt, media)
+    cfg.rollout.environment = None
+    with pytest.raises(DataError, match="rollout.environment is not set"):
+        sft_sequence(cfg, policy, sample, prompt, media)
+    policy.media.clear()
