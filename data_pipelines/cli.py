@@ -1,4 +1,4 @@
-"""``mmrl data``: validate, inspect, make-toy."""
+"""``mmrl data``: validate, inspect, make-toy, earl-sft."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     t.add_argument("--resolution", type=int, default=64, help="frame/image side in pixels (default 64)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_make_toy)
+
+    e = sub.add_parser("earl-sft", help="EARL's action-aware SFT trajectories (0-2 frame selections, then the answer)",
+                       description="Play the select_frames environment on each record with gold evidence "
+                                   "(meta.gold_span / gold_spans / gold_frames): selections that bring the "
+                                   "evidence into view, then the gold answer; write the records with "
+                                   "meta.sft_turns for `mmrl sft --task earl --data OUT`.")
+    from .earl_sft import add_arguments, run
+
+    add_arguments(e)
+    e.set_defaults(func=run)
     return parser
 
 
