@@ -15,7 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-FIXTURES = ("mvbench", "videomme", "longvideobench", "mmvu", "vqa-rad", "pathvqa", "slake", "toy")
+FIXTURES = ("mvbench", "videomme", "longvideobench", "mmvu", "vqa-rad", "pathvqa", "slake", "pmc-vqa", "omnimedvqa",
+            "medxpertqa-mm", "mmmu-med", "toy")
+MULTIPLE_CHOICE_MEDICAL = ("pmc-vqa", "omnimedvqa", "medxpertqa-mm", "mmmu-med")
 
 
 def _toy(tmp: Path, task: str, n: int, seed: int) -> list[dict[str, Any]]:
@@ -156,6 +158,95 @@ def _slake(out: Path, recs: list[dict[str, Any]]) -> None:
     (out / "test.json").write_text(json.dumps(items, ensure_ascii=False, indent=1))
 
 
+def _scan_mcq(recs: list[dict[str, Any]]) -> list[tuple[Path, str, list[str], int]]:
+    """Every toy scan question as multiple choice: (image, question, options, index of the gold option)."""
+    from data_pipelines.toy.scan import LOCATIONS, POLARITIES
+
+    out = []
+    for r in recs:
+        if r["problem_type"] == "multiple_choice":
+            out.append((r["file"], r["question"], list(r["options"]), "ABCD".index(r["answer"])))
+            continue
+        options = ["yes", "no"] if r["problem_type"] == "yes_no" else \
+            list(LOCATIONS) if r["answer"] in LOCATIONS else list(POLARITIES)
+        out.append((r["file"], r["question"], options, options.index(r["answer"])))
+    return out
+
+
+def _pmc_vqa(out: Path, recs: list[dict[str, Any]]) -> None:
+    import csv
+
+    rows = []
+    for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+        name = f"PMC{1000 + j}_F{j % 3 + 1}.jpg"
+        _copy(f, out / "images" / name)
+        row = {"Figure_path": name, "Question": q, "Answer": opts[gold], "Answer_label": "ABCD"[gold]}
+        row.update({f"Choice {c}": "" for c in "ABCD"})
+        row.update({f"Choice {'ABCD'[i]}": f"{'ABCD'[i]}:{o}" for i, o in enumerate(opts)})
+        rows.append(row)
+    with open(out / "test_clean.csv", "w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, ["Figure_path", "Question", "Answer", "Choice A", "Choice B", "Choice C", "Choice D",
+                                "Answer_label"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _omnimedvqa(out: Path, recs: list[dict[str, Any]]) -> None:
+    qa = out / "QA_information" / "Open-access"
+    qa.mkdir(parents=True, exist_ok=True)
+    by_set: dict[str, list[dict[str, Any]]] = {}
+    for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+        dataset = ["Toy CT", "Toy MRI"][j % 2]
+        rel = f"Images/{dataset.replace(' ', '_')}/scan_{j}.png"
+        _copy(f, out / rel)
+        item = {"dataset": dataset, "question_id": f"{dataset.replace(' ', '_')}_{j}", "question_type":
+                "Anatomy Identification", "question": q, "gt_answer": opts[gold], "image_path": rel,
+                "modality_type": dataset.split()[1]}
+        item.update({f"option_{'ABCD'[i]}": o for i, o in enumerate(opts)})
+        by_set.setdefault(dataset, []).append(item)
+    for dataset, items in by_set.items():
+        (qa / f"{dataset.replace(' ', '_')}.json").write_text(json.dumps(items, indent=1))
+
+
+def _medxpertqa(out: Path, recs: list[dict[str, Any]]) -> None:
+    lines = []
+    for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+        name = f"MM-{j}-a.jpeg"
+        _copy(f, out / "images" / name)
+        letters = "ABCDE"[:len(opts)]
+        choices = " ".join(f"({c}) {o}" for c, o in zip(letters, opts))
+        lines.append(json.dumps({"id": f"MM-{j}", "question": f"{q}\nAnswer Choices: {choices}",
+                                 "options": dict(zip(letters, opts)), "label": letters[gold], "images": [name],
+                                 "medical_task": "Diagnosis", "body_system": "Lymphatic",
+                                 "question_type": ["Reasoning", "Understanding"][j % 2]}))
+    (out / "MM").mkdir(parents=True, exist_ok=True)
+    (out / "MM" / "test.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _mmmu_med(out: Path, recs: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data_pipelines.benchmarks.medical import MMMU_SUBJECTS
+
+    by_subject: dict[str, list[dict[str, Any]]] = {}
+    for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+        subject = MMMU_SUBJECTS[j % 2]
+        row = {"id": f"validation_{subject}_{j + 1}", "question": f"<image 1> {q}", "options": str(opts),
+               "explanation": "", "image_1": {"bytes": f.read_bytes(), "path": f"{j}.png"},
+               **{f"image_{k}": None for k in range(2, 8)}, "img_type": "['CT']", "answer": "ABCD"[gold],
+               "topic_difficulty": "Easy", "question_type": "multiple-choice", "subfield": "Radiology"}
+        by_subject.setdefault(subject, []).append(row)
+    first = by_subject[MMMU_SUBJECTS[0]][0]  # one open question, left out by default
+    by_subject[MMMU_SUBJECTS[0]].append(dict(first, id="validation_open_1", question_type="open", answer="left"))
+    schema = pa.schema([(k, pa.string()) for k in first if not k.startswith("image_")]
+                       + [(f"image_{k}", pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+                          for k in range(1, 8)])
+    for subject, rows in by_subject.items():
+        (out / subject).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / subject / "validation-00000-of-00001.parquet")
+
+
 def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> Path:
     """Write a ``n``-question copy of benchmark ``name`` in its public layout into ``out``."""
     out = Path(out)
@@ -165,7 +256,7 @@ def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> P
 
         return make_toy(out, seed, size={"train": 0, "val": 0, "test": n}, tasks=["color", "scan"], progress=False)
     with tempfile.TemporaryDirectory() as tmp:
-        medical = name in ("vqa-rad", "pathvqa", "slake")
+        medical = name in ("vqa-rad", "pathvqa", "slake", *MULTIPLE_CHOICE_MEDICAL)
         recs = _toy(Path(tmp), "scan" if medical else "color", n, seed)
         if name == "mvbench":
             _mvbench(out, recs)
@@ -179,6 +270,14 @@ def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> P
             _hf_parquet(out, recs, name)
         elif name == "slake":
             _slake(out, recs)
+        elif name == "pmc-vqa":
+            _pmc_vqa(out, recs)
+        elif name == "omnimedvqa":
+            _omnimedvqa(out, recs)
+        elif name == "medxpertqa-mm":
+            _medxpertqa(out, recs)
+        elif name == "mmmu-med":
+            _mmmu_med(out, recs)
         else:
             raise ValueError(f"no fixture for {name!r}; fixtures: {', '.join(FIXTURES)}")
     return out

@@ -1,4 +1,6 @@
-"""Medical VQA sets: VQA-RAD, PathVQA (Hugging Face Parquet copies) and SLAKE (its JSON + image folder).
+"""Medical VQA sets in their public layouts: VQA-RAD, PathVQA (Hugging Face Parquet copies), SLAKE (its JSON +
+image folder), and the multiple-choice sets PMC-VQA (CSV + images/), OmniMedVQA (QA_information/ + Images/),
+MedXpertQA-MM (MM/*.jsonl + images/) and MMMU Health & Medicine (<Subject>/*.parquet).
 
 * ``vqa-rad`` (flaviagiammarino/vqa-rad) and ``pathvqa`` (flaviagiammarino/path-vqa): ``data/<split>-*.parquet``
   with ``image`` (``{"bytes", "path"}``), ``question``, ``answer``. These copies carry no answer type; a question
@@ -8,12 +10,21 @@
   ``answer_type`` OPEN/CLOSED, ``q_lang``, ``modality``, ``content_type``) and ``imgs/<img_name>`` from
   ``imgs.zip``; the dataset's own ``answer_type`` decides closed/open; English questions by default.
 
-Closed yes/no questions become ``yes_no`` samples; other closed and open questions ``open`` samples.
-``meta.answer_type`` is ``closed`` or ``open`` and ``meta.closed_rule`` records which rule decided it.
+Closed yes/no questions become ``yes_no`` samples; other closed and open questions ``open`` samples; the four
+multiple-choice sets give ``multiple_choice`` samples (answer: the gold letter). ``meta.answer_type`` is
+``closed`` or ``open`` and ``meta.closed_rule`` records which rule decided it. A folder laid out otherwise
+raises :class:`LayoutError` saying what was expected where.
+
+Training: ``python -m data_pipelines.benchmarks.medical export NAME ROOT --split train --out train.jsonl`` writes
+native records for ``mmrl train --data train.jsonl`` (:func:`export_training_file`).
 """
 
 from __future__ import annotations
 
+import ast
+import csv
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +34,7 @@ from data_pipelines.benchmarks._common import (
     check_root,
     first_existing,
     layout_error,
+    letter,
     read_json,
     read_parquet,
     save_embedded_image,
@@ -117,3 +129,262 @@ def load_slake(root: Path, *, split: str, media_cache: Path, language: str = "en
     return BenchmarkData("slake", root, samples, {"split": split, "file": str(path), "language": language,
                                                   "other_language_skipped": other_lang,
                                                   "closed_rule": "answer_type field"})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Multiple-choice medical sets: PMC-VQA, OmniMedVQA, MedXpertQA-MM, MMMU Health & Medicine
+# (research/medical.md §4). Every question is closed: a multiple_choice sample whose answer is the gold letter
+# and whose options are the plain option texts; meta.answer_type "closed", meta.closed_rule "multiple choice".
+# ----------------------------------------------------------------------------------------------------------
+
+_OPTION_LABEL = re.compile(r"^\s*\(?([A-Za-z])\s*[\):.]\s*")
+
+
+def _plain_option(text: Any, letter_: str) -> str:
+    """An option's text without its own ``A:`` / ``(A)`` / ``A.`` label (PMC-VQA writes ``A:Lungs``)."""
+    s = "" if text is None else str(text).strip()
+    m = _OPTION_LABEL.match(s)
+    return s[m.end():].strip() if m and m.group(1).upper() == letter_ else s
+
+
+def _mc_sample(sid: str, question: str, options: list[str], gold: str, images: list[Path], where: str,
+               meta: dict[str, Any]) -> Sample:
+    letters = [letter(i) for i in range(len(options))]
+    g = str(gold).strip()
+    if g.upper() in letters and len(g) == 1:
+        answer = g.upper()
+    else:
+        hits = [letters[i] for i, o in enumerate(options) if normalize_text(o) == normalize_text(_plain_option(g, ""))]
+        if len(hits) != 1:
+            raise DataError(f"{where}: the answer {gold!r} is neither an option letter ({', '.join(letters)}) nor "
+                            f"exactly one option's text ({options})")
+        answer = hits[0]
+    return Sample(id=sid, problem_type="multiple_choice", question=question.strip(), options=options, answer=answer,
+                  media=[MediaItem("image", str(p)) for p in images],
+                  meta={"answer_type": "closed", "closed_rule": "multiple choice", **meta})
+
+
+def _find_image(bases: list[Path], name: str) -> Path | None:
+    for base in bases:
+        p = base / name
+        if p.is_file():
+            return p
+    return None
+
+
+PMC_EXPECTED = (
+    "test_clean.csv / test.csv / test_2.csv   questions of the test split (train.csv / train_2.csv for train):",
+    "(columns Figure_path, Question, Choice A .. Choice D, and Answer_label or Answer (a letter or the option text))",
+    "images/<Figure_path>                    figures unzipped from images.zip (figures/ or images_2/ for the v2 files)",
+)
+_PMC_FILES = {"test": ("test_clean.csv", "test.csv", "test_2.csv"), "train": ("train.csv", "train_2.csv")}
+
+
+@register_benchmark("pmc-vqa", title="PMC-VQA", kind="medical", splits=("test", "train"), aliases=("pmcvqa",))
+def load_pmc_vqa(root: Path, *, split: str, media_cache: Path, file: str | None = None, **_: Any) -> BenchmarkData:
+    """PMC-VQA (xmcmic/PMC-VQA): a question CSV and an image folder; ``file`` picks the CSV (default: the first
+    of ``test_clean.csv, test.csv, test_2.csv`` or ``train.csv, train_2.csv`` that exists)."""
+    root = check_root("PMC-VQA", root, PMC_EXPECTED)
+    path = root / file if file else first_existing(root / n for n in _PMC_FILES[split])
+    if path is None or not path.is_file():
+        raise layout_error("PMC-VQA", root, f"no question file for split '{split}'"
+                           + (f" ({file} not found)" if file else ""), PMC_EXPECTED)
+    with open(path, encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    cols = set(rows[0]) if rows else set()
+    need = {"Figure_path", "Question", "Choice A", "Choice B"}
+    if not rows or not need <= cols or not ({"Answer_label", "Answer"} & cols):
+        raise layout_error("PMC-VQA", root, f"{path.name}: missing column(s) "
+                           f"{sorted(need - cols) or ['Answer_label or Answer']} (found {sorted(cols)})", PMC_EXPECTED)
+    bases = [root / "images", root / "figures", root / "images_2", root]
+    samples = []
+    for i, row in enumerate(rows):
+        where = f"{path}: row {i + 2}"
+        options = [_plain_option(row[f"Choice {c}"], c) for c in "ABCD" if (row.get(f"Choice {c}") or "").strip()]
+        image = _find_image(bases, row["Figure_path"].strip())
+        if image is None:
+            raise layout_error("PMC-VQA", root, f"{where}: image {row['Figure_path']!r} not found", PMC_EXPECTED)
+        gold = (row.get("Answer_label") or "").strip() or row.get("Answer", "")
+        samples.append(_mc_sample(f"pmc-vqa-{split}-{row.get('index') or i}", row["Question"], options, gold, [image],
+                                  where, {"source": "pmc-vqa"}))
+    return BenchmarkData("pmc-vqa", root, samples, {"split": split, "file": str(path), "closed_rule": "multiple choice"})
+
+
+OMNI_EXPECTED = (
+    "QA_information/Open-access/<dataset>.json   question lists (keys question, gt_answer, option_A .. option_D,",
+    "(image_path, question_type, modality_type; Restricted-access/ too with access=all)",
+    "Images/<dataset>/...                        images, as image_path names them (relative to the root)",
+)
+
+
+@register_benchmark("omnimedvqa", title="OmniMedVQA", kind="medical", splits=("test",), aliases=("omni-med-vqa",))
+def load_omnimedvqa(root: Path, *, split: str, media_cache: Path, access: str = "open", **_: Any) -> BenchmarkData:
+    """OmniMedVQA (foreverbeliever/OmniMedVQA) unzipped: one JSON list per source dataset; ``access`` =
+    ``open`` (default: Open-access, whose images ship in the zip) or ``all`` (Restricted-access too: their images
+    must be placed under the root by the user)."""
+    root = check_root("OmniMedVQA", root, OMNI_EXPECTED)
+    if access not in ("open", "all"):
+        raise DataError(f"OmniMedVQA: access must be 'open' or 'all', got {access!r}")
+    folders = ["Open-access"] + (["Restricted-access"] if access == "all" else [])
+    files = [p for f in folders for p in sorted((root / "QA_information" / f).glob("*.json"))]
+    if not files:
+        raise layout_error("OmniMedVQA", root, "no QA_information/Open-access/*.json file", OMNI_EXPECTED)
+    samples = []
+    for path in files:
+        items = read_json(path)
+        if not isinstance(items, list):
+            raise DataError(f"{path}: expected a JSON list of questions")
+        for i, raw in enumerate(items):
+            where = f"{path}: item {i}"
+            missing = [k for k in ("question", "gt_answer", "option_A", "image_path") if k not in raw]
+            if missing:
+                raise layout_error("OmniMedVQA", root, f"{where}: missing key(s) {missing}", OMNI_EXPECTED)
+            options = [str(raw[f"option_{c}"]).strip() for c in "ABCDEFGH" if raw.get(f"option_{c}") not in (None, "")]
+            image = _find_image([root], str(raw["image_path"]).lstrip("./"))
+            if image is None:
+                raise layout_error("OmniMedVQA", root, f"{where}: image {raw['image_path']!r} not found", OMNI_EXPECTED)
+            samples.append(_mc_sample(
+                f"omnimedvqa-{raw.get('question_id', f'{path.stem}-{i}')}", str(raw["question"]), options,
+                str(raw["gt_answer"]), [image], where,
+                {"source": "omnimedvqa", "dataset": str(raw.get("dataset", path.stem)),
+                 "question_type": str(raw.get("question_type")), "modality": str(raw.get("modality_type"))}))
+    return BenchmarkData("omnimedvqa", root, samples, {"split": split, "files": len(files), "access": access,
+                                                       "closed_rule": "multiple choice"})
+
+
+MEDXPERT_EXPECTED = (
+    "MM/test.jsonl (MM/dev.jsonl for split val)   questions: id, question, options {letter: text}, label, images",
+    "images/<file>                                 images unzipped from images.zip",
+)
+_ANSWER_CHOICES = re.compile(r"\s*Answer Choices\s*:.*\Z", re.DOTALL | re.IGNORECASE)
+
+
+@register_benchmark("medxpertqa-mm", title="MedXpertQA-MM", kind="medical", splits=("test", "val"),
+                    aliases=("medxpertqa",))
+def load_medxpertqa_mm(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
+    """MedXpertQA, config MM (TsinghuaC3I/MedXpertQA): JSONL questions and an image folder. The question's
+    appended "Answer Choices: (A) ..." block is dropped (the options are given separately)."""
+    root = check_root("MedXpertQA-MM", root, MEDXPERT_EXPECTED)
+    path = first_existing([root / "MM" / f"{'dev' if split == 'val' else 'test'}.jsonl"])
+    if path is None:
+        raise layout_error("MedXpertQA-MM", root, f"no question file for split '{split}'", MEDXPERT_EXPECTED)
+    samples = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc})") from exc
+        if not isinstance(raw.get("options"), dict) or "label" not in raw or not raw.get("images"):
+            raise layout_error("MedXpertQA-MM", root, f"{where}: needs options {{letter: text}}, label and images",
+                               MEDXPERT_EXPECTED)
+        letters = sorted(raw["options"])
+        options = [str(raw["options"][k]).strip() for k in letters]
+        if letters != [letter(i) for i in range(len(letters))]:
+            raise DataError(f"{where}: option keys {letters} are not A, B, C, ... in order")
+        images = []
+        for name in raw["images"]:
+            p = _find_image([root / "images", root / "MM" / "images", root], str(name))
+            if p is None:
+                raise layout_error("MedXpertQA-MM", root, f"{where}: image {name!r} not found", MEDXPERT_EXPECTED)
+            images.append(p)
+        question = _ANSWER_CHOICES.sub("", str(raw["question"]))
+        samples.append(_mc_sample(f"medxpertqa-{raw.get('id', n)}", question, options, str(raw["label"]), images,
+                                  where, {"source": "medxpertqa-mm", "medical_task": str(raw.get("medical_task")),
+                                          "body_system": str(raw.get("body_system")),
+                                          "question_type": str(raw.get("question_type"))}))
+    return BenchmarkData("medxpertqa-mm", root, samples, {"split": split, "file": str(path),
+                                                          "closed_rule": "multiple choice"})
+
+
+MMMU_SUBJECTS = ("Basic_Medical_Science", "Clinical_Medicine", "Diagnostics_and_Laboratory_Medicine", "Pharmacy",
+                 "Public_Health")
+MMMU_EXPECTED = (
+    "<Subject>/validation-*.parquet   for the Health & Medicine subjects " + ", ".join(MMMU_SUBJECTS),
+    "(dev-*.parquet for split dev; columns id, question, options (a list written as text), answer, image_1 ..",
+    "(image_7 {bytes, path}, question_type, subfield; test answers are hidden, so there is no test split)",
+)
+_IMAGE_TAG = re.compile(r"<image (\d+)>")
+
+
+@register_benchmark("mmmu-med", title="MMMU Health & Medicine", kind="medical", splits=("val", "dev"),
+                    aliases=("mmmu-health", "mmmu-hm"))
+def load_mmmu_med(root: Path, *, split: str, media_cache: Path, subjects: Any = None, include_open: bool = False,
+                  **_: Any) -> BenchmarkData:
+    """MMMU (MMMU/MMMU) Health & Medicine subjects from the Parquet copy; multiple-choice questions only unless
+    ``include_open`` (MedVLThinker keeps multiple choice). ``<image n>`` tags become "(image n)"; the images
+    of a question, in the order image_1 .. image_7, are written once to the media cache."""
+    root = check_root("MMMU", root, MMMU_EXPECTED)
+    names = list(subjects) if subjects else list(MMMU_SUBJECTS)
+    stem = "validation" if split == "val" else split
+    samples, open_skipped, found = [], 0, []
+    for subject in names:
+        tables = sorted((root / subject).glob(f"{stem}-*.parquet"))
+        if not tables:
+            continue
+        found.append(subject)
+        rows = read_parquet(tables, ("id", "question", "options", "answer"))
+        for i, row in enumerate(rows):
+            where = f"{tables[0]} row {i}"
+            images = [save_embedded_image(row[f"image_{k}"], media_cache / "mmmu", where)
+                      for k in range(1, 8) if row.get(f"image_{k}")]
+            question = _IMAGE_TAG.sub(r"(image \1)", str(row["question"]))
+            if str(row.get("question_type", "multiple-choice")) != "multiple-choice":
+                if not include_open:
+                    open_skipped += 1
+                    continue
+                samples.append(Sample(id=f"mmmu-{row['id']}", problem_type="open", question=question,
+                                      answer=str(row["answer"]), media=[MediaItem("image", str(p)) for p in images],
+                                      meta={"answer_type": "open", "closed_rule": "question_type", "source": "mmmu",
+                                            "subject": subject, "subfield": str(row.get("subfield"))}))
+                continue
+            try:
+                options = ast.literal_eval(str(row["options"]))
+            except (ValueError, SyntaxError) as exc:
+                raise DataError(f"{where}: options {row['options']!r} is not a list written as text ({exc})") from exc
+            options = [_IMAGE_TAG.sub(r"(image \1)", str(o)) for o in options]
+            samples.append(_mc_sample(f"mmmu-{row['id']}", question, options, str(row["answer"]), images, where,
+                                      {"source": "mmmu", "subject": subject, "subfield": str(row.get("subfield"))}))
+    if not found:
+        raise layout_error("MMMU", root, f"no {stem}-*.parquet under any of {', '.join(names)}", MMMU_EXPECTED)
+    return BenchmarkData("mmmu-med", root, samples, {"split": split, "subjects": found, "open_skipped": open_skipped,
+                                                     "closed_rule": "multiple choice"})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Training on a public set: write its records as a native JSONL file for `mmrl train --data`
+# ----------------------------------------------------------------------------------------------------------
+
+
+def export_training_file(name: str, root: str | Path, out: str | Path, *, split: str = "train",
+                         **options: Any) -> Path:
+    """Write benchmark ``name``'s ``split`` as native JSONL records (absolute image paths; closed/open in
+    ``meta.answer_type``), loadable by ``mmrl train --data OUT``; returns ``OUT``."""
+    from data_pipelines.benchmarks import load_benchmark
+    from data_pipelines.loaders import write_jsonl
+
+    data = load_benchmark(name, root, split=split, **options)
+    return write_jsonl(out, data.samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m data_pipelines.benchmarks.medical",
+                                description="Write a medical VQA set as a JSONL training file (mmrl train --data).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="NAME ROOT --split SPLIT --out FILE.jsonl")
+    e.add_argument("name", help="vqa-rad, pathvqa, slake, pmc-vqa, omnimedvqa, medxpertqa-mm, mmmu-med")
+    e.add_argument("root", help="the folder the set was downloaded to, in its public layout")
+    e.add_argument("--split", default="train", help="split to write (default train; test/val/dev where the set has no train)")
+    e.add_argument("--out", required=True, help="output JSONL file")
+    args = p.parse_args(argv)
+    out = export_training_file(args.name, args.root, args.out, split=args.split)
+    print(f"wrote {len(out.read_text(encoding='utf-8').splitlines())} records to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
