@@ -246,7 +246,8 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                         out: str | Path | None = None, protocol: str = "official", frames: int | None = None,
                         max_pixels: int | None = None, prompt_template: str | None = None,
                         max_new_tokens: int | None = None, batch_size: int = 8, limit: int | None = None,
-                        split: str | None = None, dtype: str = "fp32", policy: Any = None) -> dict[str, Any]:
+                        split: str | None = None, dtype: str = "fp32", policy: Any = None,
+                        backend: Any = None) -> dict[str, Any]:
     """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
     same initial frames. Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
     metrics: ``agent`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
@@ -278,7 +279,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     extra = {"total_pixels": proto.total_pixels} if proto.total_pixels else {}
     preparer = BenchMediaPreparer(media_config(proto), family=policy.family, extra=extra)
     env_cls = get_environment(spec["environment"])
-    backend = HFBackend(policy, max_batch=batch_size)
+    backend = backend or HFBackend(policy, max_batch=batch_size)
     params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
     records: dict[str, list[dict[str, Any]]] = {"agent": [], "baseline": []}
     tool_note = instructions()
@@ -344,3 +345,58 @@ def headline(result: dict[str, Any]) -> str:
     return (f"{result['benchmark']} with --agent {result['agent']}: accuracy {pct('agent')} using "
             f"{a['frames_per_answer']:.1f} frames and {a['rounds_per_answer']:.2f} selection rounds per answer; "
             f"plain answer on the same initial frames {pct('baseline')} ({b['frames_per_answer']:.1f} frames)")
+
+
+def cli_eval(args: Any, cfg: Any) -> int:
+    """``mmrl eval --agent NAME``: with ``--benchmark``, :func:`run_benchmark_agent`; otherwise the run's
+    held-out split through the agent loop (:func:`evaluate_agent`) beside the plain single answer."""
+    from mmrl.media import MediaPreparer
+    from mmrl.policy import load_policy
+    from mmrl.rollout import make_backend
+    from mmrl.run import load_split, resolve_model, set_cpu_threads
+
+    spec = AGENTS.get(args.agent)
+    if spec is None:
+        raise ConfigError(f"--agent {args.agent!r}: known agents are {', '.join(AGENTS)}")
+    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
+    if getattr(args, "benchmark", None):
+        if not args.data_root:
+            raise MmrlError("--benchmark needs --data-root DIR (the folder the benchmark was downloaded to)")
+        result = run_benchmark_agent(
+            args.benchmark, args.data_root, resolve_model(cfg), agent=args.agent, out=args.out,
+            protocol=args.protocol, frames=args.frames, max_pixels=args.max_pixels,
+            prompt_template=args.prompt_template, max_new_tokens=cfg.eval.max_new_tokens,
+            batch_size=args.batch_size or cfg.eval.batch_size, limit=args.limit, split=args.split,
+            dtype=cfg.model.dtype)
+        print(headline(result))
+        print(f"results: {result['out']}")
+        return 0
+    if args.split:
+        cfg.eval.split = args.split
+    samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet)
+    samples = samples[:args.limit] if args.limit else samples
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
+    preparer = MediaPreparer(cfg.data.media, family=policy.family)
+    backend = make_backend(cfg.rollout.backend, policy)
+    common = {"max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, "stop": cfg.rollout.stop,
+              "batch_size": args.batch_size or cfg.eval.batch_size}
+    agent, preds = evaluate_agent(policy, backend, preparer, cfg.prompt, samples, environment=spec["environment"],
+                                  environment_kwargs={**spec["environment_kwargs"], **cfg.rollout.environment_kwargs}
+                                  if cfg.rollout.environment == spec["environment"] else spec["environment_kwargs"],
+                                  max_turns=spec["max_turns"], **common)
+    plain, _ = evaluate_agent(policy, backend, preparer, cfg.prompt, samples, environment=None, **common)
+    result = {"agent": args.agent, "agent_metrics": agent, "baseline": plain}
+    if cfg.out:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        with (out / "predictions.jsonl").open("w") as fh:
+            fh.writelines(json.dumps(p, default=str) + "\n" for p in preds)
+
+    def f(v: Any) -> str:
+        return "–" if v is None else f"{v:.3f}"
+
+    print(f"--agent {args.agent}: accuracy {f(agent['accuracy'])} on {agent['n']} questions, {agent['frames']:.1f} "
+          f"frames and {agent['rounds']:.2f} selection rounds per answer, selection IoU {f(agent['iou'])}; plain "
+          f"answer on the same initial frames {f(plain['accuracy'])} ({plain['frames']:.1f} frames)")
+    return 0
