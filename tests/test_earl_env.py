@@ -195,3 +195,38 @@ def test_environment_tokens_are_masked_in_rollouts_and_sft(policy: Policy, sampl
         _, _, mask = policy.forward_logprobs([episodes[0].seq, sft])
     assert int(mask[0].sum()) == int(mask[1].sum()) == sum(_turn_tokens(policy, t) for t in script)
     policy.media.clear()
+
+
+class Cycling(Scripted):
+    """Scripted, but the k-th call answers with script[k % len(script)] (one cycle per benchmark batch)."""
+
+    def generate(self, seqs, *, n: int, params: SamplingParams):
+        self.calls %= len(self.script)
+        return super().generate(seqs, n=n, params=params)
+
+
+def test_benchmark_through_the_agent_loop(policy: Policy, tmp_path: Path) -> None:
+    import json
+
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.agent import run_benchmark_agent
+
+    root = write_fixture("mvbench", tmp_path / "mvbench", n=3)  # one MP4 task, one bounded MP4, one frame folder
+    # per batch: the agent's first turn, its second turn (after new frames), then the plain answer
+    backend = Cycling(policy, ["select_frames([2])", "<answer>A</answer>", "<answer>A</answer>"])
+    result = run_benchmark_agent("mvbench", root, policy=policy, agent="earl", out=tmp_path / "out", frames=4,
+                                 batch_size=8, backend=backend)
+    preds = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    agent = {p["id"]: p for p in preds if p["mode"] == "agent"}
+    plain = {p["id"]: p for p in preds if p["mode"] == "baseline"}
+    assert len(agent) == len(plain) == 3 == result["n"]
+    for pid, p in agent.items():
+        assert plain[pid]["frames"] == 4 and plain[pid]["rounds"] == 0
+        if p["rounds"]:  # re-sampled from the MP4: 4 initial frames + the new ones, then the answer
+            assert p["frames"] > 4 and p["turns"] == ["select_frames([2])", "<answer>A</answer>"]
+        else:  # the frame folder has no video file to re-sample from: the episode ends at the call
+            assert p["frames"] == 4 and p["turns"] == ["select_frames([2])"] and p["correct"] is False
+    assert sum(p["rounds"] for p in agent.values()) == 2
+    assert result["agent"]["rounds_per_answer"] == pytest.approx(2 / 3)
+    assert result["baseline"]["frames_per_answer"] == 4.0
+    assert result["agent"]["frames_per_answer"] == pytest.approx(sum(p["frames"] for p in agent.values()) / 3)
