@@ -9,7 +9,9 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
 * ``rollout``: generating G=8 completions per prompt with ``num_return_sequences`` and shared features vs.
   the prompt repeated G times with one tower run per sequence;
 * ``build``: seconds to build the small toy world (``make_toy(size="small")``) and a tiny random-weight model
-  of each Qwen-VL family (``make_tiny``), the fixtures every test and demo starts from.
+  of each Qwen-VL family (``make_tiny``), the fixtures every test and demo starts from;
+* ``semantic``: seconds per 1000 answers of the medical rewards' semantic scorer (all-MiniLM-L6-v2 cosine and
+  BERTScore), with an empty embedding cache and with every text cached (:mod:`perf.semantic`).
 
 Repetitions of the two modes are interleaved after a warm-up, and medians are reported, so both numbers
 come from the same run on the same machine state. Builds are timed after one untimed warm-up build (imports,

@@ -145,8 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout", "build"], default=None)
+    parser.add_argument("--only", choices=["step", "rollout", "build", "semantic"], default=None)
     args = parser.parse_args(argv)
+    if args.only in (None, "semantic"):
+        from perf.semantic import bench_semantic, print_semantic
+
+        print_semantic(bench_semantic(min(args.reps, 3)), min(args.reps, 3))
+        sys.stdout.flush()
+    if args.only == "semantic":
+        return 0
     if args.only in (None, "build"):
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-build-") as tmp:
             _print_builds(bench_build(Path(tmp), args.build_reps), args.build_reps)
