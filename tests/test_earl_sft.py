@@ -103,3 +103,21 @@ def test_mismatched_records_are_refused(written: Path) -> None:
     with pytest.raises(DataError, match="rollout.environment is not set"):
         sft_sequence(cfg, policy, sample, prompt, media)
     policy.media.clear()
+
+
+def test_evidence_task_shows_the_colour_only_in_its_gold_span(toy: Path) -> None:
+    from data_pipelines.toy import COLOR_NAMES, COLORS
+    from video import open_video
+
+    for s in load_samples(toy / "train.jsonl").samples:
+        with open_video(s.media[0].path) as reader:
+            frames = reader.get_frames(range(reader.num_frames)).astype(int)
+        assert frames.shape[:3] == (128, 64, 64) and s.meta["video"]["fps"] == 4.0
+        colour = COLOR_NAMES[ord(s.answer) - ord("A")]
+        share = [(abs(f - COLORS[colour]).max(axis=-1) < 50).mean() for f in frames]
+        gold = s.meta["gold_frames"]
+        assert len(gold) in (4, 6) and all(share[i] > 0.08 for i in gold)
+        assert max(share[i] for i in range(128) if i not in gold) < 0.01
+        assert s.meta["gold_span"] == [gold[0] / 4.0, (gold[-1] + 1) / 4.0]
+        cue_lo, cue_hi = s.meta["cue_span"]
+        assert cue_lo < gold[0] / 4.0 and (gold[-1] + 1) / 4.0 < cue_hi and cue_hi - cue_lo == 5.0
