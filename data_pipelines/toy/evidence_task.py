@@ -1,6 +1,6 @@
 """The toy world's ``evidence`` task: the answer is visible only in a short span of a long video.
 
-A 32 s video at 4 fps (128 frames) with a slowly moving grey disc. A grey square (the cue, 36 % of the frame
+A 32 s video at 4 fps (128 frames) with a slowly moving grey disc. A grey square (the cue, half the frame
 side) sits in one place for 5 s; in the middle of that time it lights up in a colour for 1 s (``hard``,
 4 frames) or 1.5 s (``medium``, 6 frames). "What colour does the grey square light up?" (red, green, blue,
 yellow). The record asks for 8 uniformly sampled frames (stride about 4.5 s): the cue is always on at
@@ -42,7 +42,7 @@ def evidence_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyIt
         paint(frames[i], disk(r, r, lerp(gx0, gx1, t), lerp(gy0, gy1, t), r * 0.1), (level, level, level))
     cue = int(rng.integers(2, EVIDENCE_FRAMES - CUE_FRAMES - 2))
     start = cue + (CUE_FRAMES - length) // 2 + int(rng.integers(-1, 2))
-    half = r * 0.18
+    half = r * 0.25
     cx, cy = rng.uniform(half + 1, r - half - 1, size=2)
     for i in range(cue, cue + CUE_FRAMES):
         colour = COLORS[COLOR_NAMES[cls]] if start <= i < start + length else GREY
