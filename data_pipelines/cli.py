@@ -1,4 +1,4 @@
-"""``mmrl data``: validate, inspect, make-toy, earl-sft."""
+"""``mmrl data``: validate, inspect, make-toy, earl-sft, select-variance."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     add_arguments(e)
     e.set_defaults(func=run)
+
+    from .select_variance import add_select_variance_parser
+
+    add_select_variance_parser(sub)
     return parser
 
 

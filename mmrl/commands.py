@@ -152,7 +152,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         RolloutService.from_config(policy, cfg), samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
         min_options=cfg.eval.min_options, show_progress=not args.quiet,
-        consistency={"seed": args.consistency_seed} if args.consistency else None)
+        consistency={"seed": args.consistency_seed} if args.consistency else None,
+        shuffled_frames={"seed": args.consistency_seed} if args.shuffled_frames else None)
     out = Path(cfg.out) if cfg.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +205,12 @@ def _table(m: dict[str, Any]) -> str:
         if c.get("top_letter"):
             rows.append(f"  most frequent answer letter {c['top_letter']}: {f(c['top_letter_share'])} of the answers "
                         f"(gold {f(c['top_letter_gold_share'])}, gap {f(c['top_letter_gap'])})")
+    sf = m.get("shuffled_frames")
+    if sf and sf["n"]:
+        rows.append(f"video questions with shuffled frames: accuracy {f(sf['accuracy'])} (ordered {f(sf['ordered_accuracy'])}, "
+                    f"gap {f(sf['gap'])}) on {sf['n']} questions")
+        for k, v in sf["gap_by_task"].items():
+            rows.append(f"  task {k:<17} shuffled {f(sf['by_task'][k])}  gap {f(v)}")
     return "\n".join(rows + describe_exclusions(m))
 
 
@@ -269,8 +276,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                    help="also ask every multiple-choice question again with its options shuffled, continuing "
                         "the model's own reasoning (ACRE's check): option-shuffling consistency rate (OSCR), "
                         "the five answer cases, accuracy with shuffled options, answer-letter balance")
+    p.add_argument("--shuffled-frames", action="store_true",
+                   help="also answer every video question from its frames in a random order (Video-R1's temporal "
+                        "contrast): accuracy with shuffled frames and the gap to the ordered accuracy, per task")
     p.add_argument("--consistency-seed", type=int, default=0,
-                   help="seed of the option permutations of --consistency (default 0)")
+                   help="seed of the permutations of --consistency and --shuffled-frames (default 0)")
     b = p.add_argument_group("public benchmarks (with --benchmark)")
     b.add_argument("--benchmark", default=None, metavar="NAME",
                    help="mvbench, videomme, longvideobench, mmvu, vqa-rad, slake, pathvqa or toy")

@@ -32,19 +32,25 @@ from mmrl_common.errors import ConfigError, MediaError
 def evaluate(
     service: RolloutService, samples: Sequence[Any], *, max_new_tokens: int = 64, batch_size: int = 16,
     min_options: int = 0, desc: str = "eval", skip_bad: bool = True, show_progress: bool = True,
-    consistency: Mapping[str, Any] | bool | None = None,
+    consistency: Mapping[str, Any] | bool | None = None, shuffled_frames: Mapping[str, Any] | bool | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
     evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``.
 
     ``consistency``: ``True`` or the settings of :func:`consistency_check` (``seed``, ``exclude_identity``,
-    ``reuse_trace``) to add the option-shuffling check; ``None``: as ``service.evaluation`` says (off)."""
+    ``reuse_trace``) to add the option-shuffling check; ``shuffled_frames``: ``True`` or the settings of
+    :func:`shuffled_frames_check` (``seed``) to also answer every video question from its frames in a random
+    order; ``None``: as ``service.evaluation`` says (off)."""
     from rewards import get_reward
 
     if consistency is None:
         consistency = service.evaluation.get("consistency")
     if consistency is True:
         consistency = {}
+    if shuffled_frames is None:
+        shuffled_frames = service.evaluation.get("shuffled_frames")
+    if shuffled_frames is True:
+        shuffled_frames = {}
 
     accuracy = get_reward("accuracy")
     predictions: list[dict[str, Any]] = []
@@ -69,13 +75,59 @@ def evaluate(
                      "score": float(score or 0.0)} for s, text, score in zip(kept, texts, scores)]
             if consistency not in (None, False):
                 consistency_check(service, kept, rows, max_new_tokens=max_new_tokens, **dict(consistency))
+            if shuffled_frames not in (None, False):
+                shuffled_frames_check(service, kept, rows, max_new_tokens=max_new_tokens, **dict(shuffled_frames))
             predictions.extend(rows)
         bar.update(len(chunk))
     bar.close()
     metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)
     if consistency not in (None, False):
         metrics["consistency"] = summarize_consistency(predictions)
+    if shuffled_frames not in (None, False):
+        metrics["shuffled_frames"] = summarize_shuffled_frames(predictions)
     return metrics, predictions
+
+
+def shuffled_frames_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,
+                          max_new_tokens: int = 64, seed: int = 0, exclude_identity: bool = True) -> None:
+    """Video-R1's temporal contrast on held-out questions: every question with a video is answered again,
+    greedy, from the same frames in a random order (one permutation per question, from ``seed`` and the id;
+    never the original order unless ``exclude_identity=False``); its prediction row gains
+    ``shuffled_frames_score``."""
+    import random
+
+    from mmrl.service import Ask
+    from rewards import get_reward
+    from rewards.temporal import has_video, shuffled_media
+
+    todo = [i for i, s in enumerate(samples) if has_video(s)]
+    if not todo:
+        return
+    asks = [Ask(media=shuffled_media(service.preparer, samples[i], random.Random(f"frames:{seed}:{samples[i].id}"),
+                                     exclude_identity=exclude_identity)) for i in todo]
+    answers = service.generate([samples[i] for i in todo], asks, max_new_tokens=max_new_tokens)
+    texts = [a[0].text for a in answers]
+    scores = get_reward("accuracy")(texts, **reward_columns([samples[i] for i in todo]))
+    for i, text, score in zip(todo, texts, scores):
+        rows[i]["shuffled_frames_completion"] = text
+        rows[i]["shuffled_frames_score"] = float(score or 0.0)
+
+
+def summarize_shuffled_frames(predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy with ordered and with shuffled frames on the video questions, overall and per task, and the
+    gap (ordered - shuffled): how much the answers depend on the order of the frames."""
+    rows = [p for p in predictions if "shuffled_frames_score" in p]
+
+    def acc(key: str, rs: Sequence[dict[str, Any]]) -> float | None:
+        return sum(r[key] for r in rs) / len(rs) if rs else None
+
+    tasks = sorted({str(r["task"]) for r in rows if r["task"] is not None})
+    by = {t: [r for r in rows if str(r["task"]) == t] for t in tasks}
+    ordered, shuffled = acc("score", rows), acc("shuffled_frames_score", rows)
+    return {"n": len(rows), "ordered_accuracy": ordered, "accuracy": shuffled,
+            "gap": None if ordered is None else ordered - shuffled,
+            "by_task": {t: acc("shuffled_frames_score", rs) for t, rs in by.items()},
+            "gap_by_task": {t: acc("score", rs) - acc("shuffled_frames_score", rs) for t, rs in by.items()}}
 
 
 def consistency_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,
@@ -267,3 +319,22 @@ class EvalConsistency(Callback):
                               f"are {', '.join(self.KEYS)}")
         super().__init__(trainer, **settings)
         trainer.service.evaluation["consistency"] = dict(settings)
+
+
+@register_plugin("eval_shuffled_frames")
+class EvalShuffledFrames(Callback):
+    """``plugins: {eval_shuffled_frames: {}}``: every held-out evaluation of the run also answers each video
+    question from its frames in a random order (:func:`shuffled_frames_check`; settings ``seed`` (0),
+    ``exclude_identity`` (true)); ``metrics["shuffled_frames"]`` holds the accuracy with shuffled frames, the
+    ordered accuracy on the same questions and the gap, overall and per task
+    (``eval_after_rl.shuffled_frames.gap`` in summary.json)."""
+
+    KEYS = ("seed", "exclude_identity")
+
+    def __init__(self, trainer: Any, **settings: Any):
+        unknown = sorted(set(settings) - set(self.KEYS))
+        if unknown:
+            raise ConfigError(f"plugins.eval_shuffled_frames: unknown setting(s) {', '.join(unknown)}; the "
+                              f"settings are {', '.join(self.KEYS)}")
+        super().__init__(trainer, **settings)
+        trainer.service.evaluation["shuffled_frames"] = dict(settings)

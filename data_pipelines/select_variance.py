@@ -1,0 +1,177 @@
+"""``mmrl data select-variance``: Temporal-R1's variance-aware data selection before RL (arXiv 2506.01908).
+
+Every training record is answered ``K`` times (sampled, the run's temperature) by the **starting model**
+through the rollout service, each answer is scored with the run's rewards (their weighted total), and the
+record is kept when the variance of its ``K`` rewards is above ``tau``: records the model always gets right
+or always gets wrong give GRPO no signal. The paper's K and threshold are not public; the defaults are the
+design note's (shared/research/rewards.md 2.5): ``K`` = the recipe's group size (8), ``tau`` = 0.01 (for a
+binary reward any disagreement among 8 answers has variance >= 0.109; for tIoU it drops answers that differ
+by a few hundredths only).
+
+Written to ``--out``: ``selected.jsonl`` (the kept records, media paths absolute, ready for ``mmrl train
+--data``), ``variance.jsonl`` (one line per record: id, task, the K rewards, mean, variance, kept) and
+``report.json`` / ``report.md`` (per task: records, kept, kept share, mean reward, mean variance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mmrl_common.errors import ConfigError, MmrlError
+
+
+def reward_variance(values: Sequence[float]) -> float:
+    """Population variance of one record's rewards."""
+    if not values:
+        return 0.0
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
+
+
+def score_records(service: Any, rewards: Any, samples: Sequence[Any], *, k: int, temperature: float,
+                  max_new_tokens: int, batch_size: int = 8, show_progress: bool = True) -> list[list[float]]:
+    """The ``k`` reward totals of each sample (sampled answers through ``service``, scored by ``rewards``)."""
+    from tqdm import tqdm
+
+    from mmrl.evaluate import dataset_columns, reward_columns
+
+    out: list[list[float]] = []
+    bar = tqdm(total=len(samples), desc="select-variance", unit="record", disable=not show_progress, leave=False)
+    for start in range(0, len(samples), batch_size):
+        chunk = list(samples[start:start + batch_size])
+        answers = service.generate(chunk, n=k, greedy=False, temperature=temperature, max_new_tokens=max_new_tokens)
+        flat = [s for s in chunk for _ in range(k)]
+        texts = [a.text for group in answers for a in group]
+        columns = reward_columns(flat)
+        columns["completion_ids"] = [list(a.token_ids) for group in answers for a in group]
+        totals = rewards.compute(texts, columns, dataset_columns=dataset_columns(flat)).total
+        out.extend(totals[i * k:(i + 1) * k] for i in range(len(chunk)))
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def task_report(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task (``meta.task``, else the problem type): records, kept, kept share, mean reward, mean variance."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[str(r["task"])].append(r)
+    by["all"] = list(rows)
+    return {t: {"records": len(rs), "kept": sum(r["kept"] for r in rs),
+                "kept_share": sum(r["kept"] for r in rs) / len(rs) if rs else 0.0,
+                "mean_reward": sum(r["mean"] for r in rs) / len(rs) if rs else None,
+                "mean_variance": sum(r["variance"] for r in rs) / len(rs) if rs else None}
+            for t, rs in by.items()}
+
+
+def select_variance(cfg: Any, out: Path, *, k: int | None = None, tau: float = 0.01, split: str = "train",
+                    limit: int | None = None, batch_size: int = 8, show_progress: bool = True) -> dict[str, Any]:
+    """Score, select and write (see the module docstring); returns the report."""
+    from mmrl.policy import load_policy
+    from mmrl.run import load_split, resolve_model, set_cpu_threads
+    from mmrl.service import RolloutService
+    from rewards import CombinedReward
+
+    k = k or cfg.rollout.group_size
+    if k < 2:
+        raise ConfigError(f"select-variance: -k {k}: the variance of fewer than 2 answers is always 0; use 2 or more")
+    if tau < 0:
+        raise ConfigError(f"select-variance: --tau {tau}: a variance is never negative; use 0 (any disagreement) "
+                          "or more")
+    from mmrl.checkpoint import seed_everything
+
+    set_cpu_threads(cfg.train.cpu_threads, show=show_progress)
+    seed_everything(cfg.train.seed)  # the same answers on a re-run
+    samples, _ = load_split(cfg, split, show_progress=show_progress)
+    if limit:
+        samples = samples[:limit]
+    if not samples:
+        raise MmrlError(f"select-variance: no records in the {split} split (check --data / data.toy_tasks)")
+    rewards = CombinedReward(cfg.rewards)
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
+    service = RolloutService.from_config(policy, cfg)
+    t0 = time.perf_counter()
+    scores = score_records(service, rewards, samples, k=k, temperature=cfg.rollout.temperature,
+                           max_new_tokens=cfg.rollout.max_new_tokens, batch_size=batch_size,
+                           show_progress=show_progress)
+    rows = []
+    for s, values in zip(samples, scores):
+        var = reward_variance(values)
+        rows.append({"id": s.id, "task": s.meta.get("task") or s.problem_type, "rewards": [round(v, 6) for v in values],
+                     "mean": sum(values) / len(values), "variance": var, "kept": var > tau})
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "selected.jsonl").open("w") as f:
+        for s, r in zip(samples, rows):
+            if r["kept"]:
+                f.write(json.dumps(s.to_dict(), default=str) + "\n")
+    with (out / "variance.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    report = {"k": k, "tau": tau, "split": split, "model": str(resolve_model(cfg)),
+              "rewards": rewards.labels, "seconds": round(time.perf_counter() - t0, 1), "tasks": task_report(rows)}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(report_markdown(report))
+    return report
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Variance-aware selection (K={report['k']}, tau={report['tau']})", "",
+             f"Model: `{report['model']}`; rewards: {', '.join(report['rewards'])}; split: {report['split']}.", "",
+             "| task | records | kept | kept share | mean reward | mean variance |", "|---|---|---|---|---|---|"]
+    for task, t in report["tasks"].items():
+        lines.append(f"| {task} | {t['records']} | {t['kept']} | {t['kept_share']:.2f} | {t['mean_reward']:.3f} | "
+                     f"{t['mean_variance']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def add_select_variance_parser(sub: argparse._SubParsersAction) -> None:
+    from mmrl.commands import OVERRIDE_HELP
+
+    p = sub.add_parser(
+        "select-variance", help="keep the training records whose K answers by the starting model disagree",
+        description="Temporal-R1's variance-aware data selection: answer every training record K times with the "
+                    "starting model, score the answers with the recipe's rewards, keep the records whose reward "
+                    "variance is above --tau. Writes selected.jsonl (for mmrl train --data), variance.jsonl and a "
+                    "per-task report (report.md, report.json) into --out.")
+    p.add_argument("--task", default=None, help="built-in recipe (default video-qa)")
+    p.add_argument("--config", default=None, metavar="YAML", help="a YAML file merged over the task recipe")
+    p.add_argument("--model", default=None, metavar="DIR", help="the starting model (default: the recipe's)")
+    p.add_argument("--data", default=None, metavar="FILE", help="the records to select from (default: the toy world)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for selected.jsonl and the report")
+    p.add_argument("-k", type=int, default=None, help="answers per record (default: rollout.group_size)")
+    p.add_argument("--tau", type=float, default=0.01, help="keep records whose reward variance is above this "
+                                                           "(default 0.01)")
+    p.add_argument("--split", choices=["train", "val", "test"], default="train", help="the split (default train)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many records")
+    p.add_argument("--batch-size", type=int, default=8, help="records per generate call (default 8)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
+    p.set_defaults(func=cmd_select_variance)
+
+
+def cmd_select_variance(args: argparse.Namespace) -> int:
+    from mmrl.config import load_run_config
+
+    extra: dict[str, Any] = {}
+    if args.model:
+        extra.setdefault("model", {})["path"] = args.model
+    if args.data:
+        extra.setdefault("data", {})["train" if args.split == "train" else args.split] = args.data
+    cfg = load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra)
+    if args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    out = Path(args.out)
+    report = select_variance(cfg, out, k=args.k, tau=args.tau, split=args.split, limit=args.limit,
+                             batch_size=args.batch_size, show_progress=not args.quiet)
+    print(report_markdown(report), end="")
+    print(f"kept set: {out / 'selected.jsonl'} ({report['tasks']['all']['kept']} of "
+          f"{report['tasks']['all']['records']} records); train on it with --data {out / 'selected.jsonl'}")
+    return 0

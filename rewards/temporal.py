@@ -1,0 +1,324 @@
+"""Temporal rewards: Video-R1's T-GRPO bonus and length bonus, and Temporal-R1's dual reward.
+
+**T-GRPO** (Video-R1, arXiv 2503.21776; the plug-in ``t_grpo``). For every group whose prompt shows a video,
+a second group of ``G/2`` rollouts is drawn through the rollout service from the **same frames in a random
+order** (one permutation per prompt and step; only the frame tensor moves, as in the released code). These
+rollouts are scored with the run's accuracy reward and never trained on. With ``p`` the mean accuracy of
+the ordered group and ``p~`` that of the shuffled one, when ``p >= mu * p~`` every ordered rollout whose
+accuracy is above ``correct_threshold`` gets ``alpha`` added to its total reward (component
+``temporal_bonus``). Settings (the released code's values): ``alpha`` 0.3, ``mu`` 0.8, ``correct_threshold``
+0.1, ``shuffled_size`` (default ``G // 2``), ``accuracy`` (the reward label read as accuracy, default
+``accuracy``), ``exclude_identity`` (default false: ``randperm`` may return the order itself), ``seed`` (0).
+Logged per step: ``tgrpo/ordered_accuracy``, ``tgrpo/shuffled_accuracy``, ``tgrpo/bonus_groups`` (the share
+of video groups that got the bonus), ``tgrpo/video_groups``. Image prompts get nothing.
+
+Note: with the group-normalised advantage ``(r - mean) / std`` a bonus given to every correct rollout of a
+group changes the advantages only through the other reward components (format, length): for a binary
+accuracy alone it rescales the group's rewards and cancels out. That is the released method; it is kept as is.
+
+**Length bonus** (reward ``length_bonus``, the released code's ``len_control``): in a group where at least
+``min_correct`` (2) rollouts have accuracy above ``correct_threshold`` (0.1), each of those whose completion
+has ``min_tokens``..``max_tokens`` tokens (320..512, inclusive) gets ``bonus`` (0.2); everything else 0.
+
+**Temporal-R1's dual reward** (reward ``temporal_r1``, arXiv 2506.01908 and its code): ``format_weight *
+format + answer_weight * accuracy + iou_weight * tIoU``. The accuracy term (discrete) scores the answer of
+questions that are not pure grounding (multiple choice, yes/no, numbers, ...); the tIoU term (continuous) scores
+the predicted span against the gold span: the answer of ``temporal_grounding`` questions, or ``meta[span_key]``
+(default ``gold_span``) for grounded QA. Spans are read in both forms (``[12.5, 18]``/``12.5 to 18 s`` and
+Temporal-R1's JSON ``{"start_time": "12.5", "end_time": "18"}``) by :func:`rewards.answers.parse_span`
+(``span_tag`` reads another block, e.g. ``glue``), and clipped to the clip the model was shown (the media's
+``start``/``end`` sampling window, else ``[0, duration]`` from ``meta.duration`` or ``meta.video.duration``);
+an inverted or unreadable span scores 0, a zero-length one 0 unless the gold span is the same point. Weights
+default to 1 each (the unweighted sum of VideoChat-R1 and Video-R1); Temporal-R1's grounding code uses
+``format_weight: 0.5, iou_weight: 0.5`` (configs/temporal-grounding.yaml). ``format_mode`` is the format
+reward's ``mode`` (default ``think_answer``). Logged: ``temporal_r1/format``, ``temporal_r1/answer``,
+``temporal_r1/tiou`` (means over the samples each applies to).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from mmrl.plugins import Callback, register_plugin
+from mmrl_common.errors import ConfigError
+from rewards.accuracy import score_answer
+from rewards.answers import extract_answer, normalize_gold_span, parse_span
+from rewards.format import check_format
+from rewards.metrics import temporal_iou
+from rewards.registry import normalize_completions, register_reward
+
+__all__ = ["TGRPO", "clip_window", "length_bonus", "shown_window", "temporal_bonus", "temporal_r1_reward"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# T-GRPO
+# --------------------------------------------------------------------------------------------------------
+
+
+def temporal_bonus(ordered: Sequence[float], shuffled: Sequence[float], *, alpha: float = 0.3, mu: float = 0.8,
+                   correct_threshold: float = 0.1) -> list[float]:
+    """The bonus of each ordered rollout: ``alpha`` for those with accuracy above ``correct_threshold`` when
+    the ordered group's mean accuracy is at least ``mu`` times the shuffled group's, else 0."""
+    if not ordered:
+        return []
+    p = sum(ordered) / len(ordered)
+    p_shuffled = sum(shuffled) / len(shuffled) if shuffled else 0.0
+    if p < mu * p_shuffled:
+        return [0.0] * len(ordered)
+    return [alpha if a > correct_threshold else 0.0 for a in ordered]
+
+
+def has_video(sample: Any) -> bool:
+    return any(getattr(m, "type", None) == "video" for m in getattr(sample, "media", None) or [])
+
+
+def shuffled_media(preparer: Any, sample: Any, rng: random.Random, *, exclude_identity: bool = False) -> list[Any]:
+    """The sample's decoded media with every video's frames in a random order (images unchanged)."""
+    from mmrl.policy import MediaInput
+    from rewards.consistency import draw_permutation
+    from video.shuffle import shuffle_frames
+
+    out = []
+    for m in preparer.prepare(sample):
+        if m.kind != "video":
+            out.append(m)
+            continue
+        perm = draw_permutation(int(m.data.frames.shape[0]), rng, exclude_identity=exclude_identity)
+        out.append(MediaInput(key=f"{m.key}|frames:{','.join(map(str, perm))}", kind="video",
+                              data=shuffle_frames(m.data, perm), timestamps=m.timestamps))
+    return out
+
+
+@register_plugin("t_grpo")
+class TGRPO(Callback):
+    """Video-R1's temporal contrast (see the module docstring); ``plugins: {t_grpo: {alpha: 0.3, mu: 0.8}}``."""
+
+    DEFAULTS: ClassVar[dict[str, Any]] = {"alpha": 0.3, "mu": 0.8, "correct_threshold": 0.1, "shuffled_size": None,
+                                "accuracy": "accuracy", "exclude_identity": False, "seed": 0}
+
+    def __init__(self, trainer: Any, **settings: Any):
+        unknown = sorted(set(settings) - set(self.DEFAULTS))
+        if unknown:
+            raise ConfigError(f"plugins.t_grpo: unknown setting(s) {', '.join(unknown)}; the settings are "
+                              f"{', '.join(self.DEFAULTS)}")
+        super().__init__(trainer, **{**self.DEFAULTS, **settings})
+        s = self.settings
+        for key in ("alpha", "mu", "correct_threshold"):
+            if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or not math.isfinite(s[key]):
+                raise ConfigError(f"plugins.t_grpo.{key} must be a number, got {s[key]!r}")
+        g = trainer.cfg.rollout.group_size
+        self.n_shuffled = int(s["shuffled_size"] or max(1, g // 2))
+        if self.n_shuffled < 1:
+            raise ConfigError(f"plugins.t_grpo.shuffled_size must be >= 1, got {s['shuffled_size']!r}")
+        self._reset()
+
+    def _reset(self) -> None:
+        self.seen: dict[str, list[float]] = {"ordered": [], "shuffled": [], "bonus": []}
+
+    def _accuracy_reward(self):
+        from rewards.registry import CombinedReward
+
+        label = self.settings["accuracy"]
+        for spec in self.trainer.rewards.specs:
+            if spec.display_name == label:
+                return CombinedReward([spec])
+        raise ConfigError(f"plugins.t_grpo: no reward labelled {label!r} among the run's rewards "
+                          f"({', '.join(self.trainer.rewards.labels)}); set plugins.t_grpo.accuracy")
+
+    def after_rewards(self, batch: Any) -> None:
+        from mmrl.evaluate import reward_columns
+        from mmrl.service import Ask
+
+        groups = [rows for rows in batch.groups() if has_video(batch.samples[rows[0]])]
+        if not groups:
+            return
+        acc_reward = self._accuracy_reward()
+        acc = batch.component(self.settings["accuracy"])
+        samples = [batch.samples[rows[0]] for rows in groups]
+        step = self.trainer.step
+        asks = [Ask(media=shuffled_media(self.trainer.preparer, s,
+                                         random.Random(f"tgrpo:{self.settings['seed']}:{step}:{s.id}:{k}"),
+                                         exclude_identity=bool(self.settings["exclude_identity"])))
+                for k, s in enumerate(samples)]
+        r = self.trainer.cfg.rollout
+        answers = self.trainer.service.generate(samples, asks, n=self.n_shuffled, greedy=False,
+                                                temperature=r.temperature, max_new_tokens=r.max_new_tokens)
+        flat = [s for s in samples for _ in range(self.n_shuffled)]
+        texts = [a.text for group in answers for a in group]
+        scores = acc_reward.compute(texts, reward_columns(flat)).total
+        bonus = torch.zeros(len(batch))
+        for k, rows in enumerate(groups):
+            ordered = [float(acc[i]) for i in rows]
+            shuffled = scores[k * self.n_shuffled:(k + 1) * self.n_shuffled]
+            b = temporal_bonus(ordered, shuffled, alpha=float(self.settings["alpha"]), mu=float(self.settings["mu"]),
+                               correct_threshold=float(self.settings["correct_threshold"]))
+            bonus[rows] = torch.tensor(b)
+            self.seen["ordered"].append(sum(ordered) / len(ordered))
+            self.seen["shuffled"].append(sum(shuffled) / len(shuffled))
+            self.seen["bonus"].append(float(any(b)))
+        batch.rewards = batch.rewards + bonus
+        batch.reward_components["temporal_bonus"] = bonus
+
+    def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
+        if self.seen["ordered"]:
+            n = len(self.seen["ordered"])
+            stats["tgrpo/ordered_accuracy"] = sum(self.seen["ordered"]) / n
+            stats["tgrpo/shuffled_accuracy"] = sum(self.seen["shuffled"]) / n
+            stats["tgrpo/bonus_groups"] = sum(self.seen["bonus"]) / n
+            stats["tgrpo/video_groups"] = n
+        self._reset()
+
+
+# --------------------------------------------------------------------------------------------------------
+# The length bonus
+# --------------------------------------------------------------------------------------------------------
+
+
+def _groups(n: int, columns: Mapping[str, Any]) -> list[list[int]]:
+    """Rows of each prompt group: the rollout batch's groups, else rows sharing an ``id``."""
+    batch = columns.get("rollout_batch")
+    if batch is not None and len(batch) == n:
+        return [list(rows) for rows in batch.groups()]
+    ids = columns.get("id")
+    if not isinstance(ids, (list, tuple)) or len(ids) != n:
+        raise ConfigError("the length_bonus reward groups completions by prompt: it needs the rollout batch "
+                          "(inside mmrl train) or an 'id' column")
+    by_id: dict[Any, list[int]] = defaultdict(list)
+    for i, sid in enumerate(ids):
+        by_id[sid].append(i)
+    return list(by_id.values())
+
+
+def _number(columns: Mapping[str, Any], key: str, default: float, n: int) -> float:
+    value = columns.get(key, default)
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == n):
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"reward setting {key} must be a number, got {value!r}")
+    return float(value)
+
+
+@register_reward("length_bonus", locate_errors=False)
+def length_bonus(completions: list[Any], **columns: Any) -> list[float]:
+    """Video-R1's length control (see the module docstring): ``bonus`` for correct completions of
+    ``min_tokens``..``max_tokens`` tokens in groups with at least ``min_correct`` correct ones."""
+    from rewards.accuracy import accuracy
+
+    n = len(completions)
+    lo, hi = _number(columns, "min_tokens", 320, n), _number(columns, "max_tokens", 512, n)
+    bonus, threshold = _number(columns, "bonus", 0.2, n), _number(columns, "correct_threshold", 0.1, n)
+    min_correct = _number(columns, "min_correct", 2, n)
+    ids = columns.get("completion_ids")
+    if not isinstance(ids, (list, tuple)) or len(ids) != n:
+        raise ConfigError("the length_bonus reward counts completion tokens: it needs the completion_ids column")
+    acc_columns = {k: v for k, v in columns.items()
+                   if k not in ("min_tokens", "max_tokens", "bonus", "correct_threshold", "min_correct")}
+    acc = [a or 0.0 for a in accuracy(completions, **acc_columns)]
+    out = [0.0] * n
+    for rows in _groups(n, columns):
+        correct = [i for i in rows if acc[i] > threshold]
+        if len(correct) < min_correct:
+            continue
+        for i in correct:
+            if lo <= len(ids[i]) <= hi:
+                out[i] = bonus
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Temporal-R1's dual reward
+# --------------------------------------------------------------------------------------------------------
+
+
+def shown_window(meta: Mapping[str, Any] | None, media: Sequence[Any] = ()) -> tuple[float, float] | None:
+    """``(start, end)`` seconds of the clip the model was shown: the first video's ``start``/``end`` sampling
+    window where given, else ``(0, duration)`` with ``meta.duration`` or ``meta.video.duration``; None when
+    unknown."""
+    meta = meta if isinstance(meta, Mapping) else {}
+    duration = meta.get("duration")
+    if duration is None and isinstance(meta.get("video"), Mapping):
+        duration = meta["video"].get("duration")
+    ok = isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration)
+    start, end = 0.0, float(duration) if ok and duration > 0 else None
+    for item in media:
+        if getattr(item, "type", None) == "video":
+            sampling = getattr(item, "sampling", None) or {}
+            if sampling.get("start") is not None:
+                start = float(sampling["start"])
+            if sampling.get("end") is not None:
+                end = float(sampling["end"])
+            break
+    return None if end is None or end <= start else (start, end)
+
+
+def clip_window(span: tuple[float, float], window: tuple[float, float] | None) -> tuple[float, float]:
+    """``span`` clipped to ``window`` (unchanged when the window is unknown)."""
+    if window is None:
+        return span
+    lo, hi = window
+    return (min(max(span[0], lo), hi), min(max(span[1], lo), hi))
+
+
+def span_iou(prediction_text: str, gold: Any, window: tuple[float, float] | None) -> float:
+    """tIoU of the span in ``prediction_text`` (clipped to the shown window) against the gold span; 0 for an
+    unreadable or inverted prediction."""
+    span = parse_span(prediction_text)
+    if span is None:
+        return 0.0
+    return temporal_iou(clip_window(span, window), normalize_gold_span(gold))
+
+
+@register_reward("temporal_r1", locate_errors=False)
+def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
+    """Temporal-R1's dual reward (see the module docstring)."""
+    texts = normalize_completions(completions)
+    n = len(texts)
+    w_fmt = _number(columns, "format_weight", 1.0, n)
+    w_ans = _number(columns, "answer_weight", 1.0, n)
+    w_iou = _number(columns, "iou_weight", 1.0, n)
+    span_key = columns.get("span_key", "gold_span")
+    span_key = "gold_span" if isinstance(span_key, (list, tuple)) else span_key
+    span_tag = columns.get("span_tag")
+    format_mode = columns.get("format_mode", "think_answer")
+    format_mode = "think_answer" if isinstance(format_mode, (list, tuple)) else format_mode
+    batch = columns.get("rollout_batch")
+    samples = list(batch.samples) if batch is not None and len(batch) == n else [None] * n
+
+    def col(key: str, i: int) -> Any:
+        v = columns.get(key)
+        return v[i] if isinstance(v, (list, tuple)) and len(v) == n else None
+
+    terms: dict[str, list[float]] = {"format": [], "answer": [], "tiou": []}
+    out: list[float] = []
+    for i, text in enumerate(texts):
+        ptype, meta = col("problem_type", i), col("meta", i) or {}
+        answer_text = extract_answer(text)
+        fmt = float(check_format(text, mode=format_mode))
+        total = w_fmt * fmt
+        terms["format"].append(fmt)
+        if ptype != "temporal_grounding":
+            row = {"problem_type": ptype, "answer": col("answer", i), "options": col("options", i), "meta": meta,
+                   "id": col("id", i)}
+            acc = float(score_answer(answer_text, row) or 0.0)
+            total += w_ans * acc
+            terms["answer"].append(acc)
+        gold = col("answer", i) if ptype == "temporal_grounding" else meta.get(span_key)
+        if gold is not None:
+            media = getattr(samples[i], "media", None) or []
+            span_text = extract_answer(text, tag=span_tag) if span_tag else answer_text
+            iou = span_iou(span_text, gold, shown_window(meta, media))
+            total += w_iou * iou
+            terms["tiou"].append(iou)
+        out.append(total)
+    log = columns.get("log_metric")
+    if callable(log):
+        for key, values in terms.items():
+            if values:
+                log(f"temporal_r1/{key}", sum(values) / len(values))
+    return out
