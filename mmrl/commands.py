@@ -116,6 +116,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if getattr(args, "agent", None):  # EARL's agent loop (mmrl.agent): held-out split or --benchmark
+        from mmrl.agent import cli_eval
+
+        return cli_eval(args, _load(args))
     if getattr(args, "benchmark", None):
         from mmrl.benchmarks_eval import cli_run
 
@@ -296,4 +300,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--subtitles", action="store_true", help="videomme: add the subtitles at the sampled frames")
     b.add_argument("--lmms-eval", action="store_true",
                    help="run the checkpoint through lmms-eval instead (needs pip install 'mmrl[eval]')")
+    p.add_argument("--agent", choices=["earl"], default=None,
+                   help="answer through an agent loop: earl (select_frames, re-sampling around the selected frames, "
+                        "at most 2 rounds); reports frames and selection rounds per answer beside the plain answer "
+                        "on the same initial frames (with or without --benchmark)")
     p.set_defaults(func=cmd_eval)
