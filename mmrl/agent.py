@@ -250,7 +250,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                         backend: Any = None) -> dict[str, Any]:
     """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
     same initial frames. Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
-    metrics: ``agent`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
+    metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
     from data_pipelines.benchmarks import get_benchmark, load_benchmark
     from mmrl.benchmarks_eval.protocols import build_prompt, make_protocol
     from mmrl.benchmarks_eval.runner import media_config
@@ -281,7 +281,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     env_cls = get_environment(spec["environment"])
     backend = backend or HFBackend(policy, max_batch=batch_size)
     params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
-    records: dict[str, list[dict[str, Any]]] = {"agent": [], "baseline": []}
+    records: dict[str, list[dict[str, Any]]] = {"agent_loop": [], "baseline": []}
     tool_note = instructions()
     for start in range(0, len(samples), batch_size):
         chunk = samples[start:start + batch_size]
@@ -296,17 +296,18 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                 continue
             system, text, prefill = build_prompt(s, proto)
             content = [{"type": m.kind} for m in media] + [{"type": "text", "text": text}]
-            for mode, sys_text in (("agent", "\n".join(t for t in (system, tool_note) if t)), ("baseline", system)):
+            for mode, sys_text in (("agent_loop", "\n".join(t for t in (system, tool_note) if t)),
+                                   ("baseline", system)):
                 messages = ([{"role": "system", "content": [{"type": "text", "text": sys_text}]}] if sys_text else [])
                 messages.append({"role": "user", "content": content})
                 seq = policy.encode(policy.render(messages) + prefill, media)
-                (seqs if mode == "agent" else plain).append(seq)
+                (seqs if mode == "agent_loop" else plain).append(seq)
             ready.append((s, prefill, media))
             media_of[id(s)] = media
         if ready:
             group = [s for s, _, _ in ready]
             runs = {
-                "agent": run_episodes(policy, backend, seqs, group, n=1, params=params,
+                "agent_loop": run_episodes(policy, backend, seqs, group, n=1, params=params,
                                       environment=lambda s, m=media_of: env_cls(s, m[id(s)], **spec["environment_kwargs"]),
                                       max_turns=spec["max_turns"]),
                 "baseline": run_episodes(policy, backend, plain, group, n=1, params=params),
@@ -341,8 +342,8 @@ def headline(result: dict[str, Any]) -> str:
         acc = result[mode]["scores"].get("overall", {}).get("accuracy")
         return "–" if acc is None else f"{100 * acc:.1f}"
 
-    a, b = result["agent"], result["baseline"]
-    return (f"{result['benchmark']} with --agent {result['agent']}: accuracy {pct('agent')} using "
+    a, b = result["agent_loop"], result["baseline"]
+    return (f"{result['benchmark']} with --agent {result['agent']}: accuracy {pct('agent_loop')} using "
             f"{a['frames_per_answer']:.1f} frames and {a['rounds_per_answer']:.2f} selection rounds per answer; "
             f"plain answer on the same initial frames {pct('baseline')} ({b['frames_per_answer']:.1f} frames)")
 
@@ -385,7 +386,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
                                   if cfg.rollout.environment == spec["environment"] else spec["environment_kwargs"],
                                   max_turns=spec["max_turns"], **common)
     plain, _ = evaluate_agent(policy, backend, preparer, cfg.prompt, samples, environment=None, **common)
-    result = {"agent": args.agent, "agent_metrics": agent, "baseline": plain}
+    result = {"agent": args.agent, "agent_loop": agent, "baseline": plain}
     if cfg.out:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -55,8 +55,13 @@ def media(sample: Sample):
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory) -> Policy:
-    p = load_policy(make_tiny("qwen2_5_vl", tmp_path_factory.mktemp("earl-model") / "m", seed=0))
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny("qwen2_5_vl", tmp_path_factory.mktemp("earl-model") / "m", seed=0)
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir: Path) -> Policy:
+    p = load_policy(model_dir)
     p.model.eval()
     return p
 
@@ -217,7 +222,7 @@ def test_benchmark_through_the_agent_loop(policy: Policy, tmp_path: Path) -> Non
     result = run_benchmark_agent("mvbench", root, policy=policy, agent="earl", out=tmp_path / "out", frames=4,
                                  batch_size=8, backend=backend)
     preds = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
-    agent = {p["id"]: p for p in preds if p["mode"] == "agent"}
+    agent = {p["id"]: p for p in preds if p["mode"] == "agent_loop"}
     plain = {p["id"]: p for p in preds if p["mode"] == "baseline"}
     assert len(agent) == len(plain) == 3 == result["n"]
     for pid, p in agent.items():
@@ -227,6 +232,25 @@ def test_benchmark_through_the_agent_loop(policy: Policy, tmp_path: Path) -> Non
         else:  # the frame folder has no video file to re-sample from: the episode ends at the call
             assert p["frames"] == 4 and p["turns"] == ["select_frames([2])"] and p["correct"] is False
     assert sum(p["rounds"] for p in agent.values()) == 2
-    assert result["agent"]["rounds_per_answer"] == pytest.approx(2 / 3)
+    assert result["agent_loop"]["rounds_per_answer"] == pytest.approx(2 / 3)
     assert result["baseline"]["frames_per_answer"] == 4.0
-    assert result["agent"]["frames_per_answer"] == pytest.approx(sum(p["frames"] for p in agent.values()) / 3)
+    assert result["agent_loop"]["frames_per_answer"] == pytest.approx(sum(p["frames"] for p in agent.values()) / 3)
+
+
+def test_mmrl_eval_agent_on_a_benchmark_fixture(model_dir: Path, tmp_path: Path, capsys) -> None:
+    import json
+
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.cli import main
+
+    root = write_fixture("toy", tmp_path / "toy", n=2)
+    out = tmp_path / "eval"
+    assert main(["eval", "--benchmark", "toy", "--data-root", str(root), "--model", str(model_dir), "--agent", "earl",
+                 "--out", str(out), "--frames", "4", "--limit", "3", "--quiet", "eval.max_new_tokens=4",
+                 "train.cpu_threads=1"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["agent"] == "earl" and metrics["n"] == 3
+    for mode in ("agent_loop", "baseline"):
+        assert metrics[mode]["scores"]["overall"]["n"] == 3
+    assert metrics["baseline"]["rounds_per_answer"] == 0 and metrics["baseline"]["frames_per_answer"] > 0
+    assert "with --agent earl: accuracy" in capsys.readouterr().out
