@@ -50,8 +50,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from mmrl.report import register_curve
 from mmrl_common.errors import ConfigError, DataError
 from rewards.registry import register_reward
+
+register_curve("reward_metric/evidence/iou*", "EARL: selection IoU with the gold frames (all episodes / those that "
+               "selected)", "earl_iou.png")
+register_curve("reward_metric/evidence/selected", "EARL: share of episodes that select frames", "earl_selected.png")
+register_curve("reward_metric/evidence/frames_shown", "EARL: frames shown per episode", "earl_frames.png")
+register_curve("agent_eval/accuracy", "Held-out accuracy through the agent loop (agent_eval)", "agent_eval.png")
 
 
 @dataclass(frozen=True)
