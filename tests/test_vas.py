@@ -208,6 +208,19 @@ def test_state_round_trip_is_plain_and_exact() -> None:
         make_sampler("vas", list(range(3)), seed=5).load_state_dict(state)
 
 
+def test_replacement_draws_while_rescoring_leave_the_draws_alone() -> None:
+    """The trainer replaces an unreadable sample by ``sampler.draw(1)``; asked during re-scoring, that draw
+    comes from a generator of its own, so the training draws are those of a run without it."""
+    a, b = (make_sampler("vas", list(range(7)), seed=2) for _ in range(2))
+    a.draw(4)
+    b.draw(4)
+    b._refreshing = True
+    spare = [b.draw(1) for _ in range(3)]
+    b._refreshing = False
+    assert all(len(x) == 1 and 0 <= x[0] < 7 for x in spare) and b.spare_draws == 3
+    assert [b.draw(4) for _ in range(5)] == [a.draw(4) for _ in range(5)]
+
+
 # ----------------------------------------------------------------------------------------------- real runs
 
 
