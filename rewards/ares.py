@@ -44,13 +44,15 @@ rollouts (plug-in hook ``after_rewards``):
 
 Logged per bucket (``ares/<piece>/<bucket>``): ``length``, ``entropy`` (mean token entropy: the
 entropy-collapse monitor), ``hwe``, ``target``, ``shaping``, ``alpha``, ``share`` (of the prompts),
-``kl_weight`` (beta_d), ``kl`` (its EMA); and ``ares/tau``, ``ares/kl_weight_token_mean``. Everything that
+``kl_weight`` (beta_d), ``kl`` (its EMA), ``length_recent`` (mean per-step length over the last
+``recent_window`` = 20 steps the bucket occurred in); and ``ares/tau``, ``ares/kl_weight_token_mean``. Everything that
 must survive ``--resume`` (tau's EMA, alpha, the controller) is in the plug-in's state, saved with checkpoints.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -214,7 +216,7 @@ DEFAULTS: dict[str, Any] = {
     "paper_target": dict(PAPER_TARGET), "paper_cap": 1.0,
     "dynamic_kl": True, "kl_target": {b: 0.01 for b in BUCKETS}, "kl_ema": 0.97, "kl_err_ema": 0.9,
     "kl_deadzone": 0.02, "kl_step": 0.05, "kl_err_clip": 0.2, "kl_update_every": 1,
-    "beta_init": 1.0, "beta_min": 1e-4, "beta_max": 1e2, "hwe_kl_rho": 0.5,
+    "beta_init": 1.0, "beta_min": 1e-4, "beta_max": 1e2, "hwe_kl_rho": 0.5, "recent_window": 20,
 }
 """Every setting of ``plugins.ares`` and its default (module docstring)."""
 
@@ -247,6 +249,8 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
             raise bad(key, "must be >= 0")
     if not 0 < float(s["beta_min"]) <= float(s["beta_init"]) <= float(s["beta_max"]):
         raise bad("beta_init", "needs 0 < beta_min <= beta_init <= beta_max")
+    if not isinstance(s["recent_window"], int) or s["recent_window"] < 1:
+        raise bad("recent_window", "must be an integer >= 1")
     if not isinstance(s["kl_update_every"], int) or s["kl_update_every"] < 1:
         raise bad("kl_update_every", "must be an integer >= 1")
     for key, keys_of in (("kl_target", None), ("paper_target", None), ("code_constants", CODE_CONSTANTS)):
@@ -291,6 +295,7 @@ class AresPlugin(Callback):
             step=float(s["kl_step"]), err_clip=float(s["kl_err_clip"]), every=int(s["kl_update_every"]),
             beta_init=float(s["beta_init"]), beta_min=float(s["beta_min"]), beta_max=float(s["beta_max"]))
         self.alpha = {b: float(s["alpha_init"]) for b in BUCKETS}
+        self.recent: dict[str, deque[float]] = {b: deque(maxlen=int(s["recent_window"])) for b in BUCKETS}
         self._words_cache: dict[int, str] = {}
         self._reset_step()
 
@@ -430,6 +435,10 @@ class AresPlugin(Callback):
             if vals:
                 stats[key] = sum(vals) / len(vals)
         for b in BUCKETS:
+            if f"ares/length/{b}" in stats:
+                self.recent[b].append(stats[f"ares/length/{b}"])
+            if self.recent[b]:
+                stats[f"ares/length_recent/{b}"] = sum(self.recent[b]) / len(self.recent[b])
             stats[f"ares/kl_weight/{b}"] = self.controller.beta[b] if self.s["dynamic_kl"] else 1.0
             if self.controller.kl_ema[b] is not None:
                 stats[f"ares/kl/{b}"] = self.controller.kl_ema[b]
@@ -440,7 +449,7 @@ class AresPlugin(Callback):
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold.state_dict(), "controller": self.controller.state_dict(),
-                "alpha": dict(self.alpha)}
+                "alpha": dict(self.alpha), "recent": {b: list(v) for b, v in self.recent.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
@@ -448,3 +457,6 @@ class AresPlugin(Callback):
         self.threshold.load_state_dict(state.get("threshold", {}))
         self.controller.load_state_dict(state.get("controller", {}))
         self.alpha.update(state.get("alpha", {}))
+        for b, vals in state.get("recent", {}).items():
+            self.recent[b].clear()
+            self.recent[b].extend(float(v) for v in vals)

@@ -172,6 +172,14 @@ def test_plugin_counts_buckets_and_shapes_the_rewards():
     assert stats["ares/entropy/easy"] == pytest.approx((1 + 3 + 5 / 3) / 3)
     assert stats["ares/hwe/hard"] == pytest.approx(1 / 3)
     assert stats["ares/share/easy"] == 0.5 and stats["ares/share/medium"] == 0.0
+    assert stats["ares/length_recent/easy"] == pytest.approx(11 / 3) and "ares/length_recent/medium" not in stats
+    plug.after_rewards(make_batch())
+    stats = {}
+    plug.on_step_end(2, stats)
+    assert stats["ares/length_recent/hard"] == pytest.approx(4.0)
+    again = make_plugin()  # what --resume restores: alpha, the controller, tau's EMA, the recent lengths
+    again.load_state_dict(plug.state_dict())
+    assert again.state_dict() == plug.state_dict() and again.alpha["hard"] != 0.5
     # measuring only: nothing added to the rewards
     quiet = make_plugin(window=2, quantile=1.0, shaping="none", dynamic_kl=False, hwe_kl_rho=1.0)
     batch = make_batch()
