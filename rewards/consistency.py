@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmrl_common.errors import ConfigError
+from rewards.accuracy import score_answer
 from rewards.answers import choice_letters, extract_answer, extract_choice, normalize_gold_choice
 from rewards.registry import normalize_completions, register_reward
 
@@ -283,8 +284,6 @@ def acre_reward(completions: list[Any], **columns: Any) -> list[float | None]:
                              greedy=bool(_setting(columns, "greedy", True, n)),
                              max_new_tokens=_setting(columns, "max_new_tokens", None, n), think_tag=think_tag,
                              answer_tag=answer_tag)
-
-    from rewards.accuracy import score_answer
 
     out: list[float | None] = []
     cases: list[str] = []
