@@ -233,3 +233,14 @@ def test_top_entropy_rule_normalises_by_the_kept_tokens():
                                   global_tokens=counts.tokens, global_seqs=counts.seqs)
     # on-policy PPO loss -A on the kept tokens, averaged over the 3 kept tokens (not the 6 valid ones)
     assert float(loss) == pytest.approx(-(1.0 + 2.0 + 3.0) / 3)
+
+
+def test_entropy_bonus_is_subtracted_from_the_loss():
+    # token-mean: pg 0 (advantages 0), entropies 1 and 3 on the two valid tokens -> loss = -0.1 * 2
+    logp = t([[-1.0, -1.0, -1.0]]).requires_grad_(True)
+    ent = t([[1.0, 3.0, 9.0]]).requires_grad_(True)
+    loss, st = compute_policy_loss(logp, None, torch.zeros(1, dtype=D), t([[1, 1, 0]]),
+                                   GRPOConfig(entropy_coef=0.1), entropies=ent)
+    assert float(loss) == pytest.approx(-0.2) and float(st["entropy"]) == pytest.approx(2.0)
+    loss.backward()
+    torch.testing.assert_close(ent.grad, t([[-0.05, -0.05, 0.0]]))  # raising entropy lowers the loss
