@@ -385,7 +385,9 @@ def cli_eval(args: Any, cfg: Any) -> int:
                                   environment_kwargs={**spec["environment_kwargs"], **cfg.rollout.environment_kwargs}
                                   if cfg.rollout.environment == spec["environment"] else spec["environment_kwargs"],
                                   max_turns=spec["max_turns"], **common)
-    plain, _ = evaluate_agent(policy, backend, preparer, cfg.prompt, samples, environment=None, **common)
+    # the plain answer: the same prompt without the system message (it explains the tool), single turn
+    bare = dataclasses.replace(cfg.prompt, system=None) if cfg.rollout.environment else cfg.prompt
+    plain, _ = evaluate_agent(policy, backend, preparer, bare, samples, environment=None, **common)
     result = {"agent": args.agent, "agent_loop": agent, "baseline": plain}
     if cfg.out:
         out = Path(cfg.out)
