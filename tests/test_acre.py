@@ -231,3 +231,16 @@ def test_train_logs_case_shares_and_eval_consistency_lands_in_the_summary(tmp_pa
         from mmrl.evaluate import EvalConsistency
 
         EvalConsistency(SimpleNamespace(service=SimpleNamespace(evaluation={})), shuffle=True)
+
+
+def test_eval_command_consistency_and_shuffled_frames(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "eval"
+    assert cli.main(["eval", "--quiet", "--consistency", "--shuffled-frames", "--out", str(out), *TINY_RUN]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["consistency"]["n"] == 2 and metrics["shuffled_frames"]["n"] == 2
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert all(p["case"] in (*C.CASES, "unanswered") and "shuffled_frames_score" in p for p in preds)
+    printed = capsys.readouterr().out
+    assert "option-shuffling consistency (OSCR)" in printed and "shuffled frames" in printed
+    assert cli.main(["eval", "--consistency", "--benchmark", "mvbench", "--data-root", str(tmp_path)]) == 2
+    assert "--consistency with --benchmark is not supported" in capsys.readouterr().err
