@@ -359,6 +359,10 @@ def cli_eval(args: Any, cfg: Any) -> int:
     spec = AGENTS.get(args.agent)
     if spec is None:
         raise ConfigError(f"--agent {args.agent!r}: known agents are {', '.join(AGENTS)}")
+    if cfg.model.path and not getattr(args, "recipe_settings", False) and not getattr(args, "benchmark", None):
+        from mmrl.commands import _with_training_settings
+
+        cfg = _with_training_settings(args, cfg)  # evaluate as the model was trained (its mmrl_eval.json)
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
     if getattr(args, "benchmark", None):
         if not args.data_root:
