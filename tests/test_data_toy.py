@@ -139,7 +139,7 @@ def test_videos_small_and_signal_strong(small):
         frames = _all_frames(Path(s.media[0].path))
         n, h, w, _ = frames.shape
         assert (h, w) == (64, 64)
-        expect = {"needle": (96, 4.0), "grounding": (32, 4.0)}.get(task, (16, 8.0))
+        expect = {"needle": (96, 4.0), "grounding": (32, 4.0), "evidence": (128, 4.0)}.get(task, (16, 8.0))
         assert (n, s.meta["video"]["fps"]) == expect
         if task == "color":
             assert _dominant_colour(frames) == s.answer_text()
