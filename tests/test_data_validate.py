@@ -119,6 +119,9 @@ def test_inspect_writes_contact_sheet(tmp_path: Path, capsys: pytest.CaptureFixt
     img = np.asarray(Image.open(png).convert("RGB"))
     assert img.shape[0] > 5 * 96 and img.std() > 10  # five rows of real frames, not a blank page
     assert "problem type" in text and "multiple_choice" in text and "needle" in text
-    assert re.search(r"duration \(s\)\s+2\s+2\s+24", text)
+    longest = max(json.loads(ln)["meta"]["video"]["duration"] for ln in (toy / "val.jsonl").read_text().splitlines()
+                  if "video" in json.loads(ln).get("meta", {}))
+    match = re.search(r"duration \(s\)\s+2\s+2\s+(\d+)", text)
+    assert match and float(match.group(1)) == pytest.approx(longest)
     n_image_tasks = sum(t.kind == "image" for t in toy_tasks().values())
     assert f"images: {2 * n_image_tasks} files" in text and "64x64" in text
