@@ -109,3 +109,11 @@ def test_protocol_defaults_and_overrides() -> None:
     assert (q.video_policy, q.nframes, q.total_pixels) == ("qwen", 8, 24576 * 28 * 28)
     assert q.video_max_pixels == q.image_max_pixels == 3136 and q.video_min_pixels <= 3136
     assert make_protocol("videomme", "qwen", family="qwen3_vl").total_pixels == 24576 * 32 * 32
+
+
+def test_every_registered_benchmark_has_an_official_protocol() -> None:
+    from data_pipelines.benchmarks import available_benchmarks
+
+    for name in available_benchmarks():
+        p = make_protocol(name)
+        assert p.benchmark == name and p.max_new_tokens > 0

@@ -107,6 +107,11 @@ _OFFICIAL: dict[str, dict[str, Any]] = {
     "vqa-rad": {"max_new_tokens": 128, "source": "LLaVA-Med scoring (medical.md §5)"},
     "pathvqa": {"max_new_tokens": 128, "source": "LLaVA-Med scoring (medical.md §5)"},
     "slake": {"max_new_tokens": 128, "source": "LLaVA-Med scoring (medical.md §5)"},
+    # multiple-choice medical sets: the question with its lettered options, a short answer
+    "pmc-vqa": {"max_new_tokens": 128, "source": "multiple choice, letter or option text (medical.md §5)"},
+    "omnimedvqa": {"max_new_tokens": 128, "source": "multiple choice, letter or option text (medical.md §5)"},
+    "medxpertqa-mm": {"max_new_tokens": 128, "source": "multiple choice, letter or option text (medical.md §5)"},
+    "mmmu-med": {"max_new_tokens": 128, "source": "multiple choice, letter or option text (medical.md §5)"},
     # the toy world: the training recipe's media settings and prompt (mmrl.config defaults)
     "toy": {"video_policy": "qwen", "max_frames": 16, "video_max_pixels": 64 * 28 * 28,
             "image_max_pixels": 256 * 28 * 28, "template": "reasoning", "max_new_tokens": 64, "source": "mmrl video-qa recipe defaults"},
