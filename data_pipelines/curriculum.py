@@ -244,10 +244,8 @@ class Curriculum(Callback):
     def _enter(self, k: int, reason: str) -> None:
         stage = self.stages[k]
         pool, share = self._pool(k)
-        carried = self.trainer.rewards.state_dict()
         self.trainer.set_stage(stage["name"], pool=pool, rewards=stage["rewards"], grpo=stage["grpo"],
-                               reset_reference=stage["reset_reference"] and k > 0)
-        self.trainer.rewards.load_state_dict(carried)
+                               reset_reference=stage["reset_reference"] and k > 0)  # carries reward state
         if self.current >= 0:
             self.history[-1].update(end_step=self.trainer.step, steps=self.stage_step, **self._stats())
         self.current, self.stage_step, self.replay_share = k, 0, share
@@ -354,8 +352,7 @@ class Curriculum(Callback):
         return {"current": self.current, "stage_step": self.stage_step, "metric_window": list(self.metric_window),
                 "sparsity_window": list(self.sparsity_window), "best": self.best if math.isfinite(self.best) else None,
                 "since_best": self.since_best, "stage_rewards": list(self.stage_rewards),
-                "replay_share": self.replay_share, "history": self.history,
-                "rewards": self.trainer.rewards.state_dict()}
+                "replay_share": self.replay_share, "history": self.history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
@@ -371,4 +368,3 @@ class Curriculum(Callback):
         self.stage_rewards = list(state.get("stage_rewards", []))
         self.replay_share = float(state.get("replay_share", 0.0))
         self.history = list(state.get("history", []))
-        self.trainer.rewards.load_state_dict(state.get("rewards") or {})

@@ -173,6 +173,7 @@ class GRPOTrainer:
             raise ConfigError(f"{where}: {exc}") from exc
         combined = CombinedReward(stage["rewards"] if stage["rewards"] is not None else self._base_rewards,
                                   where=f"{where} rewards")
+        combined.load_state_dict(self.rewards.state_dict())  # stateful rewards of the same label carry over
         self.stage, self.pool, self.rewards = stage, pool, combined
         self.cfg.grpo = grpo
         self.shaper = grpo.build_shaper()
@@ -517,6 +518,7 @@ class GRPOTrainer:
                 "sampler": self.sampler.state_dict(), "skipped_samples": self.skipped_samples,
                 "skipped_updates": self.skipped_updates, "stage": self.stage,
                 "reference": None if self.ref is None else ("start" if self.ref_is_start else "stored"),
+                "rewards": self.rewards.state_dict(),  # stateful rewards (e.g. a running-quantile remap)
                 "plugins": {k: p.state_dict() for k, p in self.plugins.items()}}
 
     def resume(self) -> bool:
@@ -542,6 +544,7 @@ class GRPOTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_samples = state.get("skipped_samples", 0)
         self.skipped_updates = state.get("skipped_updates", 0)
+        self.rewards.load_state_dict(state.get("rewards") or {})
         for k, p in self.plugins.items():
             p.load_state_dict(state.get("plugins", {}).get(k, {}))
         set_rng_state(state["rng"])

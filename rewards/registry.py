@@ -479,8 +479,8 @@ class CombinedReward:
 
     def state_dict(self) -> dict[str, Any]:
         """The state of every stateful reward (one whose function has ``state_dict``/``load_state_dict``,
-        e.g. a running-quantile remap built with ``init``), by label; plain data only. Whoever saves
-        checkpoints (a plug-in) keeps it, and hands it to the next combination after a stage switch."""
+        e.g. a running-quantile remap built with ``init``), by label; plain data only. The trainer saves it
+        with every checkpoint and hands it to the next combination after a curriculum stage switch."""
         return {label: fn.state_dict() for label, fn in zip(self.labels, self._fns)
                 if callable(getattr(fn, "state_dict", None)) and callable(getattr(fn, "load_state_dict", None))}
 

@@ -151,9 +151,10 @@ def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     base = [stages("{rule: steps, steps: 2}", replay=0.0) % "resume", "train.steps=5", "train.save_every=1"]
     with pytest.raises(KeyboardInterrupt):
         train(config(*base[:1], "plugins.t_probe.crash_at=3", *base[1:]), run_dir=run, show_progress=False)
-    plugin = load_trainer_state(run / "checkpoint-3")["plugins"]["curriculum"]
+    state = load_trainer_state(run / "checkpoint-3")
+    plugin = state["plugins"]["curriculum"]
     assert plugin["current"] == 1 and plugin["stage_step"] == 1  # stage 2, one step in
-    buffer = plugin["rewards"]["semantic"]["buffer"]
+    buffer = state["rewards"]["semantic"]["buffer"]  # the trainer keeps stateful rewards
     assert len(buffer) == 8  # the open questions of step 3 (2 prompts x 4 rollouts)
     PROBES.pop("resume", None)
     train(config(*base), run_dir=run, resume=True, show_progress=False)
@@ -164,5 +165,5 @@ def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     assert PROBES["resume"][0]["gap"] > 0  # no second reference reset on resume
     doc = json.loads((run / "curriculum.json").read_text())
     assert [h["stage"] for h in doc["history"]] == ["closed", "open"] and doc["stage_step"] == 3
-    final = load_trainer_state(run / "checkpoint-5")["plugins"]["curriculum"]["rewards"]["semantic"]["buffer"]
+    final = load_trainer_state(run / "checkpoint-5")["rewards"]["semantic"]["buffer"]
     assert len(final) == 24 and final[:8] == buffer  # the buffer went on across the resume
