@@ -12,7 +12,10 @@ OVERRIDE_HELP = ("dotted config overrides, e.g. train.steps=50 rollout.group_siz
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", default=None, help="built-in recipe: video-qa (default) or image-qa")
+    from mmrl.config import task_names
+
+    p.add_argument("--task", default=None,
+                   help=f"built-in recipe (configs/*.yaml): {', '.join(task_names())}; default video-qa")
     p.add_argument("--config", default=None, metavar="YAML", help="a YAML file merged over the task recipe")
     p.add_argument("--model", default=None, metavar="DIR",
                    help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder in Hugging Face format "

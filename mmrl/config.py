@@ -262,13 +262,24 @@ class RunConfig:
     """Modules or .py files to import first (they register rewards, samplers, plug-ins, shapers, ...)."""
 
 
-def task_recipe(task: str) -> dict[str, Any]:
-    """The YAML recipe of a built-in task (``configs/<task>.yaml``)."""
+def task_names() -> list[str]:
+    """The built-in recipes (``configs/*.yaml``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def task_recipe(task: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The YAML recipe of a built-in task (``configs/<task>.yaml``). A recipe whose ``task:`` names another
+    recipe (``configs/acre.yaml`` says ``task: video-qa``) is an overlay: it is merged over that recipe."""
     path = CONFIG_DIR / f"{task}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown task '{task}': known tasks are {', '.join(known) or '(none)'}")
-    return load_yaml(path)
+        raise ConfigError(f"unknown task '{task}': known tasks are {', '.join(task_names()) or '(none)'}")
+    data = load_yaml(path)
+    parent = data.get("task")
+    if isinstance(parent, str) and parent != task:
+        if parent in _seen:
+            raise ConfigError(f"{path}: task '{parent}' leads back to itself ({' -> '.join((*_seen, task, parent))})")
+        data = deep_merge(task_recipe(parent, (*_seen, task)), data)
+    return data
 
 
 def _with_imports(data: dict[str, Any], base: str | Path | None = None) -> dict[str, Any]:

@@ -49,3 +49,27 @@ def test_overrides_parse_yaml_values_and_check_paths():
         apply_overrides(Outer, {}, ["trian.steps=3"])
     with pytest.raises(ConfigError, match="section.key=value"):
         apply_overrides(Outer, {}, ["train.steps"])
+
+
+def test_a_recipe_naming_another_task_is_merged_over_it() -> None:
+    from mmrl.config import CONFIG_DIR, load_run_config, task_recipe
+
+    by_task = load_run_config("acre")
+    by_file = load_run_config(config_file=CONFIG_DIR / "acre.yaml")
+    assert by_task.task == "acre" and by_file.task == "video-qa"
+    by_task.task = by_file.task
+    assert by_task == by_file  # the overlay over video-qa, whichever way it is named
+    assert task_recipe("acre")["train"] == task_recipe("video-qa")["train"]  # inherited, not restated
+
+
+def test_a_recipe_loop_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    from mmrl import config as config_mod
+    from mmrl_common.errors import ConfigError
+
+    (tmp_path / "a.yaml").write_text("task: b\n")
+    (tmp_path / "b.yaml").write_text("task: a\n")
+    monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        config_mod.task_recipe("a")
