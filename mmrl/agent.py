@@ -182,13 +182,10 @@ class AgentEval(Callback):
     ``max_turns`` (default: the run's ``rollout.max_turns``). Results also go to ``agent_eval.json``.
     """
 
-    KEYS = ("every", "before", "uniform_frames", "limit", "environment", "max_turns")
+    SETTINGS = ("every", "before", "uniform_frames", "limit", "environment", "max_turns")
 
     def __init__(self, trainer: Any, **settings: Any):
         super().__init__(trainer, **settings)
-        unknown = sorted(set(settings) - set(self.KEYS))
-        if unknown:
-            raise ConfigError(f"plugins.agent_eval: unknown setting(s) {unknown}; valid: {', '.join(self.KEYS)}")
         r = trainer.cfg.rollout
         self.every = int(settings.get("every", 0))
         self.before = bool(settings.get("before", True))

@@ -26,7 +26,7 @@ from transformers import TrainerState
 
 from mmrl.plugins import Callback, register_plugin
 from mmrl.service import RolloutService
-from mmrl_common.errors import ConfigError, MediaError
+from mmrl_common.errors import MediaError
 
 
 def evaluate(
@@ -310,13 +310,9 @@ class EvalConsistency(Callback):
     ``exclude_identity`` (true), ``reuse_trace`` (true)); its numbers land in ``metrics["consistency"]``, so
     ``summary.json`` and ``mmrl compare`` read e.g. ``eval_after_rl.consistency.oscr``."""
 
-    KEYS = ("seed", "exclude_identity", "reuse_trace")
+    SETTINGS = ("seed", "exclude_identity", "reuse_trace")
 
     def __init__(self, trainer: Any, **settings: Any):
-        unknown = sorted(set(settings) - set(self.KEYS))
-        if unknown:
-            raise ConfigError(f"plugins.eval_consistency: unknown setting(s) {', '.join(unknown)}; the settings "
-                              f"are {', '.join(self.KEYS)}")
         super().__init__(trainer, **settings)
         trainer.service.evaluation["consistency"] = dict(settings)
 
@@ -329,12 +325,8 @@ class EvalShuffledFrames(Callback):
     ordered accuracy on the same questions and the gap, overall and per task
     (``eval_after_rl.shuffled_frames.gap`` in summary.json)."""
 
-    KEYS = ("seed", "exclude_identity")
+    SETTINGS = ("seed", "exclude_identity")
 
     def __init__(self, trainer: Any, **settings: Any):
-        unknown = sorted(set(settings) - set(self.KEYS))
-        if unknown:
-            raise ConfigError(f"plugins.eval_shuffled_frames: unknown setting(s) {', '.join(unknown)}; the "
-                              f"settings are {', '.join(self.KEYS)}")
         super().__init__(trainer, **settings)
         trainer.service.evaluation["shuffled_frames"] = dict(settings)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mmrl_common.registry import Registry
+from mmrl_common.errors import ConfigError
+from mmrl_common.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
@@ -38,7 +39,20 @@ class Callback:
     every checkpoint and loaded without unpickling arbitrary objects.
     """
 
+    SETTINGS: tuple[str, ...] | None = None
+    """The setting names the plug-in takes; when given, any other name is refused with a
+    :class:`ConfigError` that suggests the nearest one (None: the plug-in checks its settings itself)."""
+    plugin_name: str = ""
+    """The name it is registered under (set by :func:`register_plugin`)."""
+
     def __init__(self, trainer: GRPOTrainer, **settings: Any):
+        known = type(self).SETTINGS
+        if known is not None:
+            where = f"plugins.{self.plugin_name or type(self).__name__}"
+            for key in settings:
+                if key not in known:
+                    raise ConfigError(f"{where}.{key}: unknown setting; {did_you_mean(key, known)}"
+                                      f"its settings: {', '.join(known) or '(none)'}")
         self.trainer = trainer
         self.settings = settings
 
@@ -68,7 +82,14 @@ class Callback:
 
 
 PLUGINS: Registry[Callable[..., Callback]] = Registry("plug-in", "plugins")
-register_plugin = PLUGINS.register
+
+
+def register_plugin(name: str, **kwargs: Any) -> Callable[[type[Callback]], type[Callback]]:
+    """Class decorator: register a :class:`Callback` subclass under ``name`` (``plugins: {name: {...}}``)."""
+    def deco(cls: type[Callback]) -> type[Callback]:
+        cls.plugin_name = name
+        return PLUGINS.register(name, **kwargs)(cls)
+    return deco
 
 
 def build_plugins(settings: dict[str, dict[str, Any]], trainer: GRPOTrainer) -> dict[str, Callback]:

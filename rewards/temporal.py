@@ -101,12 +101,9 @@ class TGRPO(Callback):
 
     DEFAULTS: ClassVar[dict[str, Any]] = {"alpha": 0.3, "mu": 0.8, "correct_threshold": 0.1, "shuffled_size": None,
                                 "accuracy": "accuracy", "exclude_identity": False, "seed": 0}
+    SETTINGS = tuple(DEFAULTS)
 
     def __init__(self, trainer: Any, **settings: Any):
-        unknown = sorted(set(settings) - set(self.DEFAULTS))
-        if unknown:
-            raise ConfigError(f"plugins.t_grpo: unknown setting(s) {', '.join(unknown)}; the settings are "
-                              f"{', '.join(self.DEFAULTS)}")
         super().__init__(trainer, **{**self.DEFAULTS, **settings})
         s = self.settings
         for key in ("alpha", "mu", "correct_threshold"):
