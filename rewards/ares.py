@@ -222,9 +222,6 @@ DEFAULTS: dict[str, Any] = {
 
 
 def _settings(given: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(given) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"plugins.ares: unknown setting(s) {', '.join(unknown)}; valid: {', '.join(DEFAULTS)}")
     s = {**DEFAULTS, **given}
 
     def bad(key: str, why: str) -> ConfigError:
@@ -275,6 +272,8 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
 @register_plugin("ares")
 class AresPlugin(Callback):
     """ARES difficulty-aware entropy shaping and dynamic KL (module docstring)."""
+
+    SETTINGS = tuple(DEFAULTS)
 
     def __init__(self, trainer: GRPOTrainer, **settings: Any):
         super().__init__(trainer, **settings)

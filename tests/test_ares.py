@@ -219,7 +219,7 @@ def test_plugin_kl_weights_reach_the_kl_term_and_the_controller_moves():
 
 
 def test_plugin_setting_errors():
-    with pytest.raises(ConfigError, match="unknown setting.*windw"):
+    with pytest.raises(ConfigError, match=r"plugins\.ares\.windw: unknown setting; .*'window'"):
         make_plugin(windw=4)
     with pytest.raises(ConfigError, match="plugins.ares.shaping"):
         make_plugin(shaping="huber")
