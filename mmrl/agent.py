@@ -248,12 +248,11 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
     same initial frames. Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
     metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
-    from data_pipelines.benchmarks import get_benchmark, load_benchmark
-    from mmrl.benchmarks_eval.protocols import build_prompt, make_protocol
-    from mmrl.benchmarks_eval.runner import media_config
+    from data_pipelines.benchmarks import get_benchmark
+    from mmrl.benchmarks_eval.protocols import build_prompt
+    from mmrl.benchmarks_eval.runner import media_config, open_benchmark_run
     from mmrl.benchmarks_eval.scoring import score_item, summarize
     from mmrl.frame_selection import instructions
-    from mmrl.policy import load_policy
     from mmrl.rollout import HFBackend, SamplingParams, get_environment, run_episodes
 
     if agent not in AGENTS:
@@ -261,16 +260,10 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     spec = AGENTS[agent]
     t0 = time.perf_counter()
     name = get_benchmark(benchmark).name
-    if policy is None:
-        if model is None:
-            raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
-        policy = load_policy(model, dtype=dtype)
-    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
-                          template=prompt_template, max_new_tokens=max_new_tokens)
-    out = Path(out) if out else Path("runs") / "eval" / f"{name}-{agent}"
-    out.mkdir(parents=True, exist_ok=True)
-    data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
-    samples = data.samples[:limit] if limit else list(data.samples)
+    run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol, frames=frames,
+                             max_pixels=max_pixels, prompt_template=prompt_template,
+                             max_new_tokens=max_new_tokens, split=split, limit=limit, out=out, out_suffix=agent)
+    policy, proto, out, samples = run.policy, run.protocol, run.out, run.samples
     from mmrl.benchmarks_eval.media import BenchMediaPreparer
 
     extra = {"total_pixels": proto.total_pixels} if proto.total_pixels else {}

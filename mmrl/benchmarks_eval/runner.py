@@ -138,6 +138,45 @@ class _Workers:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+@dataclass
+class BenchmarkRun:
+    """What every benchmark run starts from: the policy, the protocol, the output folder and the questions."""
+
+    name: str
+    policy: Any
+    model_path: str
+    protocol: Any
+    out: Path
+    data: Any
+    samples: list[Any]
+
+
+def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str | os.PathLike[str] | None, *,
+                       policy: Any, dtype: str, protocol: str, frames: int | None, max_pixels: int | None,
+                       prompt_template: str | None, max_new_tokens: int | None, split: str | None,
+                       limit: int | None, out: str | os.PathLike[str] | None,
+                       out_suffix: str | None = None) -> BenchmarkRun:
+    """Load the model (unless ``policy`` is given), make the protocol, create ``out`` (default
+    ``runs/eval/<benchmark>-<out_suffix or the model folder's name>``) and read the benchmark's questions."""
+    from data_pipelines.benchmarks import load_benchmark
+    from mmrl.policy import load_policy
+
+    if policy is None:
+        if model is None:
+            raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
+        policy = load_policy(model, dtype=dtype)
+        model_path = str(Path(model).resolve())
+    else:
+        model_path = str(Path(model).resolve()) if model else str(getattr(policy.model, "name_or_path", "policy"))
+    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
+                          template=prompt_template, max_new_tokens=max_new_tokens)
+    out = Path(out) if out else Path("runs") / "eval" / f"{name}-{out_suffix or Path(model_path).name}"
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
+    samples = data.samples[:limit] if limit else list(data.samples)
+    return BenchmarkRun(name, policy, model_path, proto, out, data, samples)
+
+
 def run_benchmark(
     benchmark: str, data_root: str | os.PathLike[str], model: str | os.PathLike[str] | None = None, *,
     out: str | os.PathLike[str] | None = None, protocol: str = "official", frames: int | None = None,
@@ -153,8 +192,7 @@ def run_benchmark(
     """
     from tqdm import tqdm
 
-    from data_pipelines.benchmarks import get_benchmark, load_benchmark
-    from mmrl.policy import load_policy
+    from data_pipelines.benchmarks import get_benchmark
     from mmrl.rollout import HFBackend, SamplingParams
 
     t_start = time.perf_counter()
@@ -162,19 +200,11 @@ def run_benchmark(
     name = reader.name
     if subtitles and name != "videomme":
         raise MmrlError("--subtitles applies to videomme only")
-    if policy is None:
-        if model is None:
-            raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
-        policy = load_policy(model, dtype=dtype)
-        model_path = str(Path(model).resolve())
-    else:
-        model_path = str(Path(model).resolve()) if model else str(getattr(policy.model, "name_or_path", "policy"))
-    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
-                          template=prompt_template, max_new_tokens=max_new_tokens)
-    out = Path(out) if out else Path("runs") / "eval" / f"{name}-{Path(model_path).name}"
-    out.mkdir(parents=True, exist_ok=True)
-    data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
-    samples = data.samples[:limit] if limit else list(data.samples)
+    run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol, frames=frames,
+                             max_pixels=max_pixels, prompt_template=prompt_template,
+                             max_new_tokens=max_new_tokens, split=split, limit=limit, out=out)
+    policy, model_path, proto, out, data, samples = (run.policy, run.model_path, run.protocol, run.out, run.data,
+                                                     run.samples)
     settings = {"benchmark": name, "split": data.info.get("split"), "data_root": str(Path(data_root).resolve()),
                 "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
     _check_settings(out, settings)
