@@ -258,26 +258,11 @@ def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> P
     with tempfile.TemporaryDirectory() as tmp:
         medical = name in ("vqa-rad", "pathvqa", "slake", *MULTIPLE_CHOICE_MEDICAL)
         recs = _toy(Path(tmp), "scan" if medical else "color", n, seed)
-        if name == "mvbench":
-            _mvbench(out, recs)
-        elif name == "videomme":
-            _videomme(out, recs)
-        elif name == "longvideobench":
-            _lvb(out, recs)
-        elif name == "mmvu":
-            _mmvu(out, recs)
-        elif name in ("vqa-rad", "pathvqa"):
-            _hf_parquet(out, recs, name)
-        elif name == "slake":
-            _slake(out, recs)
-        elif name == "pmc-vqa":
-            _pmc_vqa(out, recs)
-        elif name == "omnimedvqa":
-            _omnimedvqa(out, recs)
-        elif name == "medxpertqa-mm":
-            _medxpertqa(out, recs)
-        elif name == "mmmu-med":
-            _mmmu_med(out, recs)
-        else:
+        writers = {"mvbench": _mvbench, "videomme": _videomme, "longvideobench": _lvb, "mmvu": _mmvu,
+                   "vqa-rad": lambda o, r: _hf_parquet(o, r, "vqa-rad"),
+                   "pathvqa": lambda o, r: _hf_parquet(o, r, "pathvqa"), "slake": _slake, "pmc-vqa": _pmc_vqa,
+                   "omnimedvqa": _omnimedvqa, "medxpertqa-mm": _medxpertqa, "mmmu-med": _mmmu_med}
+        if name not in writers:
             raise ValueError(f"no fixture for {name!r}; fixtures: {', '.join(FIXTURES)}")
+        writers[name](out, recs)
     return out
