@@ -15,6 +15,7 @@ and entropies. Two things matter for speed and correctness:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from mmrl_common.errors import MediaError, MmrlError
 
@@ -145,6 +147,9 @@ class Policy:
         self.media: dict[str, EncodedMedia] = {}
         self._calls = _CallCounter()  # vision-tower forward calls, for tests and benchmarks
         self.share_vision_features = True
+        # ZeRO-3 across ranks: every rank keeps stepping generation until all are done (its parameters are
+        # gathered from the others at every forward)
+        self.synced_generation = False
         # The hook holds a small counter, not this Policy: a copy of the model (the reference) must not
         # drag a second Policy (processor, media) along.
         self.base.visual.register_forward_hook(self._calls)
@@ -374,9 +379,14 @@ class Policy:
         return pos
 
     # ---------------------------------------------------------------------------------------- forward
+    # Rows of the LM head that :meth:`forward_logprobs` computes at a time (None or 0: all rows at once, the
+    # unchunked full log-softmax). At Qwen's 152k vocabulary one fp32 row is 0.6 MB, so 1024 rows are about
+    # 0.6 GB per full-vocabulary tensor, whatever the micro-batch size.
+    logprob_chunk_tokens: int | None = 1024
+
     def forward_logprobs(
         self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0, with_entropy: bool = False,
-        entropy_grad: bool = True,
+        entropy_grad: bool = True, chunk_tokens: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Per-token log-probabilities (and entropies) of each sequence's own tokens.
 
@@ -384,6 +394,14 @@ class Policy:
         ``< t``; ``mask`` is the loss mask (1 on policy-produced tokens). Only masked positions are
         computed through the LM head (the rest are 0), which keeps memory flat for long prompts.
         ``entropy_grad=False`` computes the entropies without a graph (for logging and shaping only).
+
+        Memory: the masked rows go through the LM head ``chunk_tokens`` rows at a time (default
+        :attr:`logprob_chunk_tokens`; 0 or a ``logprob_chunk_tokens`` of None: all at once). Each chunk
+        keeps ``logit[target] - logsumexp(logits)`` and, when asked for, its entropy; its logits are not kept
+        for backward but recomputed there one chunk at a time (activation checkpointing per chunk), so no
+        full-vocabulary tensor of the whole micro-batch exists in forward or backward. The values and
+        gradients equal those of the full log-softmax within fp32 round-off. With ``entropy_grad=True``
+        each chunk keeps its own log-softmax graph while it is recomputed (more memory per chunk).
         """
         batch = self.pad(seqs, left=False)
         position_ids = self.position_ids(batch, seqs)
@@ -397,19 +415,14 @@ class Policy:
         mask = batch["loss_mask"].clone()
         mask[:, 0] = 0
         rows, cols = mask.nonzero(as_tuple=True)
-        logits = self.model.lm_head(hidden[rows, cols - 1]).float() / temperature
-        logp_all = F.log_softmax(logits, dim=-1)
-        targets = batch["input_ids"][rows, cols]
-        logps = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
-        logps = logps.index_put((rows, cols), logp_all.gather(-1, targets[:, None]).squeeze(-1))
+        chunk = self.logprob_chunk_tokens if chunk_tokens is None else chunk_tokens
+        lp, ent = _token_logprobs(self.model.lm_head, hidden[rows, cols - 1], batch["input_ids"][rows, cols],
+                                  temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                  chunk=chunk or 0)
+        logps = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), lp)
         entropies = None
-        if with_entropy:
-            if entropy_grad:
-                ent = -(logp_all.exp() * logp_all).sum(-1)
-            else:
-                with torch.no_grad():
-                    ent = -(logp_all.exp() * logp_all).sum(-1)
-            entropies = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), ent)
+        if ent is not None:
+            entropies = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), ent)
         return logps, entropies, mask
 
     # ---------------------------------------------------------------------------------------- generate
@@ -458,6 +471,8 @@ class Policy:
         if encoder_outputs:
             kwargs["mm_encoder_outputs"] = encoder_outputs
             kwargs.update(self._grid_kwargs(seqs))
+        if self.synced_generation:
+            kwargs["synced_gpus"] = True
         out = self.model.generate(**kwargs)
         prompt_len = batch["input_ids"].shape[1]
         new = out.sequences[:, prompt_len:].cpu()
@@ -488,6 +503,107 @@ class Policy:
                 token_ids=toks, text=text, logprobs=logp[row, :n].tolist() if logp is not None else [],
                 finished=finished, entropies=ent[row, :n].tolist() if ent is not None else []))
         return results
+
+
+# ---------------------------------------------------------------------------------------- log-probs
+def _token_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    *, with_entropy: bool, entropy_grad: bool, chunk: int
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N,) fp32 log-probs of ``targets`` (and entropies) under ``lm_head(hidden) / temperature``.
+
+    ``chunk`` > 0: ``chunk`` rows at a time, each under non-reentrant activation checkpointing, so forward
+    and backward hold one chunk's full-vocabulary tensors at a time; 0: the full log-softmax at once.
+    """
+    if chunk <= 0:
+        return _full_logprobs(lm_head, hidden, targets, temperature, with_entropy=with_entropy,
+                              entropy_grad=entropy_grad)
+    graph = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+    logps, ents = [], []
+    for h, t in zip(hidden.split(chunk), targets.split(chunk)):
+        if with_entropy and entropy_grad:
+            fn: Any = functools.partial(_chunk_logprobs_with_entropy, lm_head, temperature=temperature)
+        else:
+            fn = _ChunkLogprobs(lm_head, temperature, with_entropy)
+        out = checkpoint(fn, h, t, use_reentrant=False) if graph else fn(h, t)
+        if isinstance(fn, _ChunkLogprobs):
+            logps.append(out)
+            ents.append(fn.entropy)
+        else:
+            logps.append(out[0])
+            ents.append(out[1])
+    if not logps:  # nothing masked
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def _full_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   *, with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The unchunked path: the full (N, vocabulary) fp32 log-softmax, kept for backward (the reference)."""
+    logits = lm_head(hidden).float() / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logps = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, ent
+
+
+def _chunk_logprobs_with_entropy(lm_head: torch.nn.Module, h: torch.Tensor, t: torch.Tensor, *,
+                                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk, entropies with gradient: the plain log-softmax graph (recomputed per chunk in backward)."""
+    logp_all = F.log_softmax(lm_head(h).float() / temperature, dim=-1)
+    return logp_all.gather(-1, t[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+
+
+class _ChunkLogprobs:
+    """One chunk's log-probs of its targets, the function :func:`torch.utils.checkpoint.checkpoint` runs.
+
+    The entropy (no gradient) is taken on the first call only and kept in :attr:`entropy`: the second call,
+    checkpointing's recomputation in backward, needs the logits alone.
+    """
+
+    def __init__(self, lm_head: torch.nn.Module, temperature: float, with_entropy: bool) -> None:
+        self.lm_head, self.temperature, self.with_entropy = lm_head, temperature, with_entropy
+        self.entropy: torch.Tensor | None = None
+
+    def __call__(self, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        want = self.with_entropy and self.entropy is None
+        logp, ent = _TargetLogprob.apply(self.lm_head(h), t, self.temperature, want)
+        if want:
+            self.entropy = ent
+        return logp
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """``log_softmax(logits / T)[target]`` (fp32) keeping only the logits (in their own dtype) and the
+    logsumexp for backward, where the gradient ``(onehot - softmax) * g / T`` is built in one fp32 buffer.
+    The second output is the entropy when asked for (else empty), without gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logp_all = logits.float() / temperature  # a new fp32 tensor: the logits stay as they are
+        lse = torch.logsumexp(logp_all, dim=-1)
+        logp_all.sub_(lse[:, None])
+        logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        # the entropy a few rows at a time: no third chunk-sized tensor (row sums are the same either way)
+        ent = (torch.cat([-(rows.exp().mul_(rows)).sum(-1) for rows in logp_all.split(128)])
+               if with_entropy else logp.new_zeros(0))
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[torch.Tensor, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        out = (logits.float() / temperature).sub_(lse[:, None]).exp_()  # softmax
+        out.mul_(-grad[:, None]).scatter_add_(-1, targets[:, None], grad[:, None]).div_(temperature)
+        return out.to(logits.dtype), None, None, None
 
 
 class _CallCounter:
