@@ -8,6 +8,11 @@ model, and ``mmrl_eval.json``: the run's prompt, generation and media settings, 
 uses so that a model is evaluated the way it was trained (every model folder a run writes has it: the
 checkpoints, ``final/``, ``sft-model/``). It is written to a temporary folder and renamed, so a run
 killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one.
+
+With LoRA (``model.lora``, :mod:`mmrl.lora`) a checkpoint holds the adapters in PEFT format
+(``adapter_config.json``, ``adapter_model.safetensors``) instead of the model, and
+``reference_adapter.safetensors`` when the KL reference is not the base model; ``final/`` and
+``sft-model/`` hold the merged model (a plain Hugging Face folder) with the adapters in ``adapter/``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def seed_everything(seed: int) -> None:
 
 
 REFERENCE_FILE = "reference.safetensors"
+REFERENCE_ADAPTER_FILE = "reference_adapter.safetensors"
 EVAL_SETTINGS_FILE = "mmrl_eval.json"
 
 
@@ -78,27 +84,50 @@ def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
 
 
 def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None) -> Path:
-    """A Hugging Face model folder (safetensors and processor files) plus ``mmrl_eval.json``."""
-    model.save_pretrained(folder, safe_serialization=True)
-    processor.save_pretrained(folder)
+    """A Hugging Face model folder (safetensors and processor files) plus ``mmrl_eval.json``. A model with
+    LoRA adapters is written merged, with its adapters (PEFT format) in ``adapter/``."""
+    from mmrl import lora
+
+    if lora.has_lora(model):
+        lora.merged_export(model, processor, folder)
+        lora.save_adapters(model, folder / lora.ADAPTER_DIR)
+    else:
+        model.save_pretrained(folder, safe_serialization=True)
+        processor.save_pretrained(folder)
     if settings is not None:
         (folder / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     return folder
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor: Any,
-                    state: dict[str, Any], keep: int = 2, reference: torch.nn.Module | None = None,
+                    state: dict[str, Any], keep: int = 2,
+                    reference: torch.nn.Module | dict[str, torch.Tensor] | None = None,
                     settings: dict[str, Any] | None = None) -> Path:
-    """``reference``: the KL reference model, given only when it differs from the run's starting model
-    (a curriculum reset it); it is stored beside the weights as ``reference.safetensors``. ``settings``:
-    the run's evaluation settings (:func:`eval_settings`), stored as ``mmrl_eval.json``."""
+    """``reference``: the KL reference, given only when it differs from the run's starting model (a
+    curriculum reset it): a model, stored beside the weights as ``reference.safetensors``, or with LoRA the
+    reference's adapter weights (:meth:`mmrl.lora.AdapterReference.stored`), stored as
+    ``reference_adapter.safetensors``. ``settings``: the run's evaluation settings (:func:`eval_settings`),
+    stored as ``mmrl_eval.json``. A model with LoRA adapters is stored as its adapters (PEFT format) and
+    the processor."""
+    from safetensors.torch import save_file
     from safetensors.torch import save_model as save_tensors
+
+    from mmrl import lora
 
     final = run_dir / f"checkpoint-{step}"
     tmp = run_dir / f".tmp-checkpoint-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(tmp, model, processor, settings)
-    if reference is not None:
+    if lora.has_lora(model):
+        lora.save_adapters(model, tmp)
+        processor.save_pretrained(tmp)
+        if settings is not None:
+            (tmp / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    else:
+        save_model(tmp, model, processor, settings)
+    if isinstance(reference, dict):
+        save_file({k: v.detach().cpu().contiguous() for k, v in reference.items()},
+                  str(tmp / REFERENCE_ADAPTER_FILE))
+    elif reference is not None:
         save_tensors(reference, str(tmp / REFERENCE_FILE))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -137,11 +166,29 @@ def load_reference(model: torch.nn.Module, checkpoint: Path) -> bool:
     return True
 
 
-def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
-    """Load a checkpoint's weights into an existing model, exactly (no dtype round trip)."""
+def load_reference_adapters(checkpoint: Path) -> dict[str, torch.Tensor] | None:
+    """The stored adapter weights of a LoRA run's KL reference (empty: the base model); None when the
+    checkpoint holds none."""
     from safetensors.torch import load_file
 
-    files = sorted(f for f in checkpoint.glob("*.safetensors") if f.name != REFERENCE_FILE)
+    path = checkpoint / REFERENCE_ADAPTER_FILE
+    return load_file(str(path)) if path.is_file() else None
+
+
+def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
+    """Load a checkpoint's weights into an existing model, exactly (no dtype round trip). A model with LoRA
+    adapters gets the adapters of the folder (a checkpoint's own, or ``adapter/`` of a merged export)."""
+    from safetensors.torch import load_file
+
+    from mmrl import lora
+
+    if lora.has_lora(model):
+        lora.load_adapters(model, checkpoint)
+        return
+    if lora.adapter_folder(checkpoint) is not None and not (checkpoint / "config.json").is_file():
+        raise RuntimeError(f"{checkpoint}: holds LoRA adapters only; this run has model.lora off")
+    skip = {REFERENCE_FILE, REFERENCE_ADAPTER_FILE, lora.ADAPTER_WEIGHTS}
+    files = sorted(f for f in checkpoint.glob("*.safetensors") if f.name not in skip)
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))

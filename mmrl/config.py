@@ -18,6 +18,30 @@ from rewards.registry import RewardSpec
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    """Rank of the low-rank update."""
+    alpha: float = 32
+    """Scale numerator: the update is multiplied by alpha / r."""
+    dropout: float = 0.05
+    """Dropout on the adapters' input while training."""
+    target_modules: list[str] | str = field(default_factory=lambda: list(LORA_TARGETS))
+    """Module names under the language model that get adapters (the vision tower and merger never do), or a
+    regular expression matched against full module names (e.g. to include the vision tower)."""
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ConfigError(f"model.lora.r={self.r}: the rank must be >= 1")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.lora.dropout={self.dropout}: must be in [0, 1)")
+        if not self.target_modules:
+            raise ConfigError("model.lora.target_modules is empty: name the modules that get adapters")
+
+
 @dataclass
 class ModelConfig:
     path: str | None = None
@@ -47,6 +71,14 @@ class ModelConfig:
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to transformers (sdpa, eager, flash_attention_2)."""
+    lora: LoraSettings | dict[str, Any] | None = None
+    """LoRA through PEFT (null: off, full fine-tuning). A mapping turns it on: {r, alpha, dropout,
+    target_modules}, e.g. model.lora={r: 8} or model.lora={} for the defaults. Only the adapters train; the
+    KL reference is the model with the adapters disabled (no copy)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):  # a mapping LoraSettings refused: its own error names the key
+            self.lora = from_dict(LoraSettings, self.lora, prefix="model.lora")
 
 
 @dataclass
