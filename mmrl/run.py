@@ -200,6 +200,12 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
                          device=cfg.model.device)
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
+    if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
+        from mmrl.lora import apply_lora, describe
+
+        lora_info = apply_lora(policy, cfg.model.lora)
+        if show_progress:
+            print(describe(lora_info, cfg.model.lora), flush=True)
     if cfg.model.gradient_checkpointing:
         checkpointing_switch(policy.model, True)
     stages: dict[str, Any] = {"data": {"train": train_info, "eval": eval_info}}

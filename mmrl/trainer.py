@@ -182,8 +182,15 @@ class GRPOTrainer:
             self.reset_reference()
 
     def reset_reference(self) -> None:
-        """Make the KL reference a copy of the current policy, creating it when there is none."""
-        if self.ref is None:
+        """Make the KL reference a copy of the current policy, creating it when there is none. With LoRA
+        no copy of the model is made: the reference is the policy with its adapters disabled (the base
+        model), or, reset after the adapters trained, with the adapter weights of now swapped in for its
+        passes (:class:`mmrl.lora.AdapterReference`)."""
+        from mmrl.lora import AdapterReference, has_lora
+
+        if has_lora(self.policy.model):
+            self.ref = AdapterReference.of_current(self.policy)
+        elif self.ref is None:
             ref_model = copy.deepcopy(self.policy.model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
@@ -535,7 +542,16 @@ class GRPOTrainer:
         if state.get("reference") and self.ref is None:
             self.reset_reference()
         if state.get("reference") == "stored":
-            load_reference(self.ref.model, ckpt)
+            from mmrl.checkpoint import load_reference_adapters
+            from mmrl.lora import AdapterReference
+
+            if isinstance(self.ref, AdapterReference):  # LoRA: the reference's adapter weights
+                stored = load_reference_adapters(ckpt)
+                if stored is None:
+                    raise MmrlError(f"{ckpt}: the KL reference's adapter weights are missing")
+                self.ref.restore(stored)
+            else:
+                load_reference(self.ref.model, ckpt)
         self.ref_is_start = state.get("reference") != "stored"
         self.step = int(state["step"])
         load_weights(self.policy.model, ckpt)
@@ -553,7 +569,13 @@ class GRPOTrainer:
         return True
 
     def save(self) -> Path:
-        ref = self.ref.model if self.ref is not None and not self.ref_is_start else None
+        """A checkpoint (with LoRA: the adapters, PEFT format, and the reference's adapter weights when the
+        reference is not the start)."""
+        from mmrl.lora import AdapterReference
+
+        ref = None
+        if self.ref is not None and not self.ref_is_start:
+            ref = self.ref.stored() if isinstance(self.ref, AdapterReference) else self.ref.model
         return save_checkpoint(self.run_dir, self.step, self.policy.model, self.policy.processor,
                                self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref,
                                settings=eval_settings(self.cfg))
