@@ -77,12 +77,16 @@ def _check_paths(cfg) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from mmrl import distributed
     from mmrl.run import default_run_dir, train
 
     cfg = _load(args)
     _check_paths(cfg)
-    run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg)
+    w = distributed.init(cfg.model.device)  # under torchrun / accelerate launch: join the process group
+    run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
     summary = train(cfg, run_dir=run_dir, resume=args.resume, show_progress=not args.quiet)
+    if not w.is_main:
+        return 0
     before = (summary.get("eval_before_rl") or {}).get("accuracy")
     after = (summary.get("eval_after_rl") or {}).get("accuracy")
     if before is not None and after is not None:

@@ -56,7 +56,9 @@ class ModelConfig:
     tiny_size: dict[str, int] = field(default_factory=dict)
     """Size overrides of the tiny model (hidden_size, layers, ...; empty: the default tiny size)."""
     dtype: Literal["fp32", "bf16"] = "fp32"
-    """Weights and compute dtype (bf16 keeps fp32 master weights in the optimizer)."""
+    """Weights and compute dtype. bf16: the model runs in bf16 while the optimizer steps fp32 master weights
+    (and fp32 moments), so small learning rates (1e-6) still move every weight; checkpoints hold the
+    model in bf16 plus the fp32 master in the trainer state."""
     device: str = "auto"
     """`auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda`, `cuda:1`, ..."""
     freeze_vision: bool = False
@@ -182,6 +184,10 @@ class RolloutConfig:
     """Keep the sampling log-probabilities of every rollout token in the batch (``rollout_logprobs``)."""
     record_entropies: bool = False
     """Keep the per-token entropies of every rollout in the batch (``entropies``; rewards see them)."""
+    seed_per_prompt: bool = False
+    """Draw each prompt's rollouts from a random stream of its own (seeded by train.seed, the step and the
+    prompt's place in the step's draw): the same rollouts whatever the number of ranks or the batching, so
+    a run on N ranks reproduces a single-process run. Costs HF generate its batching across prompts."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -231,6 +237,13 @@ class TrainConfig:
     """torch CPU threads. auto: the CPU cores not busy with other processes when the run starts (at least
     1; OMP_NUM_THREADS wins when set). On a shared machine more threads than free cores make every step
     many times slower."""
+    deepspeed: str | None = None
+    """DeepSpeed ZeRO for data-parallel training under torchrun: `zero2` (optimizer state and gradients
+    sharded), `zero3` (parameters too; the KL reference is sharded alike) or a DeepSpeed JSON file (batch
+    sizes, clipping and bf16 are filled in from the run's settings). Empty: torch AdamW; under torchrun
+    gradients are summed over ranks (plain data parallelism)."""
+    fused_adamw: bool = True
+    """Use torch's fused AdamW kernel where torch has one for the device."""
     health_window: int = 20
     """Steps over which the run-health warnings look (no reward signal, one answer for everything, mostly
     equal-reward groups); each warns once, on the console and in the report. 0: off."""

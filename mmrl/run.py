@@ -139,6 +139,10 @@ class RunState:
         self.save()
 
     def save(self) -> None:
+        from mmrl.distributed import world
+
+        if not world().is_main:  # rank 0 alone writes the run folder
+            return
         self.data["elapsed_s"] = round(self.elapsed(), 1)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2, default=str))
@@ -166,21 +170,26 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     from transformers.utils import logging as hf_logging
 
     from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
+    from mmrl.distributed import device_for, world
     from mmrl.policy import checkpointing_switch, load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
     from mmrl.trainer import GRPOTrainer
 
     hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
+    w = world()
+    show_progress = show_progress and w.is_main
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.yaml"
     if resume and not cfg_path.exists():
         raise MmrlError(f"--resume: {run_dir} holds no run (no config.yaml)")
     if not resume and RunState(run_dir).data["stages"]:
         raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    if resume:
+    if resume and w.is_main:
         _note_schedule_change(cfg_path, cfg, run_dir)
-    cfg_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    w.barrier()  # every rank has checked the folder before rank 0 writes into it
+    if w.is_main:
+        cfg_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     state = RunState(run_dir)
     states.append(state)
     log = RunLog(run_dir)
@@ -189,15 +198,16 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     state.save()
 
     seed_everything(cfg.train.seed)
-    model_dir = resolve_model(cfg)
-    train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
-    eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
+    with w.main_first():  # rank 0 builds what is cached (the tiny model, the toy world) before the others read it
+        model_dir = resolve_model(cfg)
+        train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
+        eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
     if cfg.eval.limit:
         eval_samples = eval_samples[:cfg.eval.limit]
     if not train_samples:
         raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
     policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
-                         device=cfg.model.device)
+                         device=device_for(cfg.model.device))
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
     if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
@@ -229,7 +239,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
             t0 = time.perf_counter()
             seed_everything(cfg.train.seed + 1)
             result = run_sft(cfg, policy, train_samples, log=log, show_progress=show_progress)
-            save_model(sft_dir, policy.model, policy.processor, eval_settings(cfg))
+            if w.is_main:
+                save_model(sft_dir, policy.model, policy.processor, eval_settings(cfg))
             state.finish("sft", {**result, "steps": cfg.sft.steps, "target": cfg.sft.target,
                                  "seconds": round(time.perf_counter() - t0, 1)})
         stages["sft"] = state.get("sft")
@@ -250,7 +261,10 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         seed_everything(cfg.train.seed + 2)
         trainer.resume()
         trainer.train()
-        save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
+        with trainer.updater.full_weights():  # ZeRO-3: gathered from every rank
+            if w.is_main:
+                save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
+        w.barrier()
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
                             "skipped_samples": trainer.skipped_samples})
     else:
@@ -273,10 +287,11 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
     }
     state.save()
-    report = write_report(run_dir, summary)
+    if w.is_main:
+        report = write_report(run_dir, summary)
+        if show_progress:
+            print(f"report: {report}")
     log.close()
-    if show_progress:
-        print(f"report: {report}")
     return summary
 
 

@@ -21,12 +21,18 @@ def _clean(value: Any) -> Any:
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+    """The run's growing logs. Under data parallelism only rank 0 writes (``enabled`` is False on the
+    others, and every call is a no-op there)."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, enabled: bool | None = None):
+        from mmrl.distributed import world
+
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.rollouts_path = run_dir / "rollouts.jsonl"
+        self.enabled = world().is_main if enabled is None else enabled
         self._tb = None
-        if tensorboard:
+        if tensorboard and self.enabled:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -36,6 +42,8 @@ class RunLog:
 
     def truncate_after(self, stage: str, step: int) -> None:
         """Drop events of ``stage`` after ``step`` (and everything logged after them) before a resume."""
+        if not self.enabled:
+            return
         for path in (self.metrics_path, self.rollouts_path):
             if not path.exists():
                 continue
@@ -51,6 +59,8 @@ class RunLog:
             path.write_text("".join(k + "\n" for k in kept))
 
     def metrics(self, stage: str, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         rec = {"stage": stage, "step": step, **{k: _clean(v) for k, v in values.items()}}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -60,6 +70,8 @@ class RunLog:
                     self._tb.add_scalar(f"{stage}/{k}", v, step)
 
     def rollouts(self, stage: str, step: int, records: list[dict[str, Any]]) -> None:
+        if not self.enabled:
+            return
         with self.rollouts_path.open("a") as f:
             for r in records:
                 f.write(json.dumps({"stage": stage, "step": step, **r}, default=str) + "\n")

@@ -11,12 +11,14 @@ settings and the reference with :meth:`GRPOTrainer.set_stage`, saved and restore
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import hashlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from mmrl.checkpoint import (
 )
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
+from mmrl.distributed import world as current_world
 from mmrl.evaluate import evaluate, rollout_reward_columns
 from mmrl.grpo import GroupAccumulator, compute_advantages, compute_policy_loss, global_counts
 from mmrl.grpo.filters import overlong_keep_mask, soft_overlong_penalty
@@ -43,6 +46,7 @@ from mmrl.grpo.kl import kl_in_reward
 from mmrl.grpo.shaping import ShapingInput
 from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
+from mmrl.optim import make_updater
 from mmrl.plugins import build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
@@ -83,8 +87,10 @@ class GRPOTrainer:
         self.train_samples = list(train_samples)
         self.eval_samples = list(eval_samples)
         self.log = log or RunLog(run_dir)
-        self.show_progress = show_progress
+        self.world = current_world()
+        self.show_progress = show_progress and self.world.is_main
         self.step = 0
+        self._draws = 0  # rollout calls within the step (seeds of rollout.seed_per_prompt)
         self.skipped_samples = 0
         self.skipped_updates = 0
         policy.share_vision_features = cfg.model.share_vision_features
@@ -104,19 +110,40 @@ class GRPOTrainer:
         self.stage: dict[str, Any] = {"name": "default", "index": 0, "pool": None, "rewards": None, "grpo": None}
         self.pool = list(range(len(self.train_samples)))
         self.sampler = self._make_sampler()
-        self.ref: Policy | None = None
-        self.ref_is_start = True  # the reference equals the run's starting model (not stored in checkpoints)
-        if cfg.grpo.uses_reference:
-            self.reset_reference()
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        if not params:
+        if not any(p.requires_grad for p in policy.model.parameters()):
             raise MmrlError("nothing to train: model.freeze_vision, freeze_merger and freeze_llm are all on")
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        self._check_world()
+        self.ref: Policy | None = None
+        self.ref_is_start = True  # the reference equals the run's starting model (not stored in checkpoints)
+        if cfg.grpo.uses_reference:  # before the updater: ZeRO-3 shards the policy in place
+            self.reset_reference()
+        # backward, gradient sum over ranks, clipping and the AdamW step (fp32 master weights under bf16)
+        self.updater = make_updater(policy.model, t, self.world, bf16=cfg.model.dtype == "bf16")
+        self.optimizer = self.updater.optimizer
+        if isinstance(self.ref, Policy):  # a copy of the model (not LoRA's adapters-off view of the policy)
+            self.ref.model = self.updater.wrap_reference(self.ref.model)
+            self.ref.synced_generation = self._zero3()
+        policy.synced_generation = self._zero3()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self)
         add_health_checks(self)  # warnings when the run cannot be learning (train.health_window)
+
+    def _zero3(self) -> bool:
+        return bool(self.world.active and getattr(self.updater, "stage", 0) == 3)
+
+    def _check_world(self) -> None:
+        """What data parallelism needs of the settings, said before anything runs."""
+        w, t = self.world, self.cfg.train
+        if not w.active:
+            return
+        if t.prompts_per_step < w.size:
+            raise ConfigError(f"train.prompts_per_step={t.prompts_per_step} is below the {w.size} ranks: every rank "
+                              f"rolls out whole prompts; use at least {w.size}")
+        if t.deepspeed and "3" in str(t.deepspeed) and self.cfg.rollout.environment:
+            raise ConfigError("multi-turn environments are not supported with ZeRO-3 (ranks would run different "
+                              "numbers of generation turns); use train.deepspeed=zero2")
 
     # ------------------------------------------------------------------------------------ stages
     def _make_sampler(self):
@@ -204,6 +231,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------ one step
     def train_step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
+        self._draws = 0
         batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
         self.sampler.update(drawn)
         stats.update(self.sampler.metrics())  # the sampler's own per-step numbers (empty for most)
@@ -261,18 +289,37 @@ class GRPOTrainer:
         with the current policy and score them with the stage's rewards. Samplers that re-score their pool
         (variance-aware sampling) call this with ``hooks=False``: no plug-in sees those rollouts."""
         n = n or self.cfg.rollout.group_size
-        prompts = self.prepare(indices)
-        episodes = run_episodes(
-            self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
-            n=n, params=self.params, environment=self._environment(prompts),
-            max_turns=self.cfg.rollout.max_turns)
+        indices = list(indices)
+        mine = self.world.share(len(indices))  # this rank's contiguous share of the prompts
+        prompts = self.prepare([indices[i] for i in mine])
+        draw, self._draws = self._draws, self._draws + 1
+        if self.cfg.rollout.seed_per_prompt:  # each prompt from a random stream of its own
+            episodes = []
+            for k, p in enumerate(prompts):
+                with _seeded(self._rollout_seed(draw, mine.start + k), self.policy.device):
+                    episodes += self._episodes([p], n)
+        else:
+            episodes = self._episodes(prompts, n)
         batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], n)
+        batch.extra["rank"] = torch.full((len(batch),), self.world.rank, dtype=torch.long)
         if hooks:
             self._hook("after_rollout", batch)
         self.score(batch)
         if hooks:
             self._hook("after_rewards", batch)
+        if self.world.active:  # every rank gets the whole scored batch, in draw order
+            batch = RolloutBatch.concat(self.world.gather(batch))
         return batch
+
+    def _episodes(self, prompts: list[PreparedPrompt], n: int):
+        return run_episodes(
+            self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
+            n=n, params=self.params, environment=self._environment(prompts),
+            max_turns=self.cfg.rollout.max_turns)
+
+    def _rollout_seed(self, draw: int, slot: int) -> int:
+        key = f"{self.cfg.train.seed}/{self.step}/{draw}/{slot}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
 
     def prepare(self, indices: Sequence[int]) -> list[PreparedPrompt]:
         """Encode the drawn prompts; a bad sample (unreadable media, or media the processor rejects) is
@@ -295,7 +342,8 @@ class GRPOTrainer:
                     raise MmrlError("too many unreadable samples in a row; run `mmrl data validate` on the data"
                                     ) from exc
                 tqdm.write(f"skipping sample {sample.id}: {exc}")
-                queue.extend(self.sampler.draw(1))
+                if not self.world.active:  # ranks draw in step: a replacement on one rank would split them
+                    queue.extend(self.sampler.draw(1))
                 continue
             out.append(PreparedPrompt(i, sample, seq, media))
         return out
@@ -339,14 +387,34 @@ class GRPOTrainer:
         logps = torch.zeros(len(batch), batch.width)
         ents = torch.zeros(len(batch), batch.width) if entropies else None
         with policy.inference():
-            for idx in self._chunks(range(len(batch))):
+            for idx, dummy in self._own_chunks(batch, range(len(batch))):
                 seqs, width = batch.micro_batch(idx)
                 lp, ent, _ = policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
                                                      with_entropy=entropies)
+                if dummy:
+                    continue
                 logps[idx, :width] = lp.float().cpu()
                 if ents is not None:
                     ents[idx, :width] = ent.float().cpu()
+        if self.world.active:  # each rank filled the rows it rolled out
+            self.world.sum_(logps)
+            if ents is not None:
+                self.world.sum_(ents)
         return logps, ents
+
+    def _own_chunks(self, batch: RolloutBatch, rows: Sequence[int]) -> list[tuple[list[int], bool]]:
+        """Micro-batches of the ``rows`` this rank rolled out (their media are encoded here), as
+        ``(rows, dummy)``. Every rank gets the same number: a rank with fewer repeats one of its rows as a
+        dummy pass (its result unused) so that ZeRO's collectives line up."""
+        rows = list(rows)
+        if not self.world.active:
+            return [(c, False) for c in self._chunks(rows)]
+        owner = batch.extra["rank"]
+        per_rank = [self._chunks([i for i in rows if int(owner[i]) == r]) for r in range(self.world.size)]
+        mine = [(c, False) for c in per_rank[self.world.rank]]
+        most = max(len(c) for c in per_rank)
+        spare = mine[0][0][:1] if mine else [int((owner == self.world.rank).nonzero()[0])]
+        return mine + [(spare, True)] * (most - len(mine))
 
     def reference_pass(self, batch: RolloutBatch) -> None:
         """Reference log-probs (when there is a reference), the pre-update policy's log-probs when the update
@@ -404,31 +472,30 @@ class GRPOTrainer:
         gradient norm that is not finite skips that optimizer step (counted in ``skipped_updates``)."""
         g = self.cfg.grpo
         minis = self._minibatches(len(batch))
-        trainable = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.policy.model.train()
         sums: dict[str, float] = {}
         norms: list[float] = []
         n_updates = g.ppo_epochs * len(minis)
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
-                chunks = self._chunks(mini)
-                counts = global_counts([batch.tokens("loss_mask", idx, batch.micro_batch(idx)[1]) for idx in chunks])
-                self.optimizer.zero_grad(set_to_none=True)
+                # the counts the loss is normalised by: the whole mini-batch's, over every rank
+                counts = global_counts([batch.tokens("loss_mask", idx, batch.micro_batch(idx)[1])
+                                        for idx in self._chunks(mini)])
+                self.updater.zero_grad()
                 finite = True
-                for idx in chunks:
-                    finite = self._micro_step(batch, idx, counts, sums, n_updates) and finite
+                for idx, dummy in self._own_chunks(batch, mini):
+                    finite = self._micro_step(batch, idx, counts, sums, n_updates, dummy=dummy)
                     if not finite:
                         break
-                grad_norm = torch.nn.utils.clip_grad_norm_(trainable, self.cfg.train.max_grad_norm)
-                if finite and bool(torch.isfinite(grad_norm)):
-                    self.optimizer.step()
-                    norms.append(float(grad_norm))
+                grad_norm = self.updater.step() if finite else None
+                if grad_norm is not None:
+                    norms.append(grad_norm)
                 else:
                     self.skipped_updates += 1
                     tqdm.write(f"step {self.step + 1}: non-finite loss or gradient; optimizer step skipped "
                                f"({self.skipped_updates} so far)")
-                self.optimizer.zero_grad(set_to_none=True)
-        stats: dict[str, Any] = dict(sums)
+                self.updater.zero_grad()
+        stats: dict[str, Any] = dict(self.world.sum_stats(sums))
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
         stats["skipped_updates"] = self.skipped_updates
@@ -440,7 +507,9 @@ class GRPOTrainer:
         return stats
 
     def _micro_step(self, batch: RolloutBatch, idx: list[int], counts: Any, sums: dict[str, float],
-                    n_updates: int) -> bool:
+                    n_updates: int, *, dummy: bool = False) -> bool:
+        """Forward and backward of one micro-batch; False (on every rank alike) when a loss is not finite.
+        A ``dummy`` pass only keeps the ranks' collectives in step: its loss is zero."""
         g = self.cfg.grpo
         seqs, width = batch.micro_batch(idx)
         logp, ent, _ = self.policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
@@ -458,9 +527,12 @@ class GRPOTrainer:
             logp, tok("old_logprobs"), adv, mask, g, ref_logp=tok("ref_logprobs"), entropies=ent,
             global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=tok("loss_weights"),
             kl_weights=tok("kl_weights") if batch.ref_logprobs is not None else None)
-        if not bool(torch.isfinite(loss)):
+        if not self.world.all_true(dummy or bool(torch.isfinite(loss))):
             return False
-        loss.backward()
+        if dummy:
+            self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
+            return True
+        self.updater.backward(loss)
         share = float(mask.sum()) / max(1.0, counts.tokens)
         for k, v in st.items():
             if k == "n_tokens":
@@ -521,7 +593,7 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        return {"optimizer": self.updater.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "skipped_samples": self.skipped_samples,
                 "skipped_updates": self.skipped_updates, "stage": self.stage,
                 "reference": None if self.ref is None else ("start" if self.ref_is_start else "stored"),
@@ -555,7 +627,7 @@ class GRPOTrainer:
         self.ref_is_start = state.get("reference") != "stored"
         self.step = int(state["step"])
         load_weights(self.policy.model, ckpt)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.updater.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_samples = state.get("skipped_samples", 0)
@@ -612,3 +684,12 @@ class GRPOTrainer:
             if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
                 self.save()
         bar.close()
+
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """A block that draws from torch's generators seeded with ``seed`` and leaves them as they were."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield

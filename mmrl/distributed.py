@@ -1,0 +1,152 @@
+"""Data parallelism: which process this is, and the few collectives the trainer needs.
+
+``mmrl train`` started by ``torchrun --nproc_per_node N`` (or ``accelerate launch``, or torchrun with
+rendezvous flags across nodes) sees ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` in its environment and joins
+the process group: NCCL when each rank has a GPU (``cuda:LOCAL_RANK``), gloo on CPUs. A plain ``mmrl train``
+is a world of one and every helper here is a no-op.
+
+How the work is split (see :class:`~mmrl.trainer.GRPOTrainer`): every rank draws the same prompts (the
+sampler is seeded alike), rolls out and scores its contiguous share of them (a group never leaves its rank),
+and the scored shares are gathered in rank order, so every rank holds the step's whole batch, in the same
+order as a single process would. Gradient-free log-prob passes split the rows and sum the results; the update
+splits each mini-batch's rows, with token and sequence counts taken over the whole mini-batch, so the summed
+loss is the single-process loss. Rank 0 alone writes the run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+    # -------------------------------------------------------------------------------------- splitting
+    def share(self, n: int, rank: int | None = None) -> range:
+        """This rank's contiguous share of ``n`` items (the first ``n % size`` ranks get one more)."""
+        r = self.rank if rank is None else rank
+        base, extra = divmod(n, self.size)
+        start = r * base + min(r, extra)
+        return range(start, start + base + (1 if r < extra else 0))
+
+    def split(self, items: Sequence[T]) -> list[T]:
+        return [items[i] for i in self.share(len(items))]
+
+    # -------------------------------------------------------------------------------------- collectives
+    def gather(self, obj: T) -> list[T]:
+        """Every rank's ``obj``, in rank order, on every rank (pickled; for small or CPU-side objects)."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over ranks, in place (on the process group's device), and return it."""
+        if self.active:
+            dev = _comm_device()
+            t = tensor.to(dev)
+            torch.distributed.all_reduce(t)
+            if t is not tensor:
+                tensor.copy_(t)
+        return tensor
+
+    def all_true(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every rank."""
+        if not self.active:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0])
+        return bool(self.sum_(t).item() == self.size)
+
+    def sum_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """Sum a dict of floats over ranks (keys that only some ranks have count as 0 on the others)."""
+        if not self.active:
+            return stats
+        keys = sorted({k for d in self.gather(sorted(stats)) for k in d})
+        t = self.sum_(torch.tensor([float(stats.get(k, 0.0)) for k in keys], dtype=torch.float64))
+        return dict(zip(keys, t.tolist()))
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (building caches: the tiny model, the toy world), the others after."""
+        if not self.is_main:
+            self.barrier()
+        try:
+            yield
+        finally:
+            if self.is_main:
+                self.barrier()
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    """The current process's place (a world of one unless :func:`init` joined a process group)."""
+    return _WORLD
+
+
+def launched() -> bool:
+    """Started by torchrun / accelerate launch with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init(device: str = "auto") -> World:
+    """Join the process group described by torchrun's environment (once); a world of one without it."""
+    global _WORLD
+    if not launched():
+        return _WORLD
+    if not torch.distributed.is_initialized():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        if use_cuda:
+            torch.cuda.set_device(local)
+        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
+    _WORLD = World(rank=torch.distributed.get_rank(), size=torch.distributed.get_world_size(),
+                   local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return _WORLD
+
+
+def device_for(device: str) -> str:
+    """``auto`` on a GPU rank is that rank's own GPU (``cuda:LOCAL_RANK``)."""
+    w = world()
+    if device == "auto" and torch.cuda.is_available():
+        return f"cuda:{w.local_rank}"
+    return device
+
+
+def _comm_device() -> torch.device:
+    if torch.distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

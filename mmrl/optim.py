@@ -1,0 +1,290 @@
+"""The optimizer side of training: backward, gradient reduction, clipping, the AdamW step, their state.
+
+Two updaters with one interface (:class:`Updater`), chosen by ``train.deepspeed``:
+
+* :class:`LocalUpdater` (default): torch AdamW (the fused kernel where torch has one for the device). Under
+  ``model.dtype=bf16`` the model holds bf16 weights for the forward and backward passes while the optimizer
+  steps **fp32 master weights** (and fp32 moments): the bf16 gradients are copied into the master's, the
+  master is updated and copied back, rounded, into the model. A 1e-6 update is far below bf16's resolution
+  near 1 (2^-8): without the master most weights would never move. With several ranks (``torchrun``, no
+  DeepSpeed) the gradients are summed over ranks before clipping: plain data parallelism.
+* :class:`DeepSpeedUpdater`: DeepSpeed ZeRO stage 2 or 3 (``configs/deepspeed/zero2.json``, ``zero3.json``,
+  or the user's own file) over the same torch AdamW; bf16 with DeepSpeed's own fp32 master weights when
+  ``model.dtype=bf16``. ZeRO-3 shards the parameters, and the KL reference with them.
+
+The trainer's loss for a micro-batch is already its share of the step's loss summed over every rank
+(token and sequence counts are global), so gradients are **summed** over ranks: the local updater
+all-reduces with a sum, DeepSpeed (which averages) gets the loss times the world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmrl.distributed import World
+from mmrl_common.errors import ConfigError, MmrlError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
+
+
+def adamw(params: list[torch.nn.Parameter], train: Any, device: torch.device) -> torch.optim.AdamW:
+    """torch AdamW with the run's settings; the fused kernel where torch has one for ``device``."""
+    kwargs: dict[str, Any] = {"lr": train.lr, "betas": tuple(train.adam_betas), "weight_decay": train.weight_decay}
+    if train.fused_adamw and _fused_supported(device):
+        kwargs["fused"] = True
+    return torch.optim.AdamW(params, **kwargs)
+
+
+def _fused_supported(device: torch.device) -> bool:
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+        return device.type in _get_fused_kernels_supported_devices()
+    except ImportError:  # an older torch: CUDA only
+        return device.type == "cuda"
+
+
+class Updater:
+    """What the trainer calls: ``backward(loss)`` per micro-batch, then ``step()`` -> the gradient norm
+    before clipping, or None when the step was skipped (a non-finite gradient)."""
+
+    optimizer: torch.optim.Optimizer  # the LR scheduler drives its param_groups
+    world: World
+
+    def backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def step(self) -> float | None:
+        raise NotImplementedError
+
+    def zero_grad(self) -> None:
+        raise NotImplementedError
+
+    # state for an exact resume
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state kept in ``trainer_state.pt`` (empty when the updater saves its own files)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def save_files(self, folder: Path) -> None:
+        """Write per-rank optimizer files into a checkpoint folder (every rank calls it)."""
+
+    def load_files(self, folder: Path) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def full_weights(self) -> Iterator[None]:
+        """The model's whole weights readable inside (ZeRO-3 gathers them; every rank must enter)."""
+        yield
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        """The fp32 weights the optimizer steps (name -> tensor), for tests and checkpoints."""
+        return {}
+
+    def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The KL reference model as this updater keeps it (ZeRO-3: sharded like the policy)."""
+        return model
+
+
+class LocalUpdater(Updater):
+    def __init__(self, model: torch.nn.Module, train: Any, world: World):
+        self.model = model
+        self.world = world
+        self.max_grad_norm = train.max_grad_norm
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        dev = self.params[0].device
+        self.master: list[torch.Tensor] | None = None
+        if any(p.dtype != torch.float32 for p in self.params):
+            # fp32 master weights: the optimizer's parameters; the model's copies only run forward/backward
+            self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+            self.optimizer = adamw(self.master, train, dev)
+        else:
+            self.optimizer = adamw(self.params, train, dev)
+        if world.active:  # every rank starts from rank 0's weights
+            for p in self.params:
+                if torch.distributed.get_backend() == "gloo" or p.is_cuda:
+                    torch.distributed.broadcast(p.data, src=0)
+            if self.master is not None:
+                for m, p in zip(self.master, self.params):
+                    m.data.copy_(p.data.float())
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float | None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.world.active:
+            _sum_over_ranks(self.params)
+        targets = self.master if self.master is not None else self.params
+        if self.master is not None:
+            for m, p in zip(self.master, self.params):
+                m.grad = None if p.grad is None else p.grad.detach().float()
+        norm = torch.nn.utils.clip_grad_norm_(targets, self.max_grad_norm) if grads else torch.tensor(0.0)
+        if not bool(torch.isfinite(norm)):
+            return None
+        self.optimizer.step()
+        if self.master is not None:
+            with torch.no_grad():
+                for m, p in zip(self.master, self.params):
+                    p.copy_(m)  # rounded to the model's dtype
+        return float(norm)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            for p in self.params:
+                p.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
+        if self.master is not None:  # fp32 master weights by parameter name
+            state["master"] = {n: m.detach().clone() for (n, _), m in zip(self.named, self.master)}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        opt = state.get("optimizer", state)  # older checkpoints: the bare optimizer state
+        self.optimizer.load_state_dict(opt)
+        if self.master is not None and "master" in state:
+            with torch.no_grad():
+                for (name, p), m in zip(self.named, self.master):
+                    m.copy_(state["master"][name])
+                    p.copy_(m)
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        src = self.master if self.master is not None else self.params
+        return {n: t.detach() for (n, _), t in zip(self.named, src)}
+
+
+def _sum_over_ranks(params: list[torch.nn.Parameter]) -> None:
+    """Sum the gradients over ranks in a few flat buckets (a missing gradient counts as zeros)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for group in by_dtype.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in group])
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p in group:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+
+# ---------------------------------------------------------------------------------------------- DeepSpeed
+def deepspeed_config(setting: str, *, micro_batch: int, world: World, max_grad_norm: float, bf16: bool
+                     ) -> dict[str, Any]:
+    """The DeepSpeed config: ``zero2`` / ``zero3`` (shipped under ``configs/deepspeed/``) or a JSON file.
+    Batch sizes, clipping and precision come from the run's settings; ``auto`` values in the file are
+    filled from them."""
+    path = CONFIG_DIR / f"{setting}.json" if setting in ("zero2", "zero3") else Path(setting)
+    if not path.is_file():
+        raise ConfigError(f"train.deepspeed={setting!r}: not zero2, zero3 or a DeepSpeed JSON file")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
+    stage = int(cfg.get("zero_optimization", {}).get("stage", 0))
+    if stage not in (2, 3):
+        raise ConfigError(f"{path}: zero_optimization.stage is {stage}; mmrl runs DeepSpeed ZeRO stage 2 or 3")
+    if "optimizer" in cfg or "scheduler" in cfg:
+        raise ConfigError(f"{path}: remove `optimizer` / `scheduler`: mmrl steps its own AdamW (train.lr, "
+                          "train.adam_betas, train.weight_decay) and learning-rate schedule")
+    for key, value in (("train_micro_batch_size_per_gpu", micro_batch), ("gradient_accumulation_steps", 1),
+                       ("train_batch_size", micro_batch * world.size), ("gradient_clipping", max_grad_norm)):
+        if cfg.get(key, "auto") == "auto":
+            cfg[key] = value
+    cfg["zero_allow_untested_optimizer"] = True
+    # the trainer owns the accumulation boundary: a mini-batch's micro-batches accumulate, step() reduces
+    cfg["managed_gradient_accumulation"] = False
+    cfg.setdefault("steps_per_print", 10**9)
+    cfg["bf16"] = {**cfg.get("bf16", {}), "enabled": bf16, "check_grad_overflow": True}
+    cfg.pop("fp16", None)
+    return cfg
+
+
+class DeepSpeedUpdater(Updater):
+    def __init__(self, model: torch.nn.Module, train: Any, world: World, *, bf16: bool):
+        try:
+            import deepspeed
+        except ImportError as exc:
+            raise MmrlError("train.deepspeed needs DeepSpeed: pip install 'mmrl[deepspeed]'") from exc
+        self.world = world
+        self.config = deepspeed_config(train.deepspeed, micro_batch=train.micro_batch_size, world=world,
+                                       max_grad_norm=train.max_grad_norm, bf16=bf16)
+        self.stage = int(self.config["zero_optimization"]["stage"])
+        params = [p for p in model.parameters() if p.requires_grad]
+        dev = params[0].device
+        base = adamw(params, train, dev)
+        self.engine, self.optimizer_wrapper, _, _ = deepspeed.initialize(
+            model=model, optimizer=base, config=self.config, dist_init_required=False)
+        self.optimizer = base  # the schedule drives the base optimizer's param_groups (the flat partitions)
+        self.model = model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; the trainer's losses add up over ranks
+        self.engine.backward(loss * self.world.size, scale_wrt_gas=False)
+
+    def step(self) -> float | None:
+        self.engine.step()
+        if not self.engine.was_step_applied():
+            return None
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def save_files(self, folder: Path) -> None:
+        self.engine.save_checkpoint(str(folder), tag="deepspeed", client_state={}, save_latest=False)
+
+    def load_files(self, folder: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(folder), tag="deepspeed", load_optimizer_states=True,
+                                              load_lr_scheduler_states=False, load_module_only=False)
+        if path is None:
+            raise MmrlError(f"{folder}: no DeepSpeed optimizer state (deepspeed/); was this checkpoint written by a "
+                            "run without train.deepspeed?")
+
+    @contextlib.contextmanager
+    def full_weights(self) -> Iterator[None]:
+        if self.stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def master_weights(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {n: safe_get_full_fp32_param(p).detach().clone()
+                for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.stage != 3:
+            return model  # ZeRO-2 keeps whole parameters on every rank: the reference is replicated too
+        import deepspeed
+
+        cfg = {k: v for k, v in self.config.items() if k not in ("gradient_clipping",)}
+        cfg["zero_optimization"] = {"stage": 3, **{k: v for k, v in self.config["zero_optimization"].items()
+                                                   if k.startswith("stage3_") or k == "offload_param"}}
+        engine, *_ = deepspeed.initialize(model=model, config=cfg, dist_init_required=False)
+        return engine.module
+
+
+def make_updater(model: torch.nn.Module, train: Any, world: World, *, bf16: bool) -> Updater:
+    if train.deepspeed:
+        return DeepSpeedUpdater(model, train, world, bf16=bf16)
+    return LocalUpdater(model, train, world)
