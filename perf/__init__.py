@@ -11,7 +11,15 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
 * ``build``: seconds to build the small toy world (``make_toy(size="small")``) and a tiny random-weight model
   of each Qwen-VL family (``make_tiny``), the fixtures every test and demo starts from;
 * ``semantic``: seconds per 1000 answers of the medical rewards' semantic scorer (all-MiniLM-L6-v2 cosine and
-  BERTScore), with an empty embedding cache and with every text cached (:mod:`perf.semantic`).
+  BERTScore), with an empty embedding cache and with every text cached (:mod:`perf.semantic`);
+* ``memory``: the peak memory of ONE training micro-batch (``forward_logprobs`` with entropies, a scalar loss,
+  backward) at 16 sequences x 512 response tokens on a tiny Qwen2.5-VL (hidden 64, 2 layers) with Qwen's
+  real 151,936-token vocabulary: the full log-softmax at once ("before", ``chunk_tokens=0``) vs. chunks of
+  ``Policy.logprob_chunk_tokens`` rows ("after"), entropies without and with gradient, and the ratio
+  after/before. Each mode runs in a fresh process (:func:`mmrl.memory.measure_in_subprocess`); on CUDA it
+  counts live tensor bytes, on CPU the resident set. Where the machine cannot hold the unchunked modes at
+  16 sequences it halves the sequences until it can, and says so (``--memory-seqs``, ``--memory-tokens``,
+  ``--device``; ``--only memory`` runs it alone).
 
 Repetitions of the two modes are interleaved after a warm-up, and medians are reported, so both numbers
 come from the same run on the same machine state. Builds are timed after one untimed warm-up build (imports,

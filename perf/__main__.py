@@ -1,4 +1,5 @@
-"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build]``: print tables of timings."""
+"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build|semantic|memory]``: print tables of timings
+and of the peak memory of one training micro-batch."""
 
 from __future__ import annotations
 
@@ -141,12 +142,123 @@ def _print_builds(rows: list[tuple[str, float]], reps: int) -> None:
     print()
 
 
+# ------------------------------------------------------------------------------------------------ memory
+MEM_VOCAB = 151936  # Qwen2/2.5/3-VL's vocabulary (embedding rows)
+MEM_PROMPT = 16  # prompt tokens per sequence (not trained on)
+MEM_SIZE = {"hidden_size": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate_size": 128}
+# (label, chunk_tokens (0: the full log-softmax at once), entropy_grad); every mode asks for entropies as the
+# trainer does.
+MEM_MODES = (
+    ("before: full log-softmax, entropies without grad", 0, False),
+    ("before: full log-softmax, entropies with grad", 0, True),
+    ("after: chunked, entropies without grad", None, False),
+    ("after: chunked, entropies with grad", None, True),
+)
+
+
+def _memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int | None, entropy_grad: bool,
+                 device: str, threads: int) -> Callable[[], dict]:
+    """Setup (not measured) of one micro-batch in a fresh process: the tiny model with a ``vocab``-row
+    embedding and LM head, ``seqs`` text sequences of ``MEM_PROMPT`` prompt + ``tokens`` response tokens
+    (random ids). The returned ``work`` is the measured part: forward_logprobs, a scalar loss, backward."""
+    from transformers import AutoConfig, AutoProcessor
+
+    from mmrl.policy import Policy, TokenSeq
+    from mmrl.tiny_models import build_model
+
+    torch.set_num_threads(threads)
+    config = AutoConfig.from_pretrained(model_dir)
+    config.text_config.vocab_size = vocab
+    policy = Policy(build_model(FAMILY, config, seed=0).to(device), AutoProcessor.from_pretrained(model_dir))
+    policy.set_trainable()
+    policy.model.train()
+    # ids above the tiny tokenizer's own (its special tokens, vision placeholders included, are below 2000)
+    rng = np.random.default_rng(0)
+    batch = [TokenSeq(ids=rng.integers(2000, vocab, MEM_PROMPT + tokens).tolist(),
+                      mm_types=[0] * (MEM_PROMPT + tokens), loss_mask=[0] * MEM_PROMPT + [1] * tokens)
+             for _ in range(seqs)]
+
+    def work() -> dict:
+        logp, ent, mask = policy.forward_logprobs(batch, with_entropy=True, entropy_grad=entropy_grad,
+                                                  chunk_tokens=chunk)
+        loss = -(logp * mask).sum() / mask.sum()
+        if entropy_grad:  # a loss term that uses the entropies (entropy_coef != 0)
+            loss = loss - 1e-3 * (ent * mask).sum() / mask.sum()
+        loss.backward()
+        return {"loss": loss.item(), "tokens": int(mask.sum())}
+
+    return work
+
+
+def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto") -> tuple[dict, list[tuple]]:
+    """Peak memory of one training micro-batch in each of :data:`MEM_MODES`, each in a fresh process
+    (:func:`mmrl.memory.measure_in_subprocess`). Where the machine cannot hold the full log-softmax of
+    ``seqs`` x ``tokens`` rows, the number of sequences is halved until it can (said in the returned info)."""
+    # by its import name: spawned children cannot find functions of the ``python -m perf`` main module
+    from mmrl.memory import GB, available_bytes, measure_in_subprocess
+    from mmrl.policy import Policy, resolve_device
+    from mmrl.tiny_models import make_tiny
+    from perf.__main__ import _memory_case
+
+    dev = resolve_device(device)
+    model_dir = make_tiny(FAMILY, root / "memory-model", seed=0, **MEM_SIZE)
+
+    def need(n: int) -> float:  # the unchunked modes hold up to five (rows x vocabulary) fp32 tensors at once
+        return 5 * n * tokens * MEM_VOCAB * 4 + GB
+    avail = available_bytes(dev)
+    asked = seqs
+    while avail is not None and seqs > 1 and need(seqs) > 0.8 * avail:
+        seqs //= 2
+    info = {"device": str(dev), "asked": asked, "seqs": seqs, "tokens": tokens, "vocab": MEM_VOCAB,
+            "available_gb": None if avail is None else avail / GB, "need_gb": need(asked) / GB,
+            "chunk": Policy.logprob_chunk_tokens, "threads": torch.get_num_threads()}
+    rows = []
+    for label, chunk, entropy_grad in MEM_MODES:
+        peak, out = measure_in_subprocess(_memory_case, str(model_dir), MEM_VOCAB, seqs, tokens, chunk,
+                                          entropy_grad, str(dev), torch.get_num_threads(),
+                                          device=str(dev) if dev.type == "cuda" else None)
+        rows.append((label, peak, out))
+    return info, rows
+
+
+def _print_memory(info: dict, rows: list[tuple]) -> None:
+    from mmrl.memory import GB
+
+    print(f"memory: peak of ONE training micro-batch (forward_logprobs with entropies + scalar loss + backward), "
+          f"tiny {FAMILY} (hidden {MEM_SIZE['hidden_size']}, {MEM_SIZE['layers']} layers) with a "
+          f"{info['vocab']}-token vocabulary, {info['seqs']} sequences x {info['tokens']} response tokens "
+          f"(+{MEM_PROMPT} prompt tokens); chunk {info['chunk']} rows; device {info['device']}; each mode in a "
+          "fresh process")
+    if info["seqs"] != info["asked"]:
+        print(f"NOTE: {info['asked']} x {info['tokens']} needs about {info['need_gb']:.0f} GB for the unchunked "
+              f"modes and {info['available_gb']:.0f} GB are available: measured at {info['seqs']} sequences")
+    how = rows[0][1].method
+    print(f"counted: {'live CUDA tensor bytes' if how.startswith('cuda') else 'resident set (VmHWM)'} "
+          f"({how}); 'peak' is above what was in use before the micro-batch (model and inputs loaded)\n")
+    head = f"{'mode':<52} {'peak GB':>9} {'absolute GB':>12} {'vs before':>10}"
+    print(head)
+    print("-" * len(head))
+    before = rows[0][1].extra_bytes
+    for label, peak, _ in rows:
+        print(f"{label:<52} {peak.extra_bytes / GB:>9.2f} {peak.peak_bytes / GB:>12.2f} "
+              f"{peak.extra_bytes / before:>9.2f}x")
+    after = next(p for label, p, _ in rows if label.startswith("after: chunked, entropies without"))
+    print(f"\nafter/before (entropies without grad): {after.extra_bytes / before:.3f} (target <= 0.333)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout", "build", "semantic"], default=None)
+    parser.add_argument("--only", choices=["step", "rollout", "build", "semantic", "memory"], default=None)
+    parser.add_argument("--memory-seqs", type=int, default=16, help="sequences in the measured micro-batch")
+    parser.add_argument("--memory-tokens", type=int, default=512, help="response tokens per sequence")
+    parser.add_argument("--device", default="auto", help="device of the memory measurement (auto: CUDA if any)")
     args = parser.parse_args(argv)
+    if args.only == "memory":
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
+            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device))
+        return 0
     if args.only in (None, "semantic"):
         from perf.semantic import bench_semantic, print_semantic
 
@@ -180,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             (ts, cs), (tu, cu) = r["shared"], r["per-sequence"]
             print(f"{name:<52} {ts:>11.3f} {tu:>12.3f} {tu / ts:>8.2f}x {f'{cs} vs {cu}':>13}")
         sys.stdout.flush()
+    if args.only is None:
+        print()
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
+            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device))
     return 0
 
 
