@@ -9,9 +9,12 @@ How memory is counted:
   instead: the resident-set high-water mark (``VmHWM`` in ``/proc/self/status``), reset at the start of the
   block by writing ``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later). That counts every page the
   process touches (torch tensors, Python objects, libraries loaded during the block). Two caveats:
-  memory a block frees and the C allocator keeps (glibc keeps blocks below its mmap threshold, at most
-  32 MB each, for reuse) can be reused by a later block without raising the mark, so blocks to be compared
-  are each run in a fresh process (:func:`measure_in_subprocess`); and where ``clear_refs`` cannot be
+  glibc keeps freed blocks below its mmap threshold (which it raises by itself up to 32 MB) for reuse, so
+  the resident set follows the live tensors only loosely: a block can reuse memory an earlier one freed
+  without raising the mark, or grow the heap by fragmentation. Blocks to be compared are therefore each run
+  in a fresh process (:func:`measure_in_subprocess`) whose glibc returns every block of 1 MB or more to the
+  system when it is freed (``MALLOC_MMAP_THRESHOLD_``); the resident set then tracks the live tensors
+  closely, as the CUDA figure does. And where ``clear_refs`` cannot be
   written (not Linux, a locked-down ``/proc``), the process-lifetime maximum (``ru_maxrss``) stands in for
   the mark, which over-states a block run after a bigger one (:attr:`Peak.method` says which was used).
   The kernel's resident-set counters are updated lazily per thread: expect them off by up to a few
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import queue as queue_mod
 import resource
 import sys
@@ -33,6 +37,7 @@ from typing import Any
 import torch
 
 GB = 1e9  # bytes in the GB of ``memory/peak_gb`` (decimal)
+_MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
 @dataclass
@@ -155,19 +160,31 @@ def _child(setup: Callable[..., Callable[[], Any]], args: tuple, kwargs: dict, d
 
 
 def measure_in_subprocess(setup: Callable[..., Callable[[], Any]], *args: Any, device: str | None = None,
-                          **kwargs: Any) -> tuple[Peak, Any]:
+                          mmap_threshold: int | None = 1 << 20, **kwargs: Any) -> tuple[Peak, Any]:
     """Run ``work = setup(*args, **kwargs)`` and then ``work()`` in a fresh (spawned) Python process and
     measure the peak of ``work()`` alone (the setup, imports and model loading are not counted).
 
     ``setup`` must be importable by name (a module-level function) and its arguments picklable; ``work``'s
     return value (picklable) comes back with the :class:`Peak`. The child inherits the environment
-    (``OMP_NUM_THREADS``, ``MMRL_CACHE``, ``CUDA_VISIBLE_DEVICES``). Errors in the child are raised here as
+    (``OMP_NUM_THREADS``, ``MMRL_CACHE``, ``CUDA_VISIBLE_DEVICES``), plus ``MALLOC_MMAP_THRESHOLD_`` =
+    ``mmap_threshold`` bytes (None: glibc's own adaptive threshold) so that freed blocks of that size and
+    more leave the resident set at once (see the module docstring). Errors in the child are raised here as
     a ``RuntimeError`` carrying its traceback.
     """
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(setup, args, kwargs, device, queue))
-    proc.start()
+    saved = os.environ.get(_MMAP_ENV)
+    if mmap_threshold is not None:
+        os.environ[_MMAP_ENV] = str(int(mmap_threshold))  # the spawned interpreter reads it at start
+    try:
+        proc.start()
+    finally:
+        if mmap_threshold is not None:
+            if saved is None:
+                os.environ.pop(_MMAP_ENV, None)
+            else:
+                os.environ[_MMAP_ENV] = saved
     try:
         while True:
             try:

@@ -577,6 +577,9 @@ class _ChunkLogprobs:
         return logp
 
 
+_ROW_BLOCK = 128  # rows per temporary inside one chunk (128 x 152k fp32 = 78 MB)
+
+
 class _TargetLogprob(torch.autograd.Function):
     """``log_softmax(logits / T)[target]`` (fp32) keeping only the logits (in their own dtype) and the
     logsumexp for backward, where the gradient ``(onehot - softmax) * g / T`` is built in one fp32 buffer.
@@ -586,11 +589,12 @@ class _TargetLogprob(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         logp_all = logits.float() / temperature  # a new fp32 tensor: the logits stay as they are
-        lse = torch.logsumexp(logp_all, dim=-1)
+        # logsumexp and the entropy a few rows at a time: their temporaries are never a third chunk-sized
+        # tensor (each row's value is the same either way)
+        lse = torch.cat([torch.logsumexp(rows, dim=-1) for rows in logp_all.split(_ROW_BLOCK)])
         logp_all.sub_(lse[:, None])
         logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
-        # the entropy a few rows at a time: no third chunk-sized tensor (row sums are the same either way)
-        ent = (torch.cat([-(rows.exp().mul_(rows)).sum(-1) for rows in logp_all.split(128)])
+        ent = (torch.cat([-(rows.exp().mul_(rows)).sum(-1) for rows in logp_all.split(_ROW_BLOCK)])
                if with_entropy else logp.new_zeros(0))
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature

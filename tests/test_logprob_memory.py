@@ -152,37 +152,37 @@ def test_no_full_vocabulary_tensor_is_kept_for_backward(policy: Policy) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ memory
-def _big_vocab_policy(model_dir: Path, vocab: int) -> Policy:
+def big_vocab_step(model_dir: str, vocab: int, chunk: int):
+    """Setup for :func:`measure_in_subprocess`: the tiny model with a ``vocab``-row embedding and LM head,
+    4 x 256 trained tokens; the returned work is one micro-batch (forward_logprobs, loss, backward)."""
     from transformers import AutoConfig, AutoProcessor
 
+    torch.set_num_threads(1)
     config = AutoConfig.from_pretrained(model_dir)
     config.text_config.vocab_size = vocab
-    p = Policy(build_model(FAMILY, config, seed=0), AutoProcessor.from_pretrained(model_dir))
-    p.set_trainable()
-    p.model.train()
-    return p
+    policy = Policy(build_model(FAMILY, config, seed=0), AutoProcessor.from_pretrained(model_dir))
+    policy.set_trainable()
+    policy.model.train()
+    seqs = text_batch(policy, [(4, 256)] * 4, seed=3, low=2000, high=vocab)
+
+    def work() -> int:
+        logp, _, mask = policy.forward_logprobs(seqs, with_entropy=True, entropy_grad=False, chunk_tokens=chunk)
+        (-(logp * mask).sum() / mask.sum()).backward()
+        return int(mask.sum())
+
+    return work
 
 
 def test_chunked_peak_memory_is_at_most_a_third(model_dir: Path) -> None:
-    """One micro-batch (forward + backward) with a 65k vocabulary and 1024 trained tokens: each full
-    (tokens x vocabulary) fp32 tensor is 268 MB, a 128-row chunk's 34 MB."""
-    vocab = 65536
-    policy = _big_vocab_policy(model_dir, vocab)
-    seqs = text_batch(policy, [(4, 256)] * 4, seed=3, low=2000, high=vocab)
-
-    def step(chunk: int) -> None:
-        policy.model.zero_grad(set_to_none=True)
-        logp, _, mask = policy.forward_logprobs(seqs, with_entropy=True, entropy_grad=False, chunk_tokens=chunk)
-        (-(logp * mask).sum() / mask.sum()).backward()
-
-    for chunk in (128, 0):  # warm-up: lazy initialisation, gradient buffers
-        step(chunk)
+    """One micro-batch (forward + backward) with a 32k vocabulary and 1024 trained tokens, each way in a
+    fresh process: each full (tokens x vocabulary) fp32 tensor is 134 MB, a 128-row chunk's 17 MB."""
+    vocab = 32768
     peaks = {}
-    for chunk in (128, 0):  # chunked first: memory it frees cannot hide part of the unchunked peak
-        with measure("cpu") as peak:
-            step(chunk)
+    for chunk in (128, 0):
+        peak, tokens = measure_in_subprocess(big_vocab_step, str(model_dir), vocab, chunk)
+        assert tokens == 1024
         peaks[chunk] = peak.extra_bytes
-    assert peaks[0] > 4 * 256 * vocab * 4  # the unchunked path holds at least one full fp32 tensor
+    assert peaks[0] > 1024 * vocab * 4  # the unchunked path holds at least one full fp32 tensor
     assert peaks[128] <= peaks[0] / 3, peaks
 
 
