@@ -101,6 +101,27 @@ def test_chunked_logprobs_equal_full_log_softmax(policy: Policy, temperature: fl
             assert err <= 1e-5 * float(g.abs().max()) + 1e-9, f"chunk {chunk}: {name}: max error {err}"
 
 
+def test_bf16_model_chunked_equals_unchunked(model_dir: Path) -> None:
+    """bf16 logits: both paths take the fp32 log-softmax of the same bf16 logits; gradients come back in bf16."""
+    policy = load_policy(model_dir, dtype="bf16", device="cpu")
+    policy.set_trainable()
+    seqs = text_batch(policy, [(5, 9), (3, 14)], seed=4)
+    out = {}
+    for chunk in (0, 4):
+        policy.model.zero_grad(set_to_none=True)
+        logp, ent, mask = policy.forward_logprobs(seqs, temperature=0.7, with_entropy=True, entropy_grad=False,
+                                                  chunk_tokens=chunk)
+        loss_of(logp, ent, mask, False).backward()
+        out[chunk] = (logp.detach(), ent, grads(policy))
+    assert out[4][0].dtype == torch.float32
+    torch.testing.assert_close(out[4][0], out[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[4][1], out[0][1], rtol=1e-5, atol=1e-5)
+    for name, g in out[0][2].items():  # bf16 round-off of the gradients
+        assert out[4][2][name].dtype == torch.bfloat16
+        err = float((out[4][2][name].float() - g.float()).abs().max())
+        assert err <= 2e-2 * float(g.float().abs().max()) + 1e-6, f"{name}: max error {err}"
+
+
 def test_default_chunk_setting_and_gradient_free_pass(policy: Policy) -> None:
     seqs = text_batch(policy, [(4, 6), (2, 11)], seed=1)
     assert Policy.logprob_chunk_tokens and Policy.logprob_chunk_tokens > 0  # chunked by default
