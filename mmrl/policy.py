@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from mmrl import rope
 from mmrl_common.errors import MediaError, MmrlError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -154,7 +155,9 @@ class Policy:
         # drag a second Policy (processor, media) along.
         self.base.visual.register_forward_hook(self._calls)
         params = inspect.signature(self.base.get_rope_index).parameters
-        self._rope_takes_seconds = "second_per_grid_ts" in params
+        self._rope_takes_seconds = "second_per_grid_ts" in params  # read before install() replaces it
+        # M-RoPE by the pre-training rule in the model's own forward and generate too (see mmrl.rope)
+        rope.install(model)
         tok = self.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         # End of a turn: <|im_end|>, the tokenizer's EOS and the model's generation-config EOS ids (real
@@ -368,13 +371,15 @@ class Policy:
         return {k: v.to(self.device) for k, v in out.items()}
 
     def position_ids(self, batch: dict[str, torch.Tensor], seqs: Sequence[TokenSeq]) -> torch.Tensor:
-        """(3, B, L) M-RoPE positions from the model's own rope-index function, for a padded batch."""
+        """(3, B, L) M-RoPE positions for a padded batch, by the pre-training rule (:func:`mmrl.rope.rope_index`,
+        the function the model's own forward and ``generate`` use too): text after a vision block resumes at
+        the block's largest position + 1."""
         grid_kw = self._grid_kwargs(seqs)
         if not grid_kw:  # text only: plain positions on all three axes
             pos = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
             return pos.unsqueeze(0).expand(3, -1, -1)
-        pos, _ = self.base.get_rope_index(
-            batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
+        pos, _ = rope.rope_index(
+            self.base, batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
             attention_mask=batch["attention_mask"], **grid_kw)
         return pos
 
