@@ -109,14 +109,28 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor:
     ``reference_adapter.safetensors``. ``settings``: the run's evaluation settings (:func:`eval_settings`),
     stored as ``mmrl_eval.json``. A model with LoRA adapters is stored as its adapters (PEFT format) and
     the processor."""
+    tmp = start_checkpoint(run_dir, step)
+    write_checkpoint(tmp, step, model, processor, state, reference=reference, settings=settings)
+    return publish_checkpoint(run_dir, step, keep=keep)
+
+
+def start_checkpoint(run_dir: Path, step: int) -> Path:
+    """The empty temporary folder a checkpoint is written into (renamed when complete)."""
+    tmp = run_dir / f".tmp-checkpoint-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_checkpoint(tmp: Path, step: int, model: torch.nn.Module, processor: Any, state: dict[str, Any], *,
+                     reference: torch.nn.Module | dict[str, torch.Tensor] | None = None,
+                     settings: dict[str, Any] | None = None) -> None:
+    """The model (or its adapters), the reference when stored, and the trainer state, into ``tmp``."""
     from safetensors.torch import save_file
     from safetensors.torch import save_model as save_tensors
 
     from mmrl import lora
 
-    final = run_dir / f"checkpoint-{step}"
-    tmp = run_dir / f".tmp-checkpoint-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
     if lora.has_lora(model):
         lora.save_adapters(model, tmp)
         processor.save_pretrained(tmp)
@@ -130,8 +144,14 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor:
     elif reference is not None:
         save_tensors(reference, str(tmp / REFERENCE_FILE))
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
+
+
+def publish_checkpoint(run_dir: Path, step: int, *, keep: int = 2) -> Path:
+    """Rename the complete temporary folder to ``checkpoint-<step>``, point ``latest`` at it and drop all but
+    the newest ``keep`` checkpoints."""
+    final = run_dir / f"checkpoint-{step}"
     shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    (run_dir / f".tmp-checkpoint-{step}").rename(final)
     (run_dir / "latest").write_text(final.name + "\n")
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:

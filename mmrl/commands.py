@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_paths(cfg)
     w = distributed.init(cfg.model.device)  # under torchrun / accelerate launch: join the process group
     run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
+    if not w.is_main:  # rank 0 alone prints progress and messages (errors still reach stderr)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
     summary = train(cfg, run_dir=run_dir, resume=args.resume, show_progress=not args.quiet)
     if not w.is_main:
         return 0

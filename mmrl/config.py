@@ -242,6 +242,9 @@ class TrainConfig:
     sharded), `zero3` (parameters too; the KL reference is sharded alike) or a DeepSpeed JSON file (batch
     sizes, clipping and bf16 are filled in from the run's settings). Empty: torch AdamW; under torchrun
     gradients are summed over ranks (plain data parallelism)."""
+    logprob_chunk_tokens: int = 1024
+    """Response tokens whose full-vocabulary log-softmax is built at once in log-prob passes (forward and
+    backward hold one chunk's; 0: all at once, the most memory)."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel where torch has one for the device."""
     health_window: int = 20

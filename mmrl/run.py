@@ -208,6 +208,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
     policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
                          device=device_for(cfg.model.device))
+    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
     if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
@@ -268,7 +269,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
                             "skipped_samples": trainer.skipped_samples})
     else:
-        load_weights(policy.model, run_dir / "final")
+        with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
+            load_weights(policy.model, run_dir / "final")
         if cfg.train.steps > int(state.get("rl").get("steps", 0)):
             print(f"RL finished its {state.get('rl')['steps']} steps: train.steps={cfg.train.steps} does not extend "
                   f"a finished run; start a new run from its model (--model {run_dir / 'final'})", flush=True)

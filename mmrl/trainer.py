@@ -33,8 +33,12 @@ from mmrl.checkpoint import (
     load_reference,
     load_trainer_state,
     load_weights,
+    publish_checkpoint,
+    rng_state,
     save_checkpoint,
     set_rng_state,
+    start_checkpoint,
+    write_checkpoint,
 )
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
@@ -46,6 +50,7 @@ from mmrl.grpo.kl import kl_in_reward
 from mmrl.grpo.shaping import ShapingInput
 from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
+from mmrl.memory import peak_gb, reset_peak
 from mmrl.optim import make_updater
 from mmrl.plugins import build_plugins
 from mmrl.policy import Policy, TokenSeq
@@ -224,6 +229,10 @@ class GRPOTrainer:
             self.ref = Policy(ref_model, self.policy.processor)
             self.ref.media = self.policy.media  # same encoded media, same keys
             self.ref.share_vision_features = self.policy.share_vision_features
+            self.ref.logprob_chunk_tokens = self.policy.logprob_chunk_tokens
+        elif self._zero3():
+            raise MmrlError("a KL reference reset mid-run (a curriculum stage's reset_reference) is not supported "
+                            "under ZeRO-3 yet: use train.deepspeed=zero2, or a stage without reset_reference")
         else:
             self.ref.model.load_state_dict(self.policy.model.state_dict())
         self.ref_is_start = self.step == 0
@@ -305,10 +314,10 @@ class GRPOTrainer:
         if hooks:
             self._hook("after_rollout", batch)
         self.score(batch)
-        if hooks:
-            self._hook("after_rewards", batch)
         if self.world.active:  # every rank gets the whole scored batch, in draw order
             batch = RolloutBatch.concat(self.world.gather(batch))
+        if hooks:  # plug-ins see the whole batch, as in one process (and keep the same state on every rank)
+            self._hook("after_rewards", batch)
         return batch
 
     def _episodes(self, prompts: list[PreparedPrompt], n: int):
@@ -475,6 +484,7 @@ class GRPOTrainer:
         self.policy.model.train()
         sums: dict[str, float] = {}
         norms: list[float] = []
+        self._peak_gb = 0.0
         n_updates = g.ppo_epochs * len(minis)
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
@@ -496,6 +506,8 @@ class GRPOTrainer:
                                f"({self.skipped_updates} so far)")
                 self.updater.zero_grad()
         stats: dict[str, Any] = dict(self.world.sum_stats(sums))
+        # the largest micro-batch's peak (GPU: allocated tensors; CPU: the process's resident set), rank 0's
+        stats["memory/peak_gb"] = self._peak_gb
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
         stats["skipped_updates"] = self.skipped_updates
@@ -511,6 +523,7 @@ class GRPOTrainer:
         """Forward and backward of one micro-batch; False (on every rank alike) when a loss is not finite.
         A ``dummy`` pass only keeps the ranks' collectives in step: its loss is zero."""
         g = self.cfg.grpo
+        reset_peak(self.policy.device)
         seqs, width = batch.micro_batch(idx)
         logp, ent, _ = self.policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
                                                     with_entropy=True, entropy_grad=bool(g.entropy_coef))
@@ -533,6 +546,7 @@ class GRPOTrainer:
             self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
             return True
         self.updater.backward(loss)
+        self._peak_gb = max(self._peak_gb, peak_gb(self.policy.device))
         share = float(mask.sum()) / max(1.0, counts.tokens)
         for k, v in st.items():
             if k == "n_tokens":
@@ -626,7 +640,10 @@ class GRPOTrainer:
                 load_reference(self.ref.model, ckpt)
         self.ref_is_start = state.get("reference") != "stored"
         self.step = int(state["step"])
-        load_weights(self.policy.model, ckpt)
+        if self.cfg.train.deepspeed:  # DeepSpeed restores the weights with its optimizer shards
+            self.updater.load_files(ckpt)
+        else:
+            load_weights(self.policy.model, ckpt)
         self.updater.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
@@ -635,7 +652,9 @@ class GRPOTrainer:
         self.rewards.load_state_dict(state.get("rewards") or {})
         for k, p in self.plugins.items():
             p.load_state_dict(state.get("plugins", {}).get(k, {}))
-        set_rng_state(state["rng"])
+        own_rng = ckpt / f"rng_state_rank{self.world.rank}.pt"  # several ranks: each its own random state
+        set_rng_state(torch.load(own_rng, weights_only=True) if self.world.active and own_rng.is_file()
+                      else state["rng"])
         self.log.truncate_after("rl", self.step)
         tqdm.write(f"resumed from {ckpt} (step {self.step})")
         return True
@@ -648,9 +667,27 @@ class GRPOTrainer:
         ref = None
         if self.ref is not None and not self.ref_is_start:
             ref = self.ref.stored() if isinstance(self.ref, AdapterReference) else self.ref.model
-        return save_checkpoint(self.run_dir, self.step, self.policy.model, self.policy.processor,
-                               self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref,
-                               settings=eval_settings(self.cfg))
+        w = self.world
+        if not w.active:
+            return save_checkpoint(self.run_dir, self.step, self.policy.model, self.policy.processor,
+                                   self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref,
+                                   settings=eval_settings(self.cfg))
+        # several ranks: rank 0 writes the model and the trainer state, every rank its own optimizer shard
+        # (DeepSpeed) and random state; the folder is renamed once all are written
+        tmp = start_checkpoint(self.run_dir, self.step) if w.is_main else None
+        tmp = w.broadcast(tmp)
+        state = self.state_dict()
+        with self.updater.full_weights():  # ZeRO-3: the whole weights, gathered
+            if w.is_main:
+                write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state, reference=ref,
+                                 settings=eval_settings(self.cfg))
+        self.updater.save_files(tmp)
+        torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
+        w.barrier()
+        final = publish_checkpoint(self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints) \
+            if w.is_main else None
+        w.barrier()
+        return w.broadcast(final)
 
     # ------------------------------------------------------------------------------------ loop
     def run_eval(self, tag: str) -> dict[str, Any]:

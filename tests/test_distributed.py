@@ -1,0 +1,147 @@
+"""Data-parallel training under ``torchrun --nproc_per_node 2`` (gloo, CPU) with DeepSpeed ZeRO-2 and ZeRO-3.
+
+The same global batch on two ranks must give the single-process run's loss at every step and its final
+weights (fp32 round-off apart); a run killed on both ranks after a checkpoint resumes and ends where the
+unkilled run ends; rank 0 alone writes the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.xdist_group("torchrun")  # one torchrun pair at a time
+
+MMRL = str(Path(sys.executable).with_name("mmrl"))
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+REWARD = '''
+from rewards import register_reward
+
+
+@register_reward("text_length")
+def text_length(completions, **_):
+    """Longer completions score higher: random models' rollouts differ, so advantages are not zero."""
+    return [len(c if isinstance(c, str) else c[-1]["content"]) / 10 for c in completions]
+'''
+RUN = [
+    "model.tiny_family=qwen2_5_vl", "model.init=random",
+    "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]",
+    "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
+    "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.seed_per_prompt=true",
+    # 2 prompts x 4 rollouts: each rank rolls out one prompt and trains it in two micro-batches (3 + 1)
+    "train.prompts_per_step=2", "train.micro_batch_size=3", "train.steps=4", "train.save_every=2",
+    "train.keep_checkpoints=2", "train.log_every=0", "train.cpu_threads=1", "train.lr=1e-3",
+    "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
+    "rewards=[{name: text_length}]", "grpo.kl_coef=0.01", "grpo.entropy_coef=0.01",
+]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("dist")
+    (root / "text_length.py").write_text(REWARD)
+    return {**os.environ, "MMRL_CACHE": str(root / "cache"), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+            "TQDM_DISABLE": "1", "MMRL_TEST_REWARD": str(root / "text_length.py")}
+
+
+def command(out: Path, env: dict[str, str], ranks: int, *extra: str) -> list[str]:
+    args = ["train", "--quiet", "--out", str(out), *RUN, f"imports=[{env['MMRL_TEST_REWARD']}]", *extra]
+    if ranks == 1:
+        return [MMRL, *args]
+    return [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks), "-m", "mmrl", *args]
+
+
+def train(out: Path, env: dict[str, str], ranks: int, *extra: str) -> None:
+    done = subprocess.run(command(out, env, ranks, *extra), check=False, env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:  # the ranks' own tracebacks, not only torchrun's summary
+        lines = (done.stdout + done.stderr).splitlines()
+        pytest.fail("\n".join([ln for ln in lines if ln.startswith("[rank0]")][-40:] + lines[-10:]))
+
+
+def rl_rows(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["stage"] == "rl"]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    assert out, f"no weights in {folder}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("single") / "run"
+    train(out, env, 1)
+    return out
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: Path, env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    straight = tmp_path / "straight"
+    train(straight, env, 2, f"train.deepspeed={stage}")
+
+    # the loss at every step and the final weights equal the single-process run's
+    one, two = rl_rows(single), rl_rows(straight)
+    assert [r["step"] for r in two] == [1, 2, 3, 4]  # each step logged once: rank 0 alone writes
+    for a, b in zip(one, two):
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)  # the same rollouts
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
+    assert any(abs(r["loss"]) > 1e-4 for r in one) and all(r["reward_std"] > 0 for r in one)
+    w1, w2 = weights(single / "final"), weights(straight / "final")
+    assert set(w1) == set(w2)
+    # Per tensor, the two runs' total updates agree to 1% of the update's size. (Not a plain allclose: Adam
+    # divides by the gradient's magnitude, so a gradient that is round-off noise, like the key-projection
+    # bias's, which softmax makes exactly zero in exact arithmetic, moves its weight by learning-rate-sized
+    # noise that is different in every run with a different summation order.)
+    w0 = weights(single / "checkpoint-2")
+    assert any(not torch.equal(w1[k], w0[k]) for k in w1)  # the last steps moved the weights
+    far = {}
+    for k in w1:
+        moved = float((w1[k] - w0[k]).abs().max())
+        gap = float((w1[k] - w2[k]).abs().max())
+        if gap > 1e-2 * moved + 1e-7:
+            far[k] = (gap, moved)
+    assert not far, f"weights differ beyond fp32 round-off (gap, update): {list(far.items())[:3]}"
+
+    # only rank 0 wrote: the folder holds one run's files; per-rank files only inside checkpoints
+    ckpt = straight / "checkpoint-4"
+    assert {p.name for p in ckpt.glob("rng_state_rank*.pt")} == {"rng_state_rank0.pt", "rng_state_rank1.pt"}
+    assert (ckpt / "deepspeed").is_dir()
+    assert not list(straight.glob(".tmp-*"))
+
+    # killed on both ranks after checkpoint-2, then resumed: the same end as the uninterrupted run
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(command(killed, env, 2, f"train.deepspeed={stage}"), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    while not (killed / "checkpoint-2" / "trainer_state.pt").is_file():
+        assert proc.poll() is None, proc.stderr.read().decode()[-4000:]
+        time.sleep(0.05)
+    for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+        p.send_signal(signal.SIGKILL)  # both ranks and torchrun (the ranks are not in its process group)
+    proc.wait()
+    psutil.wait_procs(psutil.Process().children(recursive=True), timeout=0)
+    proc.stderr.close()
+    assert not (killed / "final").exists() and not (killed / "checkpoint-4").exists()  # killed mid-run
+    train(killed, env, 2, f"train.deepspeed={stage}", "--resume")
+    w3 = weights(killed / "final")
+    differ = [k for k in w2 if not torch.equal(w2[k], w3[k])]
+    assert not differ, f"{len(differ)} tensors differ after the resume, e.g. {differ[:3]}"
+    assert [r["step"] for r in rl_rows(killed)] == [1, 2, 3, 4]
+    for a, b in zip(two, rl_rows(killed)):
+        assert a["loss"] == b["loss"], a["step"]
