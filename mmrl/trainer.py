@@ -130,6 +130,13 @@ class GRPOTrainer:
             self.ref.model = self.updater.wrap_reference(self.ref.model)
             self.ref.synced_generation = self._zero3()
         policy.synced_generation = self._zero3()
+        if self._zero3() and policy.logprob_chunk_tokens:
+            # ZeRO-3 gathers the LM head at each call of it, and a chunk's backward recomputation finds it
+            # released: one LM-head call per micro-batch (every rank makes the same number of calls)
+            tqdm.write("ZeRO-3: log-probs over the full vocabulary at once (train.logprob_chunk_tokens ignored)")
+            for p in (policy, self.ref):
+                if isinstance(p, Policy):
+                    p.logprob_chunk_tokens = 0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self)

@@ -145,3 +145,19 @@ def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: P
     assert [r["step"] for r in rl_rows(killed)] == [1, 2, 3, 4]
     for a, b in zip(two, rl_rows(killed)):
         assert a["loss"] == b["loss"], a["step"]
+
+
+def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
+    """LoRA adapters (no dropout: its masks would come from each rank's own random stream) trained on two
+    ZeRO-3 ranks, with the KL reference as the adapters-off model, end as the single-process run's."""
+    lora = ["model.lora={r: 4, dropout: 0.0}", "train.steps=2", "train.save_every=0"]
+    train(tmp_path / "one", env, 1, *lora)
+    train(tmp_path / "two", env, 2, "train.deepspeed=zero3", *lora)
+    for a, b in zip(rl_rows(tmp_path / "one"), rl_rows(tmp_path / "two")):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
+        assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-9)
+    a1 = load_file(tmp_path / "one" / "final" / "adapter" / "adapter_model.safetensors")
+    a2 = load_file(tmp_path / "two" / "final" / "adapter" / "adapter_model.safetensors")
+    assert set(a1) == set(a2) and any(k for k in a1 if "lora_B" in k)
+    for k in a1:
+        assert torch.allclose(a1[k], a2[k], rtol=1e-3, atol=1e-6), k
