@@ -7,6 +7,7 @@ family fixture is module-scoped and parametrised, so pytest finishes one family 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 from collections.abc import Iterator
@@ -55,6 +56,11 @@ class Rig:
         self.backend = make_backend("vllm", self.policy)  # before the prompts: it keeps their media
         preparer = MediaPreparer(MEDIA, family=family)
         self.prompts = {k: encode_prompt(self.policy, preparer, toy[k], PROMPT)[0] for k in KINDS}
+        # a prompt of several KV blocks (vLLM caches prefixes by whole blocks: its stale entries must go)
+        long_question = toy["image"].question + " Look carefully at the colours and the shapes." * 40
+        long = dataclasses.replace(toy["image"], question=long_question)
+        self.prompts["long"] = encode_prompt(self.policy, preparer, long, PROMPT)[0]
+        assert len(self.prompts["long"]) > 300
 
     def hf(self, seqs: list[TokenSeq], params: SamplingParams, n: int = 1):
         return HFBackend(self.policy).generate(seqs, n=n, params=params)
@@ -134,7 +140,7 @@ def test_multi_turn_episodes_run_through_vllm(rig: Rig) -> None:
 
 @pytest.mark.vllm
 def test_weight_push_changes_the_next_generation_as_the_new_weights_do(rig: Rig) -> None:
-    prompts = [rig.prompts[k] for k in KINDS]
+    prompts = [rig.prompts[k] for k in (*KINDS, "long")]
     before = [g[0].token_ids for g in rig.backend.generate(prompts, n=1, params=GREEDY)]
     saved = {k: v.clone() for k, v in rig.policy.model.state_dict().items()}
     try:
