@@ -282,6 +282,10 @@ def _let_qwen3_vl_pass_video_placeholders() -> None:
 
 
 def _named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's weights under their checkpoint names (as ``save_pretrained`` writes them)."""
-    for name, tensor in model.state_dict().items():
+    """The model's weights under the model's own parameter names; with LoRA adapters, the base weights with
+    the adapters merged in (the engine runs the plain model)."""
+    from mmrl.lora import has_lora, merged_state_dict
+
+    state = merged_state_dict(model) if has_lora(model) else model.state_dict()
+    for name, tensor in state.items():
         yield name, tensor.detach()

@@ -164,6 +164,31 @@ def test_weight_push_changes_the_next_generation_as_the_new_weights_do(rig: Rig)
     assert restored == before
 
 
+@pytest.mark.vllm
+def test_weight_push_with_lora_adapters(rig: Rig) -> None:
+    """A LoRA policy pushes its base weights with the adapters merged: the engine answers as the adapter
+    model does. (Last of the family's tests: the adapters stay on the module's policy.)"""
+    from mmrl.config import LoraSettings
+    from mmrl.lora import apply_lora
+
+    prompts = [rig.prompts[k] for k in KINDS]
+    before = [g[0].token_ids for g in rig.backend.generate(prompts, n=1, params=GREEDY)]
+    apply_lora(rig.policy, LoraSettings(r=4, alpha=8, dropout=0.0))
+    rig.policy.model.eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # adapters start as a zero update (B = 0): give them a real one
+        for name, p in rig.policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    want = rig.hf(prompts, GREEDY)
+    assert [g[0].token_ids for g in want] != before
+    rig.backend.after_update(rig.policy)
+    got = rig.backend.generate(prompts, n=1, params=GREEDY)
+    for g, w in zip(got, want):
+        assert g[0].token_ids == w[0].token_ids
+        torch.testing.assert_close(torch.tensor(g[0].logprobs), torch.tensor(w[0].logprobs), rtol=0, atol=1e-5)
+
+
 def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ConfigError, match=r"mmrl\[vllm\].*make setup-vllm-cpu"):
