@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fixture)
 
 from data_pipelines.loaders import load_samples
 from data_pipelines.schema import Sample
@@ -187,6 +188,33 @@ def test_weight_push_with_lora_adapters(rig: Rig) -> None:
     for g, w in zip(got, want):
         assert g[0].token_ids == w[0].token_ids
         torch.testing.assert_close(torch.tensor(g[0].logprobs), torch.tensor(w[0].logprobs), rtol=0, atol=1e-5)
+
+
+@pytest.mark.vllm
+@pytest.mark.usefixtures("module_cache")
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize(("task", "kind"), [("video-qa", "video"), ("image-qa", "image")])
+def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], family: str, task: str,
+                                     kind: str) -> None:
+    """``mmrl train`` with ``rollout.backend=vllm`` runs its steps; the trained model's folder loads in vLLM
+    unchanged and answers greedily as it does under HF."""
+    toy_tasks = "[color]" if kind == "video" else "[color_image]"
+    rows = run_rl(tmp_path, f"model.tiny_family={family}", "rollout.backend=vllm", "rollout.record_logprobs=true",
+                  f"data.toy_tasks={toy_tasks}", task=task)
+    assert [r["step"] for r in rows] == [1, 2]
+    gc.collect()  # the run's engine
+    policy = load_policy(tmp_path / "run" / "final")
+    policy.model.eval()
+    backend = make_backend("vllm", policy)
+    try:
+        prompt = encode_prompt(policy, MediaPreparer(MEDIA, family=family), toy[kind], PROMPT)[0]
+        want = HFBackend(policy).generate([prompt], n=1, params=GREEDY)[0][0]
+        got = backend.generate([prompt], n=1, params=GREEDY)[0][0]
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+    finally:
+        del backend
+        gc.collect()
 
 
 def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
