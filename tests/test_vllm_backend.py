@@ -217,6 +217,31 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
         gc.collect()
 
 
+@pytest.mark.vllm
+def test_engine_starts_from_the_policys_weights(tmp_path: Path, toy: dict[str, Sample]) -> None:
+    """Weights changed before the backend is built (a cold start, a loaded checkpoint) are the engine's too,
+    not the folder's."""
+    policy = load_policy(make_tiny("qwen2_5_vl", tmp_path / "model", seed=0))
+    policy.model.eval()
+    prompt = encode_prompt(policy, MediaPreparer(MEDIA, family="qwen2_5_vl"), toy["image"], PROMPT)[0]
+    folder_answer = HFBackend(policy).generate([prompt], n=1, params=GREEDY)[0][0]
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    want = HFBackend(policy).generate([prompt], n=1, params=GREEDY)[0][0]
+    assert want.token_ids != folder_answer.token_ids
+    backend = make_backend("vllm", policy)
+    try:
+        prompt = encode_prompt(policy, MediaPreparer(MEDIA, family="qwen2_5_vl"), toy["image"], PROMPT)[0]
+        got = backend.generate([prompt], n=1, params=GREEDY)[0][0]
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+    finally:
+        del backend
+        gc.collect()
+
+
 def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ConfigError, match=r"mmrl\[vllm\].*make setup-vllm-cpu"):
