@@ -222,6 +222,8 @@ class DeepSpeedUpdater(Updater):
         except ImportError as exc:
             raise MmrlError("train.deepspeed needs DeepSpeed: pip install 'mmrl[deepspeed]'") from exc
         self.world = world
+        if not torch.distributed.is_initialized():  # one process without torchrun: a world of one
+            _init_single_process(model)
         self.config = deepspeed_config(train.deepspeed, micro_batch=train.micro_batch_size, world=world,
                                        max_grad_norm=train.max_grad_norm, bf16=bf16)
         self.stage = int(self.config["zero_optimization"]["stage"])
@@ -290,6 +292,20 @@ class DeepSpeedUpdater(Updater):
                                                    if k.startswith("stage3_") or k == "offload_param"}}
         engine, *_ = deepspeed.initialize(model=model, config=cfg, dist_init_required=False)
         return engine.module
+
+
+def _init_single_process(model: torch.nn.Module) -> None:
+    import os
+    import socket
+
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as sock:  # a free port: several single-process runs may share the machine
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    cuda = next(model.parameters()).is_cuda
+    torch.distributed.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
 
 
 def make_updater(model: torch.nn.Module, train: Any, world: World, *, bf16: bool) -> Updater:
