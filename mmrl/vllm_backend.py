@@ -104,7 +104,7 @@ class VLLMBackend:
     def _record_media(self, policy: Policy) -> None:
         """Keep every media item the policy encodes from now on (the engine needs the pixels' source, the
         policy keeps only processed tensors): ``policy.encode`` is wrapped on this policy instance."""
-        encode = policy.encode
+        encode = getattr(policy.encode, "__wrapped__", policy.encode)  # one wrapper: the latest backend's
         raw = self.raw_media
 
         def encode_and_record(text: str, media: Sequence[MediaInput] = ()) -> TokenSeq:
@@ -113,6 +113,7 @@ class VLLMBackend:
                 raw.setdefault(m.key, m)
             return seq
 
+        encode_and_record.__wrapped__ = encode  # type: ignore[attr-defined]
         policy.encode = encode_and_record  # type: ignore[method-assign]
 
     def _expansion(self, m: MediaInput) -> tuple[list[int], list[int]]:
