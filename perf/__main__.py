@@ -250,11 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout", "build", "semantic", "memory"], default=None)
+    parser.add_argument("--only", choices=["step", "rollout", "build", "semantic", "memory", "trl"], default=None)
+    parser.add_argument("--trl-steps", type=int, default=3, help="steps per alternating block in the TRL comparison")
+    parser.add_argument("--trl-rounds", type=int, default=3, help="timed blocks of each framework (after a warm-up)")
     parser.add_argument("--memory-seqs", type=int, default=16, help="sequences in the measured micro-batch")
     parser.add_argument("--memory-tokens", type=int, default=512, help="response tokens per sequence")
     parser.add_argument("--device", default="auto", help="device of the memory measurement (auto: CUDA if any)")
     args = parser.parse_args(argv)
+    if args.only in (None, "trl"):
+        from perf.trl_compare import print_trl, run_trl
+
+        print_trl(run_trl(args.trl_steps, args.trl_rounds))
+        sys.stdout.flush()
+    if args.only == "trl":
+        return 0
     if args.only == "memory":
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
             _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device))
