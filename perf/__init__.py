@@ -21,6 +21,12 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
   16 sequences it halves the sequences until it can, and says so (``--memory-seqs``, ``--memory-tokens``,
   ``--device``; ``--only memory`` runs it alone).
 
+* ``trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` in one process (:mod:`perf.trl_compare`): the same
+  tiny Qwen2.5-VL folder at about 1M and 23M parameters, 2 prompts x G=8 on 112x112 images, at most 16 new
+  tokens, fp32, no reference, one update per batch, the same reward; median seconds per step, samples per
+  second and the ratio; then mmrl's framework overhead on the 23M model (the share of a step outside model
+  forward, backward and ``generate``).
+
 Repetitions of the two modes are interleaved after a warm-up, and medians are reported, so both numbers
 come from the same run on the same machine state. Builds are timed after one untimed warm-up build (imports,
 first-call caches), each into a fresh folder; medians are reported.

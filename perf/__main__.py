@@ -190,7 +190,8 @@ def _memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int 
     return work
 
 
-def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto") -> tuple[dict, list[tuple]]:
+def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", shrink: bool = True
+                 ) -> tuple[dict, list[tuple]]:
     """Peak memory of one training micro-batch in each of :data:`MEM_MODES`, each in a fresh process
     (:func:`mmrl.memory.measure_in_subprocess`). Where the machine cannot hold the full log-softmax of
     ``seqs`` x ``tokens`` rows, the number of sequences is halved until it can (said in the returned info)."""
@@ -207,7 +208,7 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto") ->
         return 5 * n * tokens * MEM_VOCAB * 4 + GB
     avail = available_bytes(dev)
     asked = seqs
-    while avail is not None and seqs > 1 and need(seqs) > 0.8 * avail:
+    while shrink and avail is not None and seqs > 1 and need(seqs) > 0.8 * avail:
         seqs //= 2
     info = {"device": str(dev), "asked": asked, "seqs": seqs, "tokens": tokens, "vocab": MEM_VOCAB,
             "available_gb": None if avail is None else avail / GB, "need_gb": need(asked) / GB,
@@ -256,17 +257,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-seqs", type=int, default=16, help="sequences in the measured micro-batch")
     parser.add_argument("--memory-tokens", type=int, default=512, help="response tokens per sequence")
     parser.add_argument("--device", default="auto", help="device of the memory measurement (auto: CUDA if any)")
+    parser.add_argument("--memory-no-shrink", action="store_true",
+                        help="measure at --memory-seqs even where the unchunked modes may not fit (the estimate "
+                             "of five full-vocabulary tensors is an upper bound)")
     args = parser.parse_args(argv)
     if args.only in (None, "trl"):
         from perf.trl_compare import print_trl, run_trl
 
         print_trl(run_trl(args.trl_steps, args.trl_rounds))
+        from perf.trl_compare import SIZES, overhead, print_overhead
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-overhead-") as tmp:
+            print_overhead(overhead(Path(tmp), size=SIZES["small"]), "small")
         sys.stdout.flush()
     if args.only == "trl":
         return 0
     if args.only == "memory":
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
-            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device))
+            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device,
+                                        shrink=not args.memory_no_shrink))
         return 0
     if args.only in (None, "semantic"):
         from perf.semantic import bench_semantic, print_semantic
@@ -304,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only is None:
         print()
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
-            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device))
+            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device,
+                                        shrink=not args.memory_no_shrink))
     return 0
 
 

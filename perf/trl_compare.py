@@ -212,3 +212,66 @@ def _trl_version() -> str:
     import trl
 
     return trl.__version__
+
+
+def overhead(root: Path, *, size: dict[str, int], steps: int = 4, group: int = 8, tokens: int = 16) -> dict[str, float]:
+    """mmrl's framework overhead: the share of a GRPO step's time spent outside model forward passes,
+    backward passes and ``generate`` (media preparation, batching, rewards, advantages, logging), measured
+    with timers around those three on the same image setting as :func:`compare` (first step untimed)."""
+    from mmrl.tiny_models import make_tiny
+
+    model_dir = root / "model"
+    if not (model_dir / "config.json").exists():
+        make_tiny("qwen2_5_vl", model_dir, seed=0, image_min_pixels=112 * 112, image_max_pixels=112 * 112, **size)
+    images = _images(root, 2, 112)
+    mm = mmrl_trainer(model_dir, images, root / "mmrl", group=group, tokens=tokens, lr=1e-6)
+    spent = {"generate": 0.0, "forward": 0.0, "backward": 0.0}
+    inside_generate = [False]
+
+    def timed(fn, key):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            inside_generate[0] = inside_generate[0] or key == "generate"
+            try:
+                return fn(*a, **kw)
+            finally:
+                if key == "generate":
+                    inside_generate[0] = False
+                spent[key] += time.perf_counter() - t0
+        return run
+
+    starts: list[float] = []
+
+    def pre(*_):
+        starts.append(time.perf_counter())
+
+    def post(*_):
+        t = time.perf_counter() - starts.pop()
+        if not inside_generate[0]:
+            spent["forward"] += t
+
+    base = mm.policy.base
+    for module in (base, mm.policy.model.lm_head, *([mm.ref.model.model, mm.ref.model.lm_head] if mm.ref else [])):
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+    mm.policy.model.generate = timed(mm.policy.model.generate, "generate")  # an instance attribute: timing only
+    mm.updater.backward = timed(mm.updater.backward, "backward")
+    mm.train_step()
+    mm.step += 1
+    for k in spent:
+        spent[k] = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        mm.train_step()
+        mm.step += 1
+    total = time.perf_counter() - t0
+    model_time = sum(spent.values())
+    return {"step_s": total / steps, **{f"{k}_s": v / steps for k, v in spent.items()},
+            "overhead_share": (total - model_time) / total}
+
+
+def print_overhead(r: dict[str, float], name: str) -> None:
+    print(f"mmrl framework overhead ({name} model, images as above): {r['step_s']:.3f} s/step = generate "
+          f"{r['generate_s']:.3f} + forward {r['forward_s']:.3f} + backward {r['backward_s']:.3f} + the rest "
+          f"{r['step_s'] - r['generate_s'] - r['forward_s'] - r['backward_s']:.3f} s: overhead "
+          f"{100 * r['overhead_share']:.1f}% of the step\n")
