@@ -245,6 +245,11 @@ class TrainConfig:
     logprob_chunk_tokens: int = 1024
     """Response tokens whose full-vocabulary log-softmax is built at once in log-prob passes (forward and
     backward hold one chunk's; 0: all at once, the most memory)."""
+    shared_prefix: bool = True
+    """Log-prob passes run each group's common prompt (with its vision tokens) through the language model
+    once, the G completions attending to that one encoding: the same log-probs and gradients as the padded
+    batch, with far less compute for long (video) prompts and short answers. Off: every sequence whole.
+    Not used under activation checkpointing (model.gradient_checkpointing) in training passes."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel where torch has one for the device."""
     health_window: int = 20

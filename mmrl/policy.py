@@ -388,10 +388,13 @@ class Policy:
     # unchunked full log-softmax). At Qwen's 152k vocabulary one fp32 row is 0.6 MB, so 1024 rows are about
     # 0.6 GB per full-vocabulary tensor, whatever the micro-batch size.
     logprob_chunk_tokens: int | None = 1024
+    # The prompt once per group in log-prob passes (see :meth:`forward_logprobs`); False: every sequence whole,
+    # in one padded batch (set from train.shared_prefix).
+    shared_prefix_forward: bool = True
 
     def forward_logprobs(
         self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0, with_entropy: bool = False,
-        entropy_grad: bool = True, chunk_tokens: int | None = None,
+        entropy_grad: bool = True, chunk_tokens: int | None = None, shared_prefix: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Per-token log-probabilities (and entropies) of each sequence's own tokens.
 
@@ -407,21 +410,35 @@ class Policy:
         full-vocabulary tensor of the whole micro-batch exists in forward or backward. The values and
         gradients equal those of the full log-softmax within fp32 round-off. With ``entropy_grad=True``
         each chunk keeps its own log-softmax graph while it is recomputed (more memory per chunk).
+
+        Shared prefix (``shared_prefix``, default :attr:`shared_prefix_forward`): consecutive sequences with
+        the same prompt (the tokens before the first trained one, and the same media) form a group; the
+        group's longest common token prefix, which must hold all its vision tokens, goes through the language
+        model once and the group's continuations attend to that one encoding (its KV cache). The results, and
+        the gradients, which reach the prefix's computation once summed over the continuations, are those of
+        the padded batch within round-off. Groups of one sequence, groups without a common prefix and groups
+        with vision tokens after it take the padded path (in the same prefix pass, whole); so does the whole
+        micro-batch under activation checkpointing in training, which drops KV caches.
         """
         batch = self.pad(seqs, left=False)
         position_ids = self.position_ids(batch, seqs)
-        encoder_outputs = self._encoder_outputs(seqs)
-        out = self.base(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=position_ids,
-            mm_token_type_ids=batch["mm_token_type_ids"], mm_encoder_outputs=encoder_outputs or None,
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state
         mask = batch["loss_mask"].clone()
         mask[:, 0] = 0
         rows, cols = mask.nonzero(as_tuple=True)
+        use_shared = self.shared_prefix_forward if shared_prefix is None else shared_prefix
+        plan = self._prefix_plan(seqs) if use_shared and not self._checkpointing_in_training() else None
+        if plan is not None:
+            hidden_rows = self._shared_prefix_hidden(seqs, batch, position_ids, plan, rows, cols)
+        else:
+            encoder_outputs = self._encoder_outputs(seqs)
+            out = self.base(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=position_ids,
+                mm_token_type_ids=batch["mm_token_type_ids"], mm_encoder_outputs=encoder_outputs or None,
+                use_cache=False,
+            )
+            hidden_rows = out.last_hidden_state[rows, cols - 1]
         chunk = self.logprob_chunk_tokens if chunk_tokens is None else chunk_tokens
-        lp, ent = _token_logprobs(self.model.lm_head, hidden[rows, cols - 1], batch["input_ids"][rows, cols],
+        lp, ent = _token_logprobs(self.model.lm_head, hidden_rows, batch["input_ids"][rows, cols],
                                   temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
                                   chunk=chunk or 0)
         logps = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), lp)
@@ -429,6 +446,127 @@ class Policy:
         if ent is not None:
             entropies = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), ent)
         return logps, entropies, mask
+
+    # ------------------------------------------------------------------------------------ shared prefix
+    def _checkpointing_in_training(self) -> bool:
+        """Activation checkpointing active on the decoder layers: they drop any KV cache (HF forces
+        ``past_key_values=None`` there), so the shared-prefix path cannot run."""
+        return any(getattr(layer, "gradient_checkpointing", False) is True and layer.training
+                   for layer in self.base.language_model.layers)
+
+    def _prefix_plan(self, seqs: Sequence[TokenSeq]) -> list[tuple[list[int], int]] | None:
+        """Groups of consecutive rows with one prompt and media: ``[(rows, prefix length), ...]``, covering
+        every row in order; a prefix length of 0 means the rows run whole (a group of one, no common prefix,
+        vision tokens after the common prefix). None when no group shares a prefix."""
+        def prompt_key(s: TokenSeq) -> tuple:
+            first = s.loss_mask.index(1) if 1 in s.loss_mask else len(s)
+            return tuple(s.ids[:first]), tuple(s.mm_types[:first]), tuple(s.media)
+
+        groups: list[list[int]] = []
+        last = None
+        for i, s in enumerate(seqs):
+            key = prompt_key(s)
+            if groups and key == last:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+            last = key
+        plan: list[tuple[list[int], int]] = []
+        for group in groups:
+            n = 0
+            if len(group) > 1:
+                first = seqs[group[0]]
+                n = min(len(seqs[i]) for i in group) - 1  # every row keeps a token after the prefix
+                for i in group[1:]:
+                    s = seqs[i]
+                    k = 0
+                    while k < n and s.ids[k] == first.ids[k] and s.mm_types[k] == first.mm_types[k]:
+                        k += 1
+                    n = k
+                if any(t != TEXT for i in group for t in seqs[i].mm_types[n:]):
+                    n = 0  # vision tokens after the shared part: their features would be needed twice
+            plan.append((group, n))
+        if all(n == 0 for _, n in plan):
+            return None
+        return plan
+
+    def _shared_prefix_hidden(self, seqs: Sequence[TokenSeq], batch: dict[str, torch.Tensor],
+                              position_ids: torch.Tensor, plan: list[tuple[list[int], int]],
+                              rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Last hidden states at ``(rows, cols - 1)`` of the padded batch, each shared prefix run once.
+
+        Pass 1 runs one row per shared group (its prefix, with the vision features) and every unshared row
+        whole, right-padded together, keeping the KV cache. Pass 2 runs every shared row's continuation,
+        right-padded, against its group's cache rows (selected along the batch: their gradient sums over the
+        group), with the continuation's slice of the full sequence's M-RoPE positions and a 2-D mask over the
+        prefix (its padding excluded) and the continuation.
+        """
+        dev = batch["input_ids"].device
+        lengths = [len(s) for s in seqs]
+        pre_src: list[int] = []  # source row of each pass-1 row
+        pre_len: list[int] = []
+        suf_src: list[int] = []  # source row of each pass-2 row
+        suf_pre: list[int] = []  # its pass-1 row
+        row_pre = [0] * len(seqs)  # pass-1 row of each source row
+        row_suf = [-1] * len(seqs)  # pass-2 row (-1: none)
+        row_split = [0] * len(seqs)  # tokens of the row computed in pass 1
+        for group, n in plan:
+            if n == 0:
+                for i in group:
+                    row_pre[i], row_split[i] = len(pre_src), lengths[i]
+                    pre_src.append(i)
+                    pre_len.append(lengths[i])
+                continue
+            p = len(pre_src)
+            pre_src.append(group[0])
+            pre_len.append(n)
+            for i in group:
+                row_pre[i], row_split[i], row_suf[i] = p, n, len(suf_src)
+                suf_src.append(i)
+                suf_pre.append(p)
+        width = max(pre_len)
+        src = torch.tensor(pre_src, device=dev)
+        keep = torch.arange(width, device=dev)[None, :] < torch.tensor(pre_len, device=dev)[:, None]
+        pre_ids = batch["input_ids"][src, :width].masked_fill(~keep, self.pad_id)
+        pre_types = batch["mm_token_type_ids"][src, :width] * keep
+        pre_attn = keep.long()
+        pre_pos = position_ids[:, src, :width] * keep
+        pre_seqs = [replace(seqs[i], ids=seqs[i].ids[:k], mm_types=seqs[i].mm_types[:k],
+                            loss_mask=seqs[i].loss_mask[:k]) for i, k in zip(pre_src, pre_len)]
+        encoder_outputs = self._encoder_outputs(pre_seqs)
+        out = self.base(input_ids=pre_ids, attention_mask=pre_attn, position_ids=pre_pos,
+                        mm_token_type_ids=pre_types, mm_encoder_outputs=encoder_outputs or None, use_cache=True)
+        pre_hidden = out.last_hidden_state
+        parts = [pre_hidden.reshape(-1, pre_hidden.shape[-1])]
+        suf_width = 1
+        if suf_src:
+            starts = [row_split[i] for i in suf_src]
+            suf_width = max(lengths[i] - k for i, k in zip(suf_src, starts))
+            take = torch.tensor([[min(k + j, batch["input_ids"].shape[1] - 1) for j in range(suf_width)]
+                                 for k in starts], device=dev)
+            sidx = torch.tensor(suf_src, device=dev)
+            suf_ids = batch["input_ids"][sidx[:, None], take]
+            suf_attn = torch.tensor([[1 if k + j < lengths[i] else 0 for j in range(suf_width)]
+                                     for i, k in zip(suf_src, starts)], device=dev)
+            suf_ids = suf_ids.masked_fill(suf_attn == 0, self.pad_id)
+            suf_pos = position_ids[:, sidx[:, None], take] * suf_attn
+            cache = out.past_key_values
+            owner = torch.tensor(suf_pre, device=dev)
+            cache.reorder_cache(owner)  # each continuation's own copy of its group's prefix keys and values
+            attn = torch.cat([pre_attn[owner], suf_attn], dim=1)
+            suf_out = self.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
+                                mm_token_type_ids=torch.zeros_like(suf_ids), past_key_values=cache, use_cache=True)
+            suf_hidden = suf_out.last_hidden_state
+            parts.append(suf_hidden.reshape(-1, suf_hidden.shape[-1]))
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        # where each (row, col - 1) lies in the flat [pass-1 rows; pass-2 rows] hidden states
+        pos = cols - 1
+        split = torch.tensor(row_split, device=dev)[rows]
+        in_pre = pos < split
+        pre_index = torch.tensor(row_pre, device=dev)[rows] * width + pos
+        suf_index = (len(pre_src) * width + torch.tensor(row_suf, device=dev)[rows].clamp(min=0) * suf_width
+                     + (pos - split).clamp(min=0))
+        return flat[torch.where(in_pre, pre_index, suf_index)]
 
     # ---------------------------------------------------------------------------------------- generate
     @torch.no_grad()
