@@ -69,6 +69,10 @@ class ModelConfig:
     """Keep the language model's weights fixed."""
     share_vision_features: bool = True
     """Run the vision tower once per unique media item per forward pass and share it across the group."""
+    cache_vision_features: bool = True
+    """Reuse vision features across the passes of a step: with a frozen tower (freeze_vision and
+    freeze_merger) each media item is encoded once per step (rollout, reference, old log-probs and update);
+    with a trainable one the passes without gradient share one encoding per model and weights. Exact."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
     attn_implementation: str = "sdpa"

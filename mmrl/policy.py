@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import inspect
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,10 +52,23 @@ class EncodedMedia:
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor  # (3,)
     second_per_grid: float | None = None
+    # The item's vision features by the tag of the tower that computed them (Policy._feature_tag): they live
+    # and go with the item (the trainer clears the media at the end of each step).
+    features: dict[Any, tuple[torch.Tensor, list[torch.Tensor]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @property
     def num_patches(self) -> int:
         return int(self.grid_thw.prod())
+
+
+class MediaStore(dict):
+    """The encoded media by key (:class:`EncodedMedia`), shared by a policy and its reference. Each item keeps
+    its cached vision features, so clearing the store (the trainer does at the end of each step) drops both.
+    ``vision_calls`` counts the vision-tower runs made for it by every policy that shares it; it is never
+    reset (take differences)."""
+
+    vision_calls: int = 0
 
 
 @dataclass
@@ -145,9 +160,13 @@ class Policy:
         self.tokenizer = processor.tokenizer
         self.family: str = model.config.model_type
         self.base = model.model  # the Qwen-VL base model: .visual, .language_model, get_rope_index
-        self.media: dict[str, EncodedMedia] = {}
+        self.media: dict[str, EncodedMedia] = MediaStore()
         self._calls = _CallCounter()  # vision-tower forward calls, for tests and benchmarks
         self.share_vision_features = True
+        # Vision features reused across passes while the tower is unchanged (see vision_features)
+        self.cache_vision_features = True
+        self._weights_epoch = 0  # bumped by weights_changed()
+        self._tower_memo: tuple[Any, str] | None = None  # (tower state, content digest) of a frozen tower
         # ZeRO-3 across ranks: every rank keeps stepping generation until all are done (its parameters are
         # gathered from the others at every forward)
         self.synced_generation = False
@@ -305,11 +324,62 @@ class Policy:
         return order
 
     # ---------------------------------------------------------------------------------------- vision
+    def clear_media(self) -> None:
+        """Forget the encoded media and, with them, their cached vision features (one call, end of step)."""
+        self.media.clear()
+
+    def weights_changed(self) -> None:
+        """The weights changed (the trainer calls this after each optimizer step): features a trainable tower
+        computed before are not reused. In-place updates are caught without it too (the tower state in the
+        tag holds each parameter's version counter); this covers updaters that swap tensors instead."""
+        self._weights_epoch += 1
+
+    def _feature_tag(self) -> Any:
+        """The key under which this model's vision features may be cached and looked up now; None: not now.
+
+        Invalidation is by the tag: it changes whenever the features could. The tower state is every tower
+        parameter's and buffer's storage and version counter (an optimizer step, ``load_state_dict`` or an
+        adapter swap writes in place and bumps them) plus its LoRA layers' on/off state.
+
+        * A **frozen** tower (no tower parameter requires grad) is tagged by a digest of its weights' bytes
+          (computed again only when the tower state changes): every pass of every model with an identical
+          tower shares one encoding, with or without gradient, the policy and its reference (a copy of
+          the policy, whose frozen tower never changes) included.
+        * A **trainable** tower: only passes without gradient use the cache, tagged by this model, the tower
+          state, :meth:`weights_changed`'s count and train/eval mode; passes with gradient run the tower.
+        * Never with ``cache_vision_features`` or ``share_vision_features`` off, under ZeRO-3 (parameters
+          are gathered per forward), or in train mode for a tower with dropout.
+        """
+        if not (self.cache_vision_features and self.share_vision_features) or self.synced_generation:
+            return None
+        visual = self.base.visual
+        tensors = [*visual.parameters(), *visual.buffers()]
+        adapters = _adapter_states(visual)
+        state = (tuple((t.data_ptr(), t._version) for t in tensors), adapters)
+        if visual.training and _has_dropout(visual):
+            return None
+        if any(p.requires_grad for p in visual.parameters()):
+            if torch.is_grad_enabled():
+                return None
+            return ("live", id(self.model), self._weights_epoch, visual.training, state)
+        if self._tower_memo is None or self._tower_memo[0] != state:
+            self._tower_memo = (state, _weights_digest(visual, self.device))
+        return ("frozen", self._tower_memo[1], adapters)
+
     def vision_features(self, keys: Iterable[str]) -> dict[str, tuple[torch.Tensor, list[torch.Tensor]]]:
-        """Run the vision tower once per unique key: key -> (merged embeddings, deepstack features)."""
+        """Run the vision tower once per unique key: key -> (merged embeddings, deepstack features).
+
+        Features are cached on the media items under :meth:`_feature_tag` and reused by later passes with
+        the same tag (rollout, reference, old log-probs and, for a frozen tower, the update), until the
+        media are cleared at the end of the step."""
+        tag = self._feature_tag()
         feats: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         for key in dict.fromkeys(keys):
             m = self.media[key]
+            cached = m.features.get(tag) if tag is not None else None
+            if cached is not None:
+                feats[key] = cached
+                continue
             grid = m.grid_thw.view(1, 3).to(self.device)
             pixels = m.pixel_values.to(self.device)
             if m.kind == "image":
@@ -318,7 +388,13 @@ class Policy:
                 out = self.base.get_video_features(pixels, grid, return_dict=True)
             embeds = out.pooler_output[0]
             deep = [d[0] for d in getattr(out, "deepstack_features", None) or []]
+            if isinstance(self.media, MediaStore):
+                self.media.vision_calls += 1
             feats[key] = (embeds, deep)
+            if tag is not None:
+                if tag[0] == "live":  # this model's features from before its weights changed are stale
+                    m.features = {t: f for t, f in m.features.items() if t[0] != "live" or t[1] != tag[1]}
+                m.features[tag] = (embeds.detach(), [d.detach() for d in deep])
         return feats
 
     def _encoder_outputs(self, seqs: Sequence[TokenSeq]) -> dict[str, Any]:
@@ -751,6 +827,35 @@ class _TargetLogprob(torch.autograd.Function):
         out = (logits.float() / temperature).sub_(lse[:, None]).exp_()  # softmax
         out.mul_(-grad[:, None]).scatter_add_(-1, targets[:, None], grad[:, None]).div_(temperature)
         return out.to(logits.dtype), None, None, None
+
+
+def _has_dropout(module: torch.nn.Module) -> bool:
+    """A dropout with a non-zero rate anywhere in ``module`` (its train-mode output is random)."""
+    return any((isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0)
+               or float(getattr(m, "attention_dropout", 0) or 0) > 0 for m in module.modules())
+
+
+def _adapter_states(module: torch.nn.Module) -> tuple:
+    """The on/off state and active adapters of each PEFT (LoRA) layer in ``module``: ``disable_adapter()``
+    changes what the layers compute without touching a weight."""
+    if "peft" not in sys.modules:  # no adapter layer can exist
+        return ()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return tuple((bool(m.disable_adapters), tuple(m.active_adapters)) for m in module.modules()
+                 if isinstance(m, BaseTunerLayer))
+
+
+def _weights_digest(module: torch.nn.Module, device: torch.device) -> str:
+    """A digest of a module's parameters and buffers (names, dtypes, shapes and bytes) and its device: equal
+    digests, equal weights."""
+    h = hashlib.blake2b(digest_size=20)
+    h.update(f"{type(module).__name__}|{device}".encode())
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        t = t.detach()
+        h.update(f"|{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 class _CallCounter:
