@@ -96,6 +96,7 @@ class GRPOTrainer:
         self.show_progress = show_progress and self.world.is_main
         self.step = 0
         self._draws = 0  # rollout calls within the step (seeds of rollout.seed_per_prompt)
+        self._peak_gb, self._fresh, self._gap = 0.0, False, [0.0, 0.0]  # per update (see update())
         self.skipped_samples = 0
         self.skipped_updates = 0
         policy.share_vision_features = cfg.model.share_vision_features
@@ -130,13 +131,16 @@ class GRPOTrainer:
             self.ref.model = self.updater.wrap_reference(self.ref.model)
             self.ref.synced_generation = self._zero3()
         policy.synced_generation = self._zero3()
-        if self._zero3() and policy.logprob_chunk_tokens:
-            # ZeRO-3 gathers the LM head at each call of it, and a chunk's backward recomputation finds it
-            # released: one LM-head call per micro-batch (every rank makes the same number of calls)
-            tqdm.write("ZeRO-3: log-probs over the full vocabulary at once (train.logprob_chunk_tokens ignored)")
+        if self._zero3():
+            # ZeRO-3 gathers each module's weights at each call: every rank must make the same calls. The LM
+            # head once per micro-batch (a chunk's backward recomputation would find it released), the model
+            # once per micro-batch (the shared-prefix forward's passes depend on the groups a rank holds).
+            tqdm.write("ZeRO-3: log-probs in one pass per micro-batch (train.logprob_chunk_tokens and "
+                       "train.shared_prefix ignored)")
             for p in (policy, self.ref):
                 if isinstance(p, Policy):
                     p.logprob_chunk_tokens = 0
+                    p.shared_prefix_forward = False
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self)
@@ -237,6 +241,8 @@ class GRPOTrainer:
             self.ref.media = self.policy.media  # same encoded media, same keys
             self.ref.share_vision_features = self.policy.share_vision_features
             self.ref.logprob_chunk_tokens = self.policy.logprob_chunk_tokens
+            self.ref.cache_vision_features = self.policy.cache_vision_features
+            self.ref.shared_prefix_forward = self.policy.shared_prefix_forward
         elif self._zero3():
             raise MmrlError("a KL reference reset mid-run (a curriculum stage's reset_reference) is not supported "
                             "under ZeRO-3 yet: use train.deepspeed=zero2, or a stage without reset_reference")
@@ -248,6 +254,7 @@ class GRPOTrainer:
     def train_step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         self._draws = 0
+        vision0 = self.policy.media.vision_calls
         batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
         self.sampler.update(drawn)
         stats.update(self.sampler.metrics())  # the sampler's own per-step numbers (empty for most)
@@ -259,6 +266,7 @@ class GRPOTrainer:
             self.compute_advantages(batch)
             self.shape_tokens(batch)
             stats.update(self.update(batch))
+            self._sync_backend()  # a separate rollout engine (vLLM) gets the new weights
             self._hook("after_update", batch, stats)
         else:
             stats["skipped_update"] = 1
@@ -268,8 +276,14 @@ class GRPOTrainer:
         stats.update(self.step_metrics(drawn, batch))
         stats["time/step_s"] = time.perf_counter() - t0
         self._log_rollouts(batch if batch is not None else drawn)
-        self.policy.media.clear()
+        stats["vision_calls"] = self.policy.media.vision_calls - vision0  # tower runs this step (all passes)
+        self.policy.clear_media()  # the step's media and their cached vision features
         return stats
+
+    def _sync_backend(self) -> None:
+        sync = getattr(self.backend, "after_update", None)
+        if sync is not None:
+            sync(self.policy)
 
     def _hook(self, name: str, *args: Any) -> None:
         for plugin in self.plugins.values():
@@ -492,6 +506,7 @@ class GRPOTrainer:
         sums: dict[str, float] = {}
         norms: list[float] = []
         self._peak_gb = 0.0
+        self._fresh, self._gap = True, [0.0, 0.0]  # the rollout/training log-prob gap: |diff| sum, tokens
         n_updates = g.ppo_epochs * len(minis)
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
@@ -505,6 +520,8 @@ class GRPOTrainer:
                     if not finite:
                         break
                 grad_norm = self.updater.step() if finite else None
+                self.policy.weights_changed()  # cached vision features of a trainable tower are stale now
+                self._fresh = False
                 if grad_norm is not None:
                     norms.append(grad_norm)
                 else:
@@ -515,6 +532,9 @@ class GRPOTrainer:
         stats: dict[str, Any] = dict(self.world.sum_stats(sums))
         # the largest micro-batch's peak (GPU: allocated tensors; CPU: the process's resident set), rank 0's
         stats["memory/peak_gb"] = self._peak_gb
+        if batch.rollout_logprobs is not None:  # mean |training - rollout| log-prob per token
+            gap = self.world.sum_stats({"sum": self._gap[0], "tokens": self._gap[1]})
+            stats["rollout_logprob_gap"] = gap["sum"] / max(1.0, gap["tokens"])
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
         stats["skipped_updates"] = self.skipped_updates
@@ -543,9 +563,21 @@ class GRPOTrainer:
         adv = batch.advantages
         adv = adv[idx].to(dev) if adv.dim() == 1 else tok("advantages")
         mask = tok("loss_mask")
+        loss_weights = tok("loss_weights")
+        rollout_logp = tok("rollout_logprobs")
+        gap = None
+        if rollout_logp is not None:  # the rollout engine's probabilities against the trainer's
+            diff = (logp.detach() - rollout_logp).masked_fill(mask == 0, 0.0)
+            gap = diff.abs().sum() / mask.sum().clamp(min=1)
+            if g.tis_cap > 0:
+                old = tok("old_logprobs")
+                ratio = torch.exp((old if old is not None else logp.detach()) - rollout_logp).clamp(max=g.tis_cap)
+                loss_weights = loss_weights * ratio.masked_fill(mask == 0, 0.0)
+        elif g.tis_cap > 0:
+            raise ConfigError("grpo.tis_cap needs the rollout engine's log-probs: set rollout.record_logprobs=true")
         loss, st = compute_policy_loss(
             logp, tok("old_logprobs"), adv, mask, g, ref_logp=tok("ref_logprobs"), entropies=ent,
-            global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=tok("loss_weights"),
+            global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=loss_weights,
             kl_weights=tok("kl_weights") if batch.ref_logprobs is not None else None)
         if not self.world.all_true(dummy or bool(torch.isfinite(loss))):
             return False
@@ -555,6 +587,9 @@ class GRPOTrainer:
         self.updater.backward(loss)
         self._peak_gb = max(self._peak_gb, peak_gb(self.policy.device))
         share = float(mask.sum()) / max(1.0, counts.tokens)
+        if gap is not None and self._fresh:  # before any optimizer step of this batch: the rollout's weights
+            self._gap[0] += float(gap) * float(mask.sum())
+            self._gap[1] += float(mask.sum())
         for k, v in st.items():
             if k == "n_tokens":
                 continue
@@ -652,6 +687,7 @@ class GRPOTrainer:
         else:
             load_weights(self.policy.model, ckpt)
         self.updater.load_state_dict(state["optimizer"])
+        self._sync_backend()
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_samples = state.get("skipped_samples", 0)

@@ -202,6 +202,10 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
     rows = run_rl(tmp_path, f"model.tiny_family={family}", "rollout.backend=vllm", "rollout.record_logprobs=true",
                   f"data.toy_tasks={toy_tasks}", task=task)
     assert [r["step"] for r in rows] == [1, 2]
+    # the trainer's log-probs of the rollout tokens equal vLLM's, at step 2 too: the weights the first update
+    # made reached the engine (a missed push would leave step 2's rollouts to the old weights)
+    gaps = [r["rollout_logprob_gap"] for r in rows]
+    assert all(g < 1e-5 for g in gaps), gaps
     gc.collect()  # the run's engine
     policy = load_policy(tmp_path / "run" / "final")
     policy.model.eval()

@@ -75,6 +75,11 @@ class GRPOConfig:
     kl_clamp: float | None = None
     # entropy bonus (subtracted from the loss)
     entropy_coef: float = 0.0
+    # rollout / training mismatch (a rollout engine such as vLLM computes slightly different probabilities)
+    tis_cap: float = 0.0
+    """Truncated importance sampling: each token's loss is weighted by min(p_train / p_rollout, tis_cap)
+    (the training policy's probability before the update over the rollout engine's); needs
+    rollout.record_logprobs. 0: off."""
     # optimisation
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None
