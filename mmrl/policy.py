@@ -494,7 +494,8 @@ class Policy:
         the gradients, which reach the prefix's computation once summed over the continuations, are those of
         the padded batch within round-off. Groups of one sequence, groups without a common prefix and groups
         with vision tokens after it take the padded path (in the same prefix pass, whole); so does the whole
-        micro-batch under activation checkpointing in training, which drops KV caches.
+        micro-batch with :attr:`share_vision_features` off. Activation checkpointing works as usual (the
+        prefix's keys and values are written once and only read afterwards, so recomputation is exact).
         """
         batch = self.pad(seqs, left=False)
         position_ids = self.position_ids(batch, seqs)
@@ -502,7 +503,9 @@ class Policy:
         mask[:, 0] = 0
         rows, cols = mask.nonzero(as_tuple=True)
         use_shared = self.shared_prefix_forward if shared_prefix is None else shared_prefix
-        plan = self._prefix_plan(seqs) if use_shared and not self._checkpointing_in_training() else None
+        # share_vision_features off is the peer-framework baseline (every sequence on its own, its media
+        # encoded per occurrence): the padded path
+        plan = self._prefix_plan(seqs) if use_shared and self.share_vision_features else None
         if plan is not None:
             hidden_rows = self._shared_prefix_hidden(seqs, batch, position_ids, plan, rows, cols)
         else:
@@ -524,11 +527,19 @@ class Policy:
         return logps, entropies, mask
 
     # ------------------------------------------------------------------------------------ shared prefix
-    def _checkpointing_in_training(self) -> bool:
-        """Activation checkpointing active on the decoder layers: they drop any KV cache (HF forces
-        ``past_key_values=None`` there), so the shared-prefix path cannot run."""
-        return any(getattr(layer, "gradient_checkpointing", False) is True and layer.training
-                   for layer in self.base.language_model.layers)
+    @contextlib.contextmanager
+    def _cache_under_checkpointing(self) -> Iterator[None]:
+        """Let checkpointed decoder layers keep the shared-prefix caches (HF drops any cache there, since its
+        own caches grow again when a layer is recomputed in backward; :func:`_prefix_caches` do not)."""
+        layers = [m for m in self.base.language_model.modules()
+                  if getattr(m, "gradient_checkpointing", False) is True and "_can_checkpoint_with_cache" not in vars(m)]
+        for m in layers:
+            m._can_checkpoint_with_cache = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                del m._can_checkpoint_with_cache
 
     def _prefix_plan(self, seqs: Sequence[TokenSeq]) -> list[tuple[list[int], int]] | None:
         """Groups of consecutive rows with one prompt and media: ``[(rows, prefix length), ...]``, covering
@@ -572,11 +583,12 @@ class Policy:
         """Last hidden states at ``(rows, cols - 1)`` of the padded batch, each shared prefix run once.
 
         Pass 1 runs one row per shared group (its prefix, with the vision features) and every unshared row
-        whole, right-padded together, keeping the KV cache. Pass 2 runs every shared row's continuation,
-        right-padded, against its group's cache rows (selected along the batch: their gradient sums over the
-        group), with the continuation's slice of the full sequence's M-RoPE positions and a 2-D mask over the
-        prefix (its padding excluded) and the continuation.
+        whole, right-padded together, recording each layer's keys and values. Pass 2 runs every shared row's
+        continuation, right-padded, attending to its group's recorded keys and values (selected along the
+        batch: their gradient sums over the group) and its own, with the continuation's slice of the full
+        sequence's M-RoPE positions and a 2-D mask over the prefix (its padding excluded) and the continuation.
         """
+        recorder_cls, reader_cls = _prefix_caches()
         dev = batch["input_ids"].device
         lengths = [len(s) for s in seqs]
         pre_src: list[int] = []  # source row of each pass-1 row
@@ -610,8 +622,11 @@ class Policy:
         pre_seqs = [replace(seqs[i], ids=seqs[i].ids[:k], mm_types=seqs[i].mm_types[:k],
                             loss_mask=seqs[i].loss_mask[:k]) for i, k in zip(pre_src, pre_len)]
         encoder_outputs = self._encoder_outputs(pre_seqs)
-        out = self.base(input_ids=pre_ids, attention_mask=pre_attn, position_ids=pre_pos,
-                        mm_token_type_ids=pre_types, mm_encoder_outputs=encoder_outputs or None, use_cache=True)
+        recorded = recorder_cls()
+        with self._cache_under_checkpointing():
+            out = self.base(input_ids=pre_ids, attention_mask=pre_attn, position_ids=pre_pos,
+                            mm_token_type_ids=pre_types, mm_encoder_outputs=encoder_outputs or None,
+                            past_key_values=recorded if suf_src else None, use_cache=False)
         pre_hidden = out.last_hidden_state
         parts = [pre_hidden.reshape(-1, pre_hidden.shape[-1])]
         suf_width = 1
@@ -626,12 +641,12 @@ class Policy:
                                      for i, k in zip(suf_src, starts)], device=dev)
             suf_ids = suf_ids.masked_fill(suf_attn == 0, self.pad_id)
             suf_pos = position_ids[:, sidx[:, None], take] * suf_attn
-            cache = out.past_key_values
             owner = torch.tensor(suf_pre, device=dev)
-            cache.reorder_cache(owner)  # each continuation's own copy of its group's prefix keys and values
             attn = torch.cat([pre_attn[owner], suf_attn], dim=1)
-            suf_out = self.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
-                                mm_token_type_ids=torch.zeros_like(suf_ids), past_key_values=cache, use_cache=True)
+            with self._cache_under_checkpointing():
+                suf_out = self.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
+                                    mm_token_type_ids=torch.zeros_like(suf_ids),
+                                    past_key_values=reader_cls(recorded, owner), use_cache=False)
             suf_hidden = suf_out.last_hidden_state
             parts.append(suf_hidden.reshape(-1, suf_hidden.shape[-1]))
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
@@ -722,6 +737,47 @@ class Policy:
                 token_ids=toks, text=text, logprobs=logp[row, :n].tolist() if logp is not None else [],
                 finished=finished, entropies=ent[row, :n].tolist() if ent is not None else []))
         return results
+
+
+# ---------------------------------------------------------------------------------------- shared prefix
+@functools.cache
+def _prefix_caches() -> tuple[type, type]:
+    """The two KV caches of the shared-prefix forward (classes built on first use: transformers is imported
+    lazily). Neither changes after a layer has written to it, so a layer recomputed in backward (activation
+    checkpointing) sees what it saw in forward.
+
+    * the recorder (pass 1) keeps each layer's first keys and values (its prefix rows) and returns them as
+      they are; a recomputation's second write is ignored;
+    * the reader (pass 2) returns, per layer, the recorded rows selected for each continuation (``owner``)
+      followed by the continuation's own keys and values, and stores nothing; its length (for the attention
+      mask) is the recorded width.
+    """
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    class Recorder(DynamicCache):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            while len(self.layers) <= layer_idx:
+                self.layers.append(DynamicLayer())
+            layer = self.layers[layer_idx]
+            if not layer.is_initialized:
+                layer.lazy_initialization(key_states, value_states)
+                layer.keys, layer.values = key_states, value_states
+            return key_states, value_states
+
+    class Reader(DynamicCache):
+        def __init__(self, recorded: DynamicCache, owner: torch.Tensor) -> None:
+            super().__init__()
+            self.layers = list(recorded.layers)
+            self.owner = owner
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            layer = self.layers[layer_idx]
+            return (torch.cat([layer.keys.index_select(0, self.owner), key_states], dim=-2),
+                    torch.cat([layer.values.index_select(0, self.owner), value_states], dim=-2))
+
+    return Recorder, Reader
 
 
 # ---------------------------------------------------------------------------------------- log-probs

@@ -11,6 +11,8 @@ Real tiny models of all three families (random weights), real processors, image 
   decoder layer), the vision placeholders once per group;
 * groups that cannot share (vision tokens after the common part, a micro-batch of singletons) take the
   padded path and give the same results; gradient-free passes (``inference()``) share too;
+* under activation checkpointing the shared path still runs and its values and gradients still equal the
+  padded batch's (the prefix's keys and values are written once, recomputation reads the same);
 * ``train.shared_prefix`` is a config field, on by default.
 """
 
@@ -24,7 +26,7 @@ import torch
 from PIL import Image
 
 from mmrl.config import TrainConfig
-from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
+from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, checkpointing_switch, load_policy
 from mmrl.tiny_models import make_tiny
 from video.sampling import SampledVideo
 
@@ -237,6 +239,28 @@ def test_unshareable_groups_take_the_padded_path(policy_of, family: str) -> None
     plan = policy._prefix_plan(mixed)
     assert plan is not None and [n > 0 for _, n in plan] == [True, False]
     assert_same(policy, mixed)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_activation_checkpointing(policy_of, family: str) -> None:
+    policy = policy_of(family)
+    pa = prompt(policy, [video(family, "a", seed=1)], "What happens here?")
+    pb = prompt(policy, [image(family, "b", seed=2)], "Which colour?")
+    seqs = group(policy, pa, [4, 1, 6], seed=0) + group(policy, pb, [3, 5], seed=10)
+    checkpointing_switch(policy.model, True)
+    try:
+        assert any(getattr(m, "gradient_checkpointing", False) for m in policy.base.language_model.modules())
+        counter = TokenCounter(policy)
+        try:
+            policy.forward_logprobs(seqs, shared_prefix=True)
+        finally:
+            counter.close()
+        assert counter.placeholders == pa.ids.count(policy.video_token_id) + pb.ids.count(policy.image_token_id)
+        assert_same(policy, seqs)
+    finally:
+        checkpointing_switch(policy.model, False)
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in policy.base.language_model.modules())
+    assert not any("_can_checkpoint_with_cache" in vars(m) for m in policy.model.modules())
 
 
 def test_setting_defaults_on() -> None:
