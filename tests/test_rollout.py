@@ -80,6 +80,7 @@ def test_multi_turn_zoom_loop(policy: Policy, toy: dict[str, Sample], kind: str)
 
     torch.manual_seed(0)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    policy.cache_vision_features = False  # sharing within each call (across calls: tests/test_vision_once.py)
     before = policy.vision_calls
     episodes = run_episodes(policy, HFBackend(policy, record_logprobs=True), [prompt], [sample], n=2, params=params,
                             environment=factory, max_turns=3)
@@ -114,6 +115,7 @@ def test_multi_turn_zoom_loop(policy: Policy, toy: dict[str, Sample], kind: str)
         assert seq.media == prompt.media
     # 1 unique media item, 3 generate calls (first turn for both episodes, then two later turns)
     assert policy.vision_calls - before == 3
+    policy.cache_vision_features = True
     check_episode_tokens(policy, episodes, [prompt])
 
 
@@ -193,9 +195,11 @@ def test_turn_after_a_zoom_observation(policy: Policy, toy: dict[str, Sample]) -
     seq = seq.extend(frag.ids, trained=False, mm_types=frag.mm_types, media=frag.media)
     assert len(seq.media) == 2
     torch.manual_seed(3)
+    policy.cache_vision_features = False  # sharing within the call (across calls: tests/test_vision_once.py)
     before = policy.vision_calls
     gens = HFBackend(policy, record_logprobs=True).generate([seq], n=3, params=SamplingParams(max_new_tokens=6, temperature=0.7))[0]
     assert policy.vision_calls - before == 2  # the video and the zoomed image, once each for 3 samples
+    policy.cache_vision_features = True
     full = [seq.extend(g.token_ids, trained=True) for g in gens]
     with torch.no_grad():
         logp, _, mask = policy.forward_logprobs(full, temperature=0.7)
