@@ -265,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         from perf.trl_compare import print_trl, run_trl
 
         print_trl(run_trl(args.trl_steps, args.trl_rounds))
-        from perf.trl_compare import SIZES, overhead, print_overhead
+        from perf.trl_compare import SIZES, overhead, print_overhead, print_video_step, video_step
 
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-overhead-") as tmp:
             print_overhead(overhead(Path(tmp), size=SIZES["small"]), "small")
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-video-") as tmp:
+            print_video_step(video_step(Path(tmp)))
         sys.stdout.flush()
     if args.only == "trl":
         return 0

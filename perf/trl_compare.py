@@ -275,3 +275,64 @@ def print_overhead(r: dict[str, float], name: str) -> None:
           f"{r['generate_s']:.3f} + forward {r['forward_s']:.3f} + backward {r['backward_s']:.3f} + the rest "
           f"{r['step_s'] - r['generate_s'] - r['forward_s'] - r['backward_s']:.3f} s: overhead "
           f"{100 * r['overhead_share']:.1f}% of the step\n")
+
+
+def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, frames: int = 16) -> dict[str, Any]:
+    """mmrl's GRPO step on video prompts (2 prompts x G, ``frames`` frames at 112x112, short answers) with the
+    shared-prefix forward and the per-step vision cache on, vs both off, and with a KL reference (so the
+    reference pass counts too). Two trainers on the same model folder; their steps alternate after one
+    untimed step each; medians."""
+    import json
+
+    from data_pipelines.loaders import load_samples
+    from mmrl.config import load_run_config
+    from mmrl.policy import load_policy
+    from mmrl.tiny_models import make_tiny
+    from mmrl.trainer import GRPOTrainer
+    from perf.__main__ import _video
+
+    _register_reward()
+    model_dir = root / "model"
+    if not (model_dir / "config.json").exists():
+        make_tiny("qwen2_5_vl", model_dir, seed=0, video_max_pixels=112 * 112, **SIZES["small"])
+    data = root / "train.jsonl"
+    data.write_text("".join(json.dumps({
+        "id": f"v{i}", "problem_type": "open", "question": "Which way does the square move?", "answer": "left",
+        "media": [{"type": "video", "path": str(_video(root / f"v{i}.mp4", i)),
+                   "sampling": {"nframes": frames}}]}) + "\n" for i in range(2)))
+    samples = load_samples(data).samples
+    trainers = {}
+    for name, on in (("on", True), ("off", False)):
+        cfg = load_run_config("video-qa", overrides=[
+            f"model.path={model_dir}", f"data.train={data}", "rewards=[{name: bench_length}]",
+            f"rollout.group_size={group}", f"rollout.max_new_tokens={tokens}", "train.prompts_per_step=2",
+            f"train.micro_batch_size={2 * group}", "grpo.kl_coef=0.01", "train.log_rollouts=0", "train.save_every=0",
+            "data.check_media=none", "train.health_window=0", f"data.media.max_frames={frames}",
+            f"data.media.min_frames={frames}", "data.media.video_max_pixels=12544", "data.media.video_min_pixels=12544",
+            f"train.shared_prefix={str(on).lower()}", f"model.cache_vision_features={str(on).lower()}"])
+        policy = load_policy(model_dir, device="cpu")
+        policy.shared_prefix_forward = cfg.train.shared_prefix
+        policy.cache_vision_features = cfg.model.cache_vision_features
+        trainers[name] = GRPOTrainer(cfg, policy, samples, run_dir=root / name, show_progress=False)
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    calls: dict[str, list[int]] = {"on": [], "off": []}
+    for rep in range(steps + 1):
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            stats = tr.train_step()
+            tr.step += 1
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+                calls[name].append(int(stats.get("vision_calls", -1)))
+    prompt_len = len(trainers["on"].prepare([0])[0].seq)
+    trainers["on"].policy.clear_media()
+    return {"on_s": statistics.median(times["on"]), "off_s": statistics.median(times["off"]),
+            "on_calls": statistics.median(calls["on"]), "off_calls": statistics.median(calls["off"]),
+            "prompt_tokens": prompt_len, "frames": frames}
+
+
+def print_video_step(r: dict[str, Any]) -> None:
+    print(f"mmrl video GRPO step (small model, 2 prompts x G=8, {r['frames']} frames at 112x112, prompt "
+          f"{r['prompt_tokens']} tokens, <= 16 new tokens, KL reference): shared prefix + per-step vision cache "
+          f"on {r['on_s']:.3f} s/step ({r['on_calls']:.0f} tower runs), both off {r['off_s']:.3f} s/step "
+          f"({r['off_calls']:.0f} tower runs): on/off = {r['on_s'] / r['off_s']:.2f} (target <= 0.5)\n")
