@@ -2,7 +2,7 @@
 
 Both train the same tiny Qwen2.5-VL folder on the same two 112x112 images (questions with open answers),
 with G=8 completions per prompt, 16 new tokens at most (a random-weight model almost never ends earlier;
-the mean completion length of each is reported), temperature 1, fp32, no KL reference (beta 0), one
+the mean completion length of each is reported; no stop strings on either side), temperature 1, fp32, no KL reference (beta 0), one
 optimizer update per batch of 16 sequences, AdamW at the same learning rate, and the same reward (the
 completion's length in characters, so groups have non-zero advantages). Blocks of steps alternate (TRL,
 mmrl, TRL, mmrl, ...) after one untimed warm-up block each, and the median seconds per step of each is
@@ -110,6 +110,7 @@ def mmrl_trainer(model_dir: Path, images: list[Path], out: Path, *, group: int, 
     cfg = load_run_config("image-qa", overrides=[
         f"model.path={model_dir}", f"data.train={data}", "rewards=[{name: bench_length}]",
         f"rollout.group_size={group}", f"rollout.max_new_tokens={tokens}", "rollout.temperature=1.0",
+        "rollout.stop=[]",  # TRL stops on end-of-turn only (a stop string costs a check at every token)
         f"train.prompts_per_step={len(images)}", f"train.micro_batch_size={len(images) * group}",
         f"train.lr={lr}", "grpo.kl_coef=0.0", "grpo.ppo_epochs=1", "train.log_rollouts=0", "train.save_every=0",
         "data.check_media=none", "train.health_window=0"])
