@@ -62,6 +62,12 @@ class Rig:
         long = dataclasses.replace(toy["image"], question=long_question)
         self.prompts["long"] = encode_prompt(self.policy, preparer, long, PROMPT)[0]
         assert len(self.prompts["long"]) > 300
+        # a video of more temporal than spatial extent (16 frames at 56 px: merged grid 8 x 2 x 2), where
+        # transformers' own rope index would put the text after it at overlapping positions
+        many = MediaPreparer(dataclasses.replace(MEDIA, min_frames=16, max_frames=16), family=family)
+        self.prompts["long_video"] = encode_prompt(self.policy, many, toy["video"], PROMPT)[0]
+        grid = self.policy.media[self.prompts["long_video"].media[0]].grid_thw.tolist()
+        assert grid[0] > grid[1] // 2 and grid[0] > grid[2] // 2, grid
 
     def hf(self, seqs: list[TokenSeq], params: SamplingParams, n: int = 1):
         return HFBackend(self.policy).generate(seqs, n=n, params=params)
@@ -102,7 +108,7 @@ def test_greedy_answers_equal_hf(rig: Rig, kind: str) -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "long_video"])
 def test_sampled_logprobs_equal_training_logprobs(rig: Rig, kind: str) -> None:
     """Log-probs vLLM records for the tokens it samples equal what training computes for them."""
     prompt = rig.prompts[kind]
