@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
+from synthetic_media import weights
 
 pytestmark = pytest.mark.xdist_group("torchrun")  # one torchrun pair at a time
 
@@ -72,14 +73,6 @@ def train(out: Path, env: dict[str, str], ranks: int, *extra: str) -> None:
 def rl_rows(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["stage"] == "rl"]
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(f))
-    assert out, f"no weights in {folder}"
-    return out
 
 
 @pytest.fixture(scope="module")

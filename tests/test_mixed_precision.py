@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from synthetic_media import weights
 from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
 from mmrl.checkpoint import load_trainer_state
 
 BF16 = ["model.dtype=bf16", "train.lr=1e-6", "grpo.entropy_coef=0.01"]
-
-
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(f))
-    return out
 
 
 @pytest.mark.usefixtures("module_cache")
@@ -41,7 +34,7 @@ def test_bf16_master_weights_move_at_lr_1e6(tmp_path: Path) -> None:
     assert not unchanged, f"{len(unchanged)} of {len(master)} parameters never moved, e.g. {unchanged[:3]}"
     # an update of 1e-6 per step is below bf16's spacing near most weights: the masters differ from what the
     # bf16 model holds, which is their rounding
-    saved = _weights(run / "checkpoint-10")
+    saved = weights(run / "checkpoint-10")
     assert all(t.dtype == torch.bfloat16 for t in saved.values())
     model_state = dict(start.model.named_parameters())
     assert any(not torch.equal(master[n].to(torch.bfloat16).float(), master[n]) for n in model_state)
@@ -77,5 +70,5 @@ def test_bf16_resume_is_exact(tmp_path: Path) -> None:
     a = load_trainer_state(straight / "run" / "checkpoint-4")["optimizer"]["master"]
     b = load_trainer_state(run / "checkpoint-4")["optimizer"]["master"]
     assert all(torch.equal(a[n], b[n]) for n in a)
-    wa, wb = _weights(straight / "run" / "final"), _weights(run / "final")
+    wa, wb = weights(straight / "run" / "final"), weights(run / "final")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

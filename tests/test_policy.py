@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from synthetic_media import RopeProbe
 
 from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
 from mmrl.tiny_models import make_tiny
@@ -185,21 +186,6 @@ def test_generate_runs_tower_once_per_unique_item(policy_of, videos, family: str
 
 
 # ------------------------------------------------------------------------------------------------ M-RoPE
-class RopeProbe:
-    """Records the position ids the language model's rotary embedding receives."""
-
-    def __init__(self, policy: Policy):
-        self.seen: list[torch.Tensor] = []
-        self.handle = policy.base.language_model.rotary_emb.register_forward_pre_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, _module: Any, args: tuple, kwargs: dict) -> None:
-        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        self.seen.append(pos.detach().clone())
-
-    def close(self) -> None:
-        self.handle.remove()
-
-
 def processor_inputs(policy: Policy, text: str, media: list[MediaInput]) -> dict[str, Any]:
     kw: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
     images = [m.data for m in media if m.kind == "image"]

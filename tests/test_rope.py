@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from PIL import Image
+from synthetic_media import RopeProbe, image, prompt, video
 
 from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
 from mmrl.tiny_models import make_tiny
-from video.sampling import SampledVideo
 
 VIDEO_FRAMES = 16  # temporal patch 2 -> 8 temporal grid steps
 # hand-derived: merged temporal index t' of each of the 8 temporal patches. Qwen2.5-VL: t' = floor(t x
@@ -33,33 +31,9 @@ VIDEO_T = {"qwen2_vl": [0, 1, 2, 3, 4, 5, 6, 7], "qwen2_5_vl": [0, 2, 4, 6, 8, 1
 RESUME = {"qwen2_vl": 8, "qwen2_5_vl": 15}
 
 
-def patch_of(family: str) -> int:
-    return 16 if family == "qwen3_vl" else 14
-
-
 def long_video(family: str, key: str, fps: float = 2.0, frames: int = VIDEO_FRAMES, seed: int = 0) -> MediaInput:
     """``frames`` frames of 4 x 4 patches (a 2 x 2 merged grid) sampled at ``fps``."""
-    px = 4 * patch_of(family)
-    g = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (frames, 3, px, px), generator=g, dtype=torch.uint8)
-    data = SampledVideo(frames=pixels, indices=list(range(frames)), timestamps=[i / fps for i in range(frames)],
-                        video_fps=fps, sample_fps=fps, total_frames=frames, duration=frames / fps,
-                        window_frames=frames)
-    return MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps))
-
-
-def image(family: str, key: str, w: int = 3, h: int = 2, seed: int = 0) -> MediaInput:
-    """An image of ``w`` x ``h`` merged tokens."""
-    f = 2 * patch_of(family)
-    g = torch.Generator().manual_seed(100 + seed)
-    arr = torch.randint(0, 256, (h * f, w * f, 3), generator=g, dtype=torch.uint8).numpy()
-    return MediaInput(key=key, kind="image", data=Image.fromarray(arr))
-
-
-def prompt(policy: Policy, media: list[MediaInput], question: str) -> TokenSeq:
-    content: list[dict[str, Any]] = [{"type": m.kind} for m in media]
-    content.append({"type": "text", "text": question})
-    return policy.encode(policy.render([{"role": "user", "content": content}]), media)
+    return video(family, key, frames=frames, side=4, fps=fps, seed=seed)
 
 
 def answer(policy: Policy, n: int) -> list[int]:
@@ -79,21 +53,6 @@ def runs(ids: list[int], token: int) -> list[tuple[int, int]]:
         else:
             i += 1
     return out
-
-
-class RopeProbe:
-    """The position ids the language model's rotary embedding receives, call by call."""
-
-    def __init__(self, policy: Policy):
-        self.seen: list[torch.Tensor] = []
-        self.handle = policy.base.language_model.rotary_emb.register_forward_pre_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, _module: Any, args: tuple, kwargs: dict) -> None:
-        pos = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        self.seen.append(pos.detach().clone())
-
-    def close(self) -> None:
-        self.handle.remove()
 
 
 def positions_of(policy: Policy, seqs: list[TokenSeq], *, left: bool = False) -> torch.Tensor:

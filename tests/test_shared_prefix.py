@@ -23,41 +23,11 @@ from typing import Any
 
 import pytest
 import torch
-from PIL import Image
+from synthetic_media import image, prompt, video
 
 from mmrl.config import TrainConfig
-from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, checkpointing_switch, load_policy
+from mmrl.policy import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy
 from mmrl.tiny_models import make_tiny
-from video.sampling import SampledVideo
-
-
-def patch_of(family: str) -> int:
-    return 16 if family == "qwen3_vl" else 14
-
-
-def video(family: str, key: str, frames: int = 8, side: int = 4, seed: int = 0) -> MediaInput:
-    """``frames`` frames of ``side`` x ``side`` patches at 2 fps."""
-    px = side * patch_of(family)
-    g = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (frames, 3, px, px), generator=g, dtype=torch.uint8)
-    data = SampledVideo(frames=pixels, indices=list(range(frames)), timestamps=[i / 2 for i in range(frames)],
-                        video_fps=2.0, sample_fps=2.0, total_frames=frames, duration=frames / 2,
-                        window_frames=frames)
-    return MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps))
-
-
-def image(family: str, key: str, w: int = 3, h: int = 2, seed: int = 0) -> MediaInput:
-    """An image of ``w`` x ``h`` merged tokens."""
-    f = 2 * patch_of(family)
-    g = torch.Generator().manual_seed(100 + seed)
-    arr = torch.randint(0, 256, (h * f, w * f, 3), generator=g, dtype=torch.uint8).numpy()
-    return MediaInput(key=key, kind="image", data=Image.fromarray(arr))
-
-
-def prompt(policy: Policy, media: list[MediaInput], question: str) -> TokenSeq:
-    content: list[dict[str, Any]] = [{"type": m.kind} for m in media]
-    content.append({"type": "text", "text": question})
-    return policy.encode(policy.render([{"role": "user", "content": content}]), media)
 
 
 def answer(policy: Policy, n: int, seed: int) -> list[int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from synthetic_media import weights
 
 from mmrl import cli
 from mmrl.tiny_models import make_tiny
@@ -57,14 +57,6 @@ def env_with(cache: Path) -> dict[str, str]:
 
 def train_cmd(out: Path, *extra: str) -> list[str]:
     return [MMRL, "train", "--quiet", "--out", str(out), *extra, *RUN]
-
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(f))
-    assert out, f"no weights in {folder}"
-    return out
 
 
 @pytest.fixture(scope="module")
