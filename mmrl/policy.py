@@ -628,36 +628,35 @@ class Policy:
                             mm_token_type_ids=pre_types, mm_encoder_outputs=encoder_outputs or None,
                             past_key_values=recorded if suf_src else None, use_cache=False)
         pre_hidden = out.last_hidden_state
-        parts = [pre_hidden.reshape(-1, pre_hidden.shape[-1])]
-        suf_width = 1
-        if suf_src:
-            starts = [row_split[i] for i in suf_src]
-            suf_width = max(lengths[i] - k for i, k in zip(suf_src, starts))
-            take = torch.tensor([[min(k + j, batch["input_ids"].shape[1] - 1) for j in range(suf_width)]
-                                 for k in starts], device=dev)
-            sidx = torch.tensor(suf_src, device=dev)
-            suf_ids = batch["input_ids"][sidx[:, None], take]
-            suf_attn = torch.tensor([[1 if k + j < lengths[i] else 0 for j in range(suf_width)]
-                                     for i, k in zip(suf_src, starts)], device=dev)
-            suf_ids = suf_ids.masked_fill(suf_attn == 0, self.pad_id)
-            suf_pos = position_ids[:, sidx[:, None], take] * suf_attn
-            owner = torch.tensor(suf_pre, device=dev)
-            attn = torch.cat([pre_attn[owner], suf_attn], dim=1)
-            with self._cache_under_checkpointing():
-                suf_out = self.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
-                                    mm_token_type_ids=torch.zeros_like(suf_ids),
-                                    past_key_values=reader_cls(recorded, owner), use_cache=False)
-            suf_hidden = suf_out.last_hidden_state
-            parts.append(suf_hidden.reshape(-1, suf_hidden.shape[-1]))
-        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
-        # where each (row, col - 1) lies in the flat [pass-1 rows; pass-2 rows] hidden states
+        # where each (row, col - 1) lies: in pass 1's rows or in pass 2's
         pos = cols - 1
         split = torch.tensor(row_split, device=dev)[rows]
         in_pre = pos < split
         pre_index = torch.tensor(row_pre, device=dev)[rows] * width + pos
-        suf_index = (len(pre_src) * width + torch.tensor(row_suf, device=dev)[rows].clamp(min=0) * suf_width
-                     + (pos - split).clamp(min=0))
-        return flat[torch.where(in_pre, pre_index, suf_index)]
+        if not suf_src:
+            return pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index]
+        starts = torch.tensor([row_split[i] for i in suf_src], device=dev)
+        ends = torch.tensor([lengths[i] for i in suf_src], device=dev)
+        suf_width = int((ends - starts).max())
+        take = starts[:, None] + torch.arange(suf_width, device=dev)[None, :]
+        suf_attn = (take < ends[:, None]).long()
+        take = take.clamp(max=batch["input_ids"].shape[1] - 1)
+        sidx = torch.tensor(suf_src, device=dev)[:, None]
+        suf_ids = batch["input_ids"][sidx, take].masked_fill(suf_attn == 0, self.pad_id)
+        suf_pos = position_ids[:, sidx, take] * suf_attn
+        owner = torch.tensor(suf_pre, device=dev)
+        attn = torch.cat([pre_attn[owner], suf_attn], dim=1)
+        with self._cache_under_checkpointing():
+            suf_out = self.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
+                                mm_token_type_ids=torch.zeros_like(suf_ids),
+                                past_key_values=reader_cls(recorded, owner), use_cache=False)
+        suf_hidden = suf_out.last_hidden_state
+        suf_index = torch.tensor(row_suf, device=dev)[rows].clamp(min=0) * suf_width + (pos - split).clamp(min=0)
+        # gather each pass's rows, then put them back in (rows, cols) order
+        first, second = in_pre.nonzero().squeeze(-1), (~in_pre).nonzero().squeeze(-1)
+        gathered = torch.cat([pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index[first]],
+                              suf_hidden.reshape(-1, suf_hidden.shape[-1])[suf_index[second]]])
+        return gathered[torch.cat([first, second]).argsort()]
 
     # ---------------------------------------------------------------------------------------- generate
     @torch.no_grad()
