@@ -25,7 +25,9 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
   tiny Qwen2.5-VL folder at about 1M and 23M parameters, 2 prompts x G=8 on 112x112 images, at most 16 new
   tokens, fp32, no reference, one update per batch, the same reward; median seconds per step, samples per
   second and the ratio; then mmrl's framework overhead on the 23M model (the share of a step outside model
-  forward, backward and ``generate``).
+  forward, backward and ``generate``); mmrl's video GRPO step with the shared-prefix forward and the per-step
+  vision cache on vs both off (and a frozen tower's tower runs against the unique videos); HF ``generate``
+  against the vLLM engine on the CPU, and one weight push to it (when vLLM is installed).
 
 Repetitions of the two modes are interleaved after a warm-up, and medians are reported, so both numbers
 come from the same run on the same machine state. Builds are timed after one untimed warm-up build (imports,

@@ -271,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             print_overhead(overhead(Path(tmp), size=SIZES["small"]), "small")
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-video-") as tmp:
             print_video_step(video_step(Path(tmp)))
+        from perf.trl_compare import generation, print_generation
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-generation-") as tmp:
+            print_generation(generation(Path(tmp)))
         sys.stdout.flush()
     if args.only == "trl":
         return 0

