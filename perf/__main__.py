@@ -1,4 +1,4 @@
-"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build|semantic|memory]``: print tables of timings
+"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build|semantic|memory|trl]``: print tables of timings
 and of the peak memory of one training micro-batch."""
 
 from __future__ import annotations
