@@ -56,7 +56,7 @@ def run(policy: Policy, seqs: list[TokenSeq], shared: bool, **kw: Any):
     return logp.detach(), ent.detach(), mask, grads
 
 
-def assert_same(policy: Policy, seqs: list[TokenSeq], **kw: Any) -> None:
+def assert_same(policy: Policy, seqs: list[TokenSeq], vision: bool = True, **kw: Any) -> None:
     ref_logp, ref_ent, ref_mask, ref_grads = run(policy, seqs, shared=False, **kw)
     logp, ent, mask, got = run(policy, seqs, shared=True, **kw)
     assert torch.equal(mask, ref_mask)
@@ -66,8 +66,10 @@ def assert_same(policy: Policy, seqs: list[TokenSeq], **kw: Any) -> None:
     torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5 * float(ref_ent.abs().max()))
     assert got.keys() == ref_grads.keys()
     # the vision tower, its merger, the language model and the head all receive gradients
-    assert any(n.startswith("model.visual.") and "merger" not in n for n in got)
-    assert any("merger" in n for n in got) and "lm_head.weight" in got
+    if vision:
+        assert any(n.startswith("model.visual.") and "merger" not in n for n in got)
+        assert any("merger" in n for n in got)
+    assert "lm_head.weight" in got
     assert any("language_model.layers.0." in n for n in got)
     for name, g in ref_grads.items():  # fp32 round-off, relative to the gradient's own scale
         err = float((got[name] - g).abs().max())
@@ -231,6 +233,21 @@ def test_activation_checkpointing(policy_of, family: str) -> None:
         checkpointing_switch(policy.model, False)
     assert not any(getattr(m, "gradient_checkpointing", False) for m in policy.base.language_model.modules())
     assert not any("_can_checkpoint_with_cache" in vars(m) for m in policy.model.modules())
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_text_only_groups(policy_of, family: str) -> None:
+    """Text-only prompts (plain positions on all three M-RoPE axes), alone and beside an image group."""
+    policy = policy_of(family)
+    text = policy.encode(policy.render([{"role": "user", "content": [{"type": "text", "text": "Count to 3."}]}]))
+    other = policy.encode(policy.render([{"role": "user", "content": [{"type": "text", "text": "Hi."}]}]))
+    seqs = group(policy, text, [4, 2, 7], seed=3) + group(policy, other, [1, 5], seed=9)
+    plan = policy._prefix_plan(seqs)
+    assert plan is not None and [rows for rows, _ in plan] == [[0, 1, 2], [3, 4]]
+    assert plan[0][1] >= len(text) and plan[1][1] >= len(other)
+    assert_same(policy, seqs, vision=False)
+    pic = prompt(policy, [image(family, "a", seed=1)], "Look.")
+    assert_same(policy, seqs[:3] + group(policy, pic, [3, 6], seed=20))
 
 
 def test_setting_defaults_on() -> None:
