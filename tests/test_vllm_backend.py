@@ -196,6 +196,14 @@ def test_weight_push_with_lora_adapters(rig: Rig) -> None:
         torch.testing.assert_close(torch.tensor(g[0].logprobs), torch.tensor(w[0].logprobs), rtol=0, atol=1e-5)
 
 
+def assert_greedy_equal(policy: Policy, backend, prompt: TokenSeq) -> None:
+    """The engine's greedy answer and its log-probs are HF's for ``prompt``."""
+    want = HFBackend(policy).generate([prompt], n=1, params=GREEDY)[0][0]
+    got = backend.generate([prompt], n=1, params=GREEDY)[0][0]
+    assert got.token_ids == want.token_ids
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+
+
 @pytest.mark.vllm
 @pytest.mark.usefixtures("module_cache")
 @pytest.mark.parametrize("family", FAMILIES)
@@ -217,11 +225,8 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
     policy.model.eval()
     backend = make_backend("vllm", policy)
     try:
-        prompt = encode_prompt(policy, MediaPreparer(MEDIA, family=family), toy[kind], PROMPT)[0]
-        want = HFBackend(policy).generate([prompt], n=1, params=GREEDY)[0][0]
-        got = backend.generate([prompt], n=1, params=GREEDY)[0][0]
-        assert got.token_ids == want.token_ids
-        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+        assert_greedy_equal(policy, backend,
+                            encode_prompt(policy, MediaPreparer(MEDIA, family=family), toy[kind], PROMPT)[0])
     finally:
         del backend
         gc.collect()
@@ -244,9 +249,8 @@ def test_engine_starts_from_the_policys_weights(tmp_path: Path, toy: dict[str, S
     backend = make_backend("vllm", policy)
     try:
         prompt = encode_prompt(policy, MediaPreparer(MEDIA, family="qwen2_5_vl"), toy["image"], PROMPT)[0]
-        got = backend.generate([prompt], n=1, params=GREEDY)[0][0]
-        assert got.token_ids == want.token_ids
-        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=1e-5)
+        assert HFBackend(policy).generate([prompt], n=1, params=GREEDY)[0][0].token_ids == want.token_ids
+        assert_greedy_equal(policy, backend, prompt)
     finally:
         del backend
         gc.collect()
