@@ -4,6 +4,7 @@ and of the peak memory of one training micro-batch."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -190,6 +191,19 @@ def _memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int 
     return work
 
 
+@dataclasses.dataclass
+class OutOfMemory:
+    """A mode whose process the system killed for memory: its peak is above ``peak_bytes`` (what was free)."""
+
+    start_bytes: int = 0
+    peak_bytes: int = 0
+    method: str = "out of memory"
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.peak_bytes
+
+
 def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", shrink: bool = True
                  ) -> tuple[dict, list[tuple]]:
     """Peak memory of one training micro-batch in each of :data:`MEM_MODES`, each in a fresh process
@@ -215,9 +229,14 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", sh
             "chunk": Policy.logprob_chunk_tokens, "threads": torch.get_num_threads()}
     rows = []
     for label, chunk, entropy_grad in MEM_MODES:
-        peak, out = measure_in_subprocess(_memory_case, str(model_dir), MEM_VOCAB, seqs, tokens, chunk,
-                                          entropy_grad, str(dev), torch.get_num_threads(),
-                                          device=str(dev) if dev.type == "cuda" else None)
+        try:
+            peak, out = measure_in_subprocess(_memory_case, str(model_dir), MEM_VOCAB, seqs, tokens, chunk,
+                                              entropy_grad, str(dev), torch.get_num_threads(),
+                                              device=str(dev) if dev.type == "cuda" else None)
+        except RuntimeError as exc:  # killed for memory (--memory-no-shrink): its peak is above what was free
+            if "out of memory" not in str(exc) or avail is None:
+                raise
+            peak, out = OutOfMemory(start_bytes=0, peak_bytes=avail, method="out of memory"), None
         rows.append((label, peak, out))
     return info, rows
 
@@ -233,18 +252,26 @@ def _print_memory(info: dict, rows: list[tuple]) -> None:
     if info["seqs"] != info["asked"]:
         print(f"NOTE: {info['asked']} x {info['tokens']} needs about {info['need_gb']:.0f} GB for the unchunked "
               f"modes and {info['available_gb']:.0f} GB are available: measured at {info['seqs']} sequences")
-    how = rows[0][1].method
+    how = next((p.method for _, p, _ in rows if not isinstance(p, OutOfMemory)), "")
     print(f"counted: {'live CUDA tensor bytes' if how.startswith('cuda') else 'resident set (VmHWM)'} "
           f"({how}); 'peak' is above what was in use before the micro-batch (model and inputs loaded)\n")
     head = f"{'mode':<52} {'peak GB':>9} {'absolute GB':>12} {'vs before':>10}"
     print(head)
     print("-" * len(head))
     before = rows[0][1].extra_bytes
+    oom = isinstance(rows[0][1], OutOfMemory)
     for label, peak, _ in rows:
+        if isinstance(peak, OutOfMemory):
+            print(f"{label:<52} {'> ' + format(peak.extra_bytes / GB, '.1f'):>9} {'killed':>12} "
+                  f"{'(out of memory)':>10}")
+            continue
         print(f"{label:<52} {peak.extra_bytes / GB:>9.2f} {peak.peak_bytes / GB:>12.2f} "
-              f"{peak.extra_bytes / before:>9.2f}x")
+              f"{('< ' if oom else '') + format(peak.extra_bytes / before, '.2f') + 'x':>10}")
     after = next(p for label, p, _ in rows if label.startswith("after: chunked, entropies without"))
-    print(f"\nafter/before (entropies without grad): {after.extra_bytes / before:.3f} (target <= 0.333)\n")
+    bound = "below " if oom else ""
+    print(f"\nafter/before (entropies without grad): {bound}{after.extra_bytes / before:.3f} (target <= 0.333)"
+          + ("; 'before' did not fit in the free memory, so its peak is above what was free and the ratio is "
+             "an upper bound" if oom else "") + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
