@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-PRETRAIN_VERSION = 1
+# 2: video positions by the pre-training rule (mmrl.rope): a base pre-trained under transformers' rule would see
+# text after a video at other positions in every later run
+PRETRAIN_VERSION = 2
 INFO_FILE = "toy_base.json"
 
 
