@@ -131,6 +131,9 @@ class GRPOTrainer:
             self.ref.model = self.updater.wrap_reference(self.ref.model)
             self.ref.synced_generation = self._zero3()
         policy.synced_generation = self._zero3()
+        if self._zero3() and cfg.rollout.environment:
+            raise ConfigError("multi-turn environments are not supported with ZeRO-3 (ranks would run different "
+                              "numbers of generation turns); use train.deepspeed=zero2")
         if self._zero3():
             # ZeRO-3 gathers each module's weights at each call: every rank must make the same calls. The LM
             # head once per micro-batch (a chunk's backward recomputation would find it released), the model
@@ -157,9 +160,6 @@ class GRPOTrainer:
         if t.prompts_per_step < w.size:
             raise ConfigError(f"train.prompts_per_step={t.prompts_per_step} is below the {w.size} ranks: every rank "
                               f"rolls out whole prompts; use at least {w.size}")
-        if t.deepspeed and "3" in str(t.deepspeed) and self.cfg.rollout.environment:
-            raise ConfigError("multi-turn environments are not supported with ZeRO-3 (ranks would run different "
-                              "numbers of generation turns); use train.deepspeed=zero2")
 
     # ------------------------------------------------------------------------------------ stages
     def _make_sampler(self):
