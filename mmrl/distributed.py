@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,9 +47,6 @@ class World:
         base, extra = divmod(n, self.size)
         start = r * base + min(r, extra)
         return range(start, start + base + (1 if r < extra else 0))
-
-    def split(self, items: Sequence[T]) -> list[T]:
-        return [items[i] for i in self.share(len(items))]
 
     # -------------------------------------------------------------------------------------- collectives
     def gather(self, obj: T) -> list[T]:

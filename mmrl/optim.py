@@ -86,10 +86,6 @@ class Updater:
         ``modify``, rank 0's changes to them are kept (and sent to every rank) on leaving."""
         yield
 
-    def master_weights(self) -> dict[str, torch.Tensor]:
-        """The fp32 weights the optimizer steps (name -> tensor), for tests and checkpoints."""
-        return {}
-
     def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """The KL reference model as this updater keeps it (ZeRO-3: sharded like the policy)."""
         return model
@@ -159,10 +155,6 @@ class LocalUpdater(Updater):
                 for (name, p), m in zip(self.named, self.master):
                     m.copy_(state["master"][name])
                     p.copy_(m)
-
-    def master_weights(self) -> dict[str, torch.Tensor]:
-        src = self.master if self.master is not None else self.params
-        return {n: t.detach() for (n, _), t in zip(self.named, src)}
 
 
 def _sum_over_ranks(params: list[torch.nn.Parameter]) -> None:
@@ -275,12 +267,6 @@ class DeepSpeedUpdater(Updater):
                 yield
         else:
             yield
-
-    def master_weights(self) -> dict[str, torch.Tensor]:
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        return {n: safe_get_full_fp32_param(p).detach().clone()
-                for n, p in self.model.named_parameters() if p.requires_grad}
 
     def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.stage != 3:
