@@ -271,10 +271,11 @@ class SFTConfig:
     """Sequences per cold-start step."""
     warmup_steps: int = 0
     """Cold-start warm-up steps."""
-    target: Literal["gold", "random_answer"] = "random_answer"
-    """gold: train on the reference answers. random_answer teaches the answer format only (the answer inside
-    the tags is drawn at random), for the toy demo's random-weight model: it never runs on a model given with
-    --model / model.path."""
+    target: Literal["gold", "random_answer", "reasoning"] = "random_answer"
+    """gold: train on the reference answers. reasoning: a reasoning trace, then the reference answer (the
+    record's meta.rationale; the toy world's records get random-length traces of true observations; mmrl.sft).
+    random_answer teaches the answer format only (the answer inside the tags is drawn at random), for the toy
+    demo's random-weight model: it never runs on a model given with --model / model.path."""
 
 
 @dataclass

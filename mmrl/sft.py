@@ -3,7 +3,11 @@
 Targets are written in the run's answer format. With ``sft.target: random_answer`` the answer inside the
 tags is drawn at random from the sample's valid answers (an option letter, yes/no, another sample's
 answer), so the cold start teaches the *format* and nothing about which answer is right; RL must find
-the answers. ``gold`` trains on the reference answers (ordinary SFT).
+the answers. ``gold`` trains on the reference answers (ordinary SFT). ``reasoning`` trains on a reasoning trace and the
+reference answer, ``<think>trace</think><answer>answer</answer>`` (a chain-of-thought cold start, as Video-R1's
+and ARES's): the trace is the record's ``meta.rationale`` (a string as written; a list of sentences: a random
+number of them per draw, so lengths vary), or for the toy world's records a random-length trace of true
+observations (:mod:`data_pipelines.toy.rationales`, answer in words as the toy base model gives it).
 """
 
 from __future__ import annotations
@@ -42,6 +46,25 @@ def random_answer(sample: Any, pool: Sequence[Any], rng: random.Random) -> str:
         return rng.choice(["yes", "no"])
     same = [s for s in pool if s.problem_type == sample.problem_type]
     return answer_text(rng.choice(same or list(pool)))
+
+
+def reasoning_target(sample: Any, rng: random.Random) -> str:
+    """``<think>trace</think><answer>answer</answer>`` for ``sft.target: reasoning`` (see the module docstring)."""
+    from data_pipelines.toy.rationales import draw_trace, option_text, toy_rationale
+
+    given = (sample.meta or {}).get("rationale")
+    if isinstance(given, str) and given.strip():
+        trace, answer = given.strip(), answer_text(sample)
+    elif isinstance(given, list) and given and all(isinstance(x, str) for x in given):
+        trace, answer = draw_trace(given, rng, max_looks=0), answer_text(sample)
+    else:
+        trace = toy_rationale(sample, rng)
+        if trace is None:
+            raise MmrlError(f"sample {sample.id}: sft.target=reasoning needs meta.rationale (the reasoning to train "
+                            "on: a string, or a list of sentences to draw from); add it to the records, use "
+                            "sft.target=gold, or sft.steps=0 when the model already reasons")
+        answer = option_text(sample)
+    return f"<think>{trace}</think><answer>{answer}</answer>"
 
 
 def target_text(sample: Any, answer: str, answer_format: str) -> str:
@@ -98,9 +121,12 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
             if episode is not None:
                 seqs.append(episode)
                 continue
-            answer = answer_text(sample) if s.target == "gold" else random_answer(sample, samples, rng)
-            ids = policy.tokenizer(target_text(sample, answer, cfg.prompt.answer_format),
-                                   add_special_tokens=False)["input_ids"] + [eos]
+            if s.target == "reasoning":
+                text = reasoning_target(sample, rng)
+            else:
+                answer = answer_text(sample) if s.target == "gold" else random_answer(sample, samples, rng)
+                text = target_text(sample, answer, cfg.prompt.answer_format)
+            ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
             seqs.append(prompt.extend(ids, trained=True))
         logp, _, mask = policy.forward_logprobs(seqs)
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)

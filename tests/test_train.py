@@ -236,3 +236,34 @@ def test_sft_loss_covers_assistant_tokens_only(cache: Path, monkeypatch: pytest.
         assert trained.startswith("<answer>") and trained.endswith("</answer><|im_end|>"), trained
         assert trained[len("<answer>"):-len("</answer><|im_end|>")] in by_answer
         assert all(t != policy.video_token_id for t in seq.ids[first:])
+
+
+def test_reasoning_cold_start_trains_on_think_then_the_answer_in_words(cache: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmrl.config import load_run_config
+    from mmrl.policy import load_policy
+    from mmrl.run import load_split, resolve_model
+    from mmrl.sft import run_sft
+
+    monkeypatch.setenv("MMRL_CACHE", str(cache))
+    cfg = load_run_config(overrides=[*TINY, "sft.target=reasoning", "sft.steps=2", "sft.batch_size=4",
+                                     "prompt.answer_format=think_answer"])
+    samples, _ = load_split(cfg, "train")
+    policy = load_policy(resolve_model(cfg))
+    seen = []
+    original = policy.forward_logprobs
+
+    def recording(seqs, **kw):  # the real method; only records what SFT trains on
+        seen.extend(seqs)
+        return original(seqs, **kw)
+
+    policy.forward_logprobs = recording
+    run_sft(cfg, policy, samples, show_progress=False)
+    colours = {s.options[ord(s.answer) - ord("A")] for s in samples}
+    for seq in seen:
+        first = seq.loss_mask.index(1)
+        trained = policy.tokenizer.decode(seq.ids[first:])
+        assert trained.startswith("<think>") and trained.endswith("</answer><|im_end|>"), trained
+        think, answer = trained[len("<think>"):-len("</answer><|im_end|>")].split("</think><answer>")
+        assert answer in colours, trained
+        assert f"The moving object is {answer}." in think or "It is a " in think, trained
