@@ -56,3 +56,19 @@ def test_toy_base_build_is_a_model_folder_a_run_starts_from(tmp_path: Path, monk
     assert ensure_toy_base(recipe, progress=False) == path  # cached
     assert load_policy(path, device="cpu").family == "qwen2_5_vl"
     assert not list(path.parent.glob(".*tmp*"))  # built atomically, nothing left behind
+
+
+def test_half_of_the_requests_list_the_words_to_pick_from(tmp_path: Path) -> None:
+    from data_pipelines.toy.pretrain import VOCABULARIES
+
+    pre = records(make_pretrain(tmp_path, 5, tasks=["color", "shape", "count", "motion", "scan"], per_task=24,
+                                progress=False))
+    listed = [r for r in pre if "Pick one of:" in r["question"]]
+    worded = [r for r in pre if r["meta"]["task"] != "scan"]
+    assert 0.3 < len(listed) / len(worded) < 0.7
+    for r in listed:
+        words = r["question"].split("Pick one of: ", 1)[1].rstrip(".").split(", ")
+        vocabulary = next(v for v in VOCABULARIES if r["answer"] in v)
+        assert sorted(words) == sorted(vocabulary), r  # the answer's own word set, every word once
+    assert len({r["question"] for r in listed}) > len(listed) // 2  # the order varies between records
+    assert not any("Pick one of" in r["question"] for r in pre if r["meta"]["task"] == "scan")

@@ -9,8 +9,11 @@ letters:
 * its media are drawn from generator streams of their own (``(seed, task, "pretrain")``), so no picture or
   video is shared with train/val/test;
 * each record is an open request to name what is seen, in words of its own ("Name the colour of the moving
-  object."; the RL question is "What colour is the moving object?" with lettered options), with no
-  options, and its answer is the thing seen ("red", "3", "left"), never a letter.
+  object.", "Which colour does the moving object have?"; the RL question is "What colour is the moving
+  object?" with lettered options), with no options, and its answer is the thing seen ("red", "3", "left"),
+  never a letter. Half of the requests end with the words to choose from in a random order ("Pick one of:
+  blue, red, yellow, green."), as a real base model has seen questions with candidates; without them the
+  base answered every RL question with a colour (the RL prompts list options, which it had never seen).
 
 :func:`check_disjoint` verifies that against the other splits.
 """
@@ -25,13 +28,17 @@ from typing import Any
 from mmrl_common.errors import DataError
 
 from .build import _rng, _write_media
+from .draw import COLOR_NAMES, SHAPES
 from .registry import ToyConfig, ToyItem, get_task
+from .video_tasks import COUNTS, DIRECTIONS
 
 Describe = Callable[[ToyItem], str]
 
 # task -> (request, what the answer is); several requests per picture where the drawing holds more facts
-COLOUR = ("Name the colour of the {what}.", "Say which colour the {what} has.", "Tell the colour of the {what}.")
-SHAPE = ("Name the shape of the {what}.", "Say which shape the {what} has.", "Tell the shape of the {what}.")
+COLOUR = ("Name the colour of the {what}.", "Say which colour the {what} has.", "Tell the colour of the {what}.",
+          "Which colour does the {what} have?")
+SHAPE = ("Name the shape of the {what}.", "Say which shape the {what} has.", "Tell the shape of the {what}.",
+         "Which shape does the {what} have?")
 
 
 def _ask(templates: Sequence[str], what: str) -> list[str]:
@@ -46,9 +53,10 @@ DESCRIPTIONS: dict[str, list[tuple[list[str], Describe]]] = {
     "shape": [(_ask(SHAPE, "moving object"), lambda it: it.answer),
               (_ask(COLOUR, "moving object"), lambda it: it.meta["color"])],
     "count": [(["Say how many coloured discs there are.", "Count the coloured discs.",
-                "Tell the number of discs."], lambda it: it.answer)],
+                "Tell the number of discs.", "How many discs can you see?"], lambda it: it.answer)],
     "motion": [(["Name the direction in which the square moves.", "Say which direction the square goes.",
-                 "Tell the direction of the square's motion."], lambda it: it.answer)],
+                 "Tell the direction of the square's motion.", "Which way does the square travel?"],
+                lambda it: it.answer)],
     "order": [(_ask(COLOUR, "first flash"), lambda it: it.meta["first"]),
               (_ask(COLOUR, "second flash"), lambda it: it.meta["second"])],
     "needle": [(_ask(COLOUR, "square that appears briefly"), lambda it: it.answer)],
@@ -57,6 +65,22 @@ DESCRIPTIONS: dict[str, list[tuple[list[str], Describe]]] = {
               lambda it: (f"a {it.meta['finding']['polarity']} lesion in the {it.meta['finding']['location']}"
                           if it.meta["finding"]["present"] else "no lesion"))],
 }
+
+
+# the word sets an answer can come from (the candidates a request may list); free-text findings have none
+VOCABULARIES: tuple[tuple[str, ...], ...] = (COLOR_NAMES, SHAPES, COUNTS, DIRECTIONS)
+CANDIDATE_SHARE = 0.5
+
+
+def candidates(answer: str) -> tuple[str, ...]:
+    """The word set ``answer`` belongs to; () for a free-text answer."""
+    return next((v for v in VOCABULARIES if answer in v), ())
+
+
+def with_candidates(request: str, words: Sequence[str], rng: Any) -> str:
+    """``request`` plus ``words`` to choose from, in a random order."""
+    order = [words[int(k)] for k in rng.permutation(len(words))]
+    return f"{request} Pick one of: {', '.join(order)}."
 
 
 def pretrain_tasks() -> list[str]:
@@ -95,8 +119,12 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
                 media["sampling"] = dict(item.sampling)
             for k, (requests, describe) in enumerate(DESCRIPTIONS[name]):
                 request = requests[int(rng.integers(len(requests)))]
+                answer = str(describe(item))
+                words = candidates(answer)
+                if words and rng.random() < CANDIDATE_SHARE:
+                    request = with_candidates(request, words, rng)
                 records.append({"id": f"toy-{name}-pretrain-{i:05d}-{k}", "problem_type": "open",
-                                "question": request, "options": None, "answer": str(describe(item)),
+                                "question": request, "options": None, "answer": answer,
                                 "media": [media], "meta": {"task": name, "split": "pretrain", "seed": seed}})
             if bar is not None:
                 bar.update(1)
