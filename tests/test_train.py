@@ -203,15 +203,15 @@ def test_sft_command_writes_a_model(cache: Path, tmp_path: Path, monkeypatch: py
     assert "sft: 2 steps" in capsys.readouterr().out
 
 
-def test_sft_loss_covers_assistant_tokens_only(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def sft_on_tiny(cache: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str):
+    """Run ``run_sft`` on the tiny toy set; returns (result, the sequences it trained on, samples, policy)."""
     from mmrl.config import load_run_config
     from mmrl.policy import load_policy
     from mmrl.run import load_split, resolve_model
     from mmrl.sft import run_sft
 
     monkeypatch.setenv("MMRL_CACHE", str(cache))
-    cfg = load_run_config(overrides=[*TINY, "sft.target=gold", "sft.steps=1", "sft.batch_size=3",
-                                     "prompt.answer_format=answer"])
+    cfg = load_run_config(overrides=[*TINY, *overrides])
     samples, _ = load_split(cfg, "train")
     policy = load_policy(resolve_model(cfg))
     seen = []
@@ -223,6 +223,12 @@ def test_sft_loss_covers_assistant_tokens_only(cache: Path, monkeypatch: pytest.
 
     policy.forward_logprobs = recording
     result = run_sft(cfg, policy, samples, show_progress=False)
+    return result, seen, samples, policy
+
+
+def test_sft_loss_covers_assistant_tokens_only(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, seen, samples, policy = sft_on_tiny(cache, monkeypatch, "sft.target=gold", "sft.steps=1",
+                                                "sft.batch_size=3", "prompt.answer_format=answer")
     assert result["loss"] > 0 and len(seen) == 3
     tok = policy.tokenizer
     by_answer = {s.answer for s in samples}
@@ -240,25 +246,9 @@ def test_sft_loss_covers_assistant_tokens_only(cache: Path, monkeypatch: pytest.
 
 def test_reasoning_cold_start_trains_on_think_then_the_answer_in_words(cache: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
-    from mmrl.run import load_split, resolve_model
-    from mmrl.sft import run_sft
-
-    monkeypatch.setenv("MMRL_CACHE", str(cache))
-    cfg = load_run_config(overrides=[*TINY, "sft.target=reasoning", "sft.steps=2", "sft.batch_size=4",
-                                     "prompt.answer_format=think_answer"])
-    samples, _ = load_split(cfg, "train")
-    policy = load_policy(resolve_model(cfg))
-    seen = []
-    original = policy.forward_logprobs
-
-    def recording(seqs, **kw):  # the real method; only records what SFT trains on
-        seen.extend(seqs)
-        return original(seqs, **kw)
-
-    policy.forward_logprobs = recording
-    run_sft(cfg, policy, samples, show_progress=False)
+    _, seen, samples, policy = sft_on_tiny(cache, monkeypatch, "sft.target=reasoning", "sft.steps=2",
+                                           "sft.batch_size=4", "prompt.answer_format=think_answer")
+    assert len(seen) == 8
     colours = {s.options[ord(s.answer) - ord("A")] for s in samples}
     for seq in seen:
         first = seq.loss_mask.index(1)
