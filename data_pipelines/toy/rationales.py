@@ -6,13 +6,13 @@ RL from a chain-of-thought cold start). The toy base model only names what it se
 the reasoning (ARES's length and entropy shaping, ACRE's re-answer from the model's own reasoning) have
 nothing to act on. This module gives each toy record a set of *true* observation sentences built from the
 record's own facts (``meta`` and the answer) -- "I count the discs: one, two, three.", "The first flash is
-red." -- and :func:`toy_rationale` draws a trace of random length from them: a random number of the facts, in
-a random order, between 0 and ``max_looks`` "I look at the video again." steps. Every sentence is true of
+red." -- and :func:`toy_rationale` draws a trace of random length from them: 0 to ``max_looks`` look steps
+("I watch the frames again."), then a random non-empty subset of the facts in their given order. Every sentence is true of
 the video; nothing is a guess. Lengths therefore vary from one draw to the next for the same question, and
 the enumerations make harder counts longer, which is what RL then shapes.
 
 Records of your own carry ``meta.rationale`` (a string: used as written; a list of sentences: drawn from the
-same way) -- see :func:`mmrl.sft.rationale_text`.
+same way) -- see :func:`mmrl.sft.reasoning_target`.
 """
 
 from __future__ import annotations
