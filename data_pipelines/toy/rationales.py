@@ -7,8 +7,8 @@ the reasoning (ARES's length and entropy shaping, ACRE's re-answer from the mode
 nothing to act on. This module gives each toy record a set of *true* observation sentences built from the
 record's own facts (``meta`` and the answer) -- "I count the discs: one, two, three.", "The first flash is
 red." -- and :func:`toy_rationale` draws a trace of random length from them: 0 to ``max_looks`` look steps
-("I watch the frames again."), then a random non-empty subset of the facts in their given order. Every sentence is true of
-the video; nothing is a guess. Lengths therefore vary from one draw to the next for the same question, and
+("I watch the frames again."), then a random non-empty subset of the facts in their given order. Every
+sentence is true of the video; nothing is a guess. Lengths therefore vary from one draw to the next for the same question, and
 the enumerations make harder counts longer, which is what RL then shapes.
 
 Records of your own carry ``meta.rationale`` (a string: used as written; a list of sentences: drawn from the
