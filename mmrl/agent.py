@@ -89,7 +89,7 @@ def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media:
         demo = getattr(env, "demonstration", None)
         if demo is None:
             return None
-        turns = demo(target_text(sample, answer_text(sample), cfg.prompt.answer_format))
+        turns = demo(target_text(sample, answer_text(sample, cfg.sft.mc_answer), cfg.prompt.answer_format))
         if turns is None:
             return None
         env = env_cls(sample, media, **cfg.rollout.environment_kwargs)

@@ -276,6 +276,10 @@ class SFTConfig:
     record's meta.rationale; the toy world's records get random-length traces of true observations; mmrl.sft).
     random_answer teaches the answer format only (the answer inside the tags is drawn at random), for the toy
     demo's random-weight model: it never runs on a model given with --model / model.path."""
+    mc_answer: Literal["letter", "option"] = "letter"
+    """How gold and reasoning targets answer a multiple-choice question: the option letter (``B``), or the
+    option's text (``green``; for a model that answers in words, such as the toy base model). The rewards
+    accept both."""
 
 
 @dataclass

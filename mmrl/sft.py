@@ -7,7 +7,8 @@ the answers. ``gold`` trains on the reference answers (ordinary SFT). ``reasonin
 reference answer, ``<think>trace</think><answer>answer</answer>`` (a chain-of-thought cold start, as Video-R1's
 and ARES's): the trace is the record's ``meta.rationale`` (a string as written; a list of sentences: a random
 number of them per draw, so lengths vary), or for the toy world's records a random-length trace of true
-observations (:mod:`data_pipelines.toy.rationales`, answer in words as the toy base model gives it).
+observations (:mod:`data_pipelines.toy.rationales`). ``sft.mc_answer`` says whether gold and reasoning targets
+answer a multiple-choice question with the letter or the option's text (the toy base model answers in words).
 """
 
 from __future__ import annotations
@@ -31,10 +32,14 @@ from mmrl_common.errors import MediaError, MmrlError
 THINK = "<think>I look at the media and compare it with the question.</think>"
 
 
-def answer_text(sample: Any) -> str:
+def answer_text(sample: Any, mc_answer: str = "letter") -> str:
+    """The reference answer as a target writes it; ``mc_answer`` (``sft.mc_answer``): a multiple-choice
+    answer as its ``letter`` or its ``option`` text."""
     a = sample.answer
     if sample.problem_type == "temporal_grounding" and isinstance(a, (list, tuple)):
         return f"[{float(a[0]):.1f}, {float(a[1]):.1f}]"
+    if mc_answer == "option":
+        return sample.answer_text()
     return str(a)
 
 
@@ -48,23 +53,22 @@ def random_answer(sample: Any, pool: Sequence[Any], rng: random.Random) -> str:
     return answer_text(rng.choice(same or list(pool)))
 
 
-def reasoning_target(sample: Any, rng: random.Random) -> str:
+def reasoning_target(sample: Any, rng: random.Random, mc_answer: str = "letter") -> str:
     """``<think>trace</think><answer>answer</answer>`` for ``sft.target: reasoning`` (see the module docstring)."""
-    from data_pipelines.toy.rationales import draw_trace, option_text, toy_rationale
+    from data_pipelines.toy.rationales import draw_trace, toy_rationale
 
     given = (sample.meta or {}).get("rationale")
     if isinstance(given, str) and given.strip():
-        trace, answer = given.strip(), answer_text(sample)
+        trace = given.strip()
     elif isinstance(given, list) and given and all(isinstance(x, str) for x in given):
-        trace, answer = draw_trace(given, rng, max_looks=0), answer_text(sample)
+        trace = draw_trace(given, rng, max_looks=0)
     else:
         trace = toy_rationale(sample, rng)
         if trace is None:
             raise MmrlError(f"sample {sample.id}: sft.target=reasoning needs meta.rationale (the reasoning to train "
                             "on: a string, or a list of sentences to draw from); add it to the records, use "
                             "sft.target=gold, or sft.steps=0 when the model already reasons")
-        answer = option_text(sample)
-    return f"<think>{trace}</think><answer>{answer}</answer>"
+    return f"<think>{trace}</think><answer>{answer_text(sample, mc_answer)}</answer>"
 
 
 def target_text(sample: Any, answer: str, answer_format: str) -> str:
@@ -122,9 +126,10 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
                 seqs.append(episode)
                 continue
             if s.target == "reasoning":
-                text = reasoning_target(sample, rng)
+                text = reasoning_target(sample, rng, s.mc_answer)
             else:
-                answer = answer_text(sample) if s.target == "gold" else random_answer(sample, samples, rng)
+                answer = (answer_text(sample, s.mc_answer) if s.target == "gold"
+                          else random_answer(sample, samples, rng))
                 text = target_text(sample, answer, cfg.prompt.answer_format)
             ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
             seqs.append(prompt.extend(ids, trained=True))

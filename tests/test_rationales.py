@@ -9,8 +9,8 @@ import random
 import pytest
 
 from data_pipelines.schema import Sample
-from data_pipelines.toy.rationales import LOOK, draw_trace, option_text, toy_facts, toy_rationale
-from mmrl.sft import reasoning_target
+from data_pipelines.toy.rationales import LOOK, draw_trace, toy_facts, toy_rationale
+from mmrl.sft import answer_text, reasoning_target
 from mmrl_common.errors import MmrlError
 
 
@@ -19,9 +19,10 @@ def toy_sample(task: str, answer: str = "B", options=("red", "green", "blue", "y
                   options=list(options), meta={"source": "toy", "task": task, **meta})
 
 
-def test_option_text_maps_the_letter_to_its_option() -> None:
-    assert option_text(toy_sample("color", "C")) == "blue"
-    assert option_text(Sample(id="x", problem_type="open", question="?", answer="a lesion")) == "a lesion"
+def test_mc_answer_gives_the_letter_or_its_option() -> None:
+    assert answer_text(toy_sample("color", "C")) == "C"
+    assert answer_text(toy_sample("color", "C"), "option") == "blue"
+    assert answer_text(Sample(id="x", problem_type="open", question="?", answer="a lesion"), "option") == "a lesion"
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -72,9 +73,13 @@ def test_a_records_own_rationale_wins_and_a_list_is_drawn_from() -> None:
                       for t in ("It has four legs.", "It barks.", "It has four legs. It barks.")}
 
 
-def test_toy_records_answer_in_words() -> None:
-    text = reasoning_target(toy_sample("color", "D", shape="circle"), random.Random(0))
-    assert text.endswith("</think><answer>yellow</answer>") and text.startswith("<think>")
+def test_toy_traces_name_the_option_and_the_answer_follows_mc_answer() -> None:
+    sample = toy_sample("color", "D", shape="circle")
+    words = reasoning_target(sample, random.Random(0), "option")
+    assert words.endswith("</think><answer>yellow</answer>") and words.startswith("<think>")
+    traces = [reasoning_target(sample, random.Random(k)) for k in range(20)]
+    assert all(t.endswith("</think><answer>D</answer>") for t in traces)
+    assert any("yellow" in t for t in traces)  # the trace speaks of the option, not the letter
 
 
 def test_a_record_without_a_rationale_is_named() -> None:

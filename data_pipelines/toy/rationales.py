@@ -21,8 +21,6 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from data_pipelines.schema import letter_index
-
 NUMBER_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight")
 LOOK = ("I look at the video.", "I watch the frames again.", "I check the frames once more.")
 
@@ -78,13 +76,4 @@ def toy_rationale(sample: Any, rng: random.Random, *, max_looks: int = 2) -> str
     meta = sample.meta or {}
     if meta.get("source") != "toy" or meta.get("task") not in TOY_FACTS:
         return None
-    answer = option_text(sample)
-    return draw_trace(toy_facts(meta["task"], meta, answer), rng, max_looks=max_looks)
-
-
-def option_text(sample: Any) -> str:
-    """The answer in words: the option a letter answer points to (``B`` -> ``green``), else the answer."""
-    k = letter_index(sample.answer) if sample.options else None
-    if k is not None and k < len(sample.options):
-        return str(sample.options[k])
-    return str(sample.answer)
+    return draw_trace(toy_facts(meta["task"], meta, sample.answer_text()), rng, max_looks=max_looks)
