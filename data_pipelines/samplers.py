@@ -110,4 +110,4 @@ class UniformSampler(Sampler):
 
 
 # built-in samplers kept in modules of their own register themselves on import
-from data_pipelines import vas  # noqa: F401
+from data_pipelines import select_variance, vas  # noqa: F401

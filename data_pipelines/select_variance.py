@@ -11,6 +11,11 @@ by a few hundredths only).
 Written to ``--out``: ``selected.jsonl`` (the kept records, media paths absolute, ready for ``mmrl train
 --data``), ``variance.jsonl`` (one line per record: id, task, the K rewards, mean, variance, kept) and
 ``report.json`` / ``report.md`` (per task: records, kept, kept share, mean reward, mean variance).
+
+The same selection inside a run is the ``variance_filter`` sampler (``data.sampler: variance_filter``,
+:class:`VarianceFilterSampler`): before the first RL step -- after the cold start, so "the starting model" is
+the one RL starts from -- it scores every training prompt ``k`` times through the trainer's rollouts and from
+then on draws only the kept prompts, in shuffled passes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from data_pipelines.samplers import UniformSampler, register_sampler
 from mmrl_common.errors import ConfigError, MmrlError
 
 
@@ -55,6 +63,86 @@ def score_records(service: Any, rewards: Any, samples: Sequence[Any], *, k: int,
         bar.update(len(chunk))
     bar.close()
     return out
+
+
+@register_sampler("variance_filter")
+class VarianceFilterSampler(UniformSampler):
+    """Temporal-R1's selection in the run (module docstring). Settings (``data.sampler_kwargs``): ``k``
+    rollouts per prompt (default 8), ``tau`` (keep variance > tau; default 0.01), ``chunk_prompts`` (prompts
+    per scoring call, default 16). The kept set is part of the state, so a resumed run does not re-score."""
+
+    def __init__(self, samples: Sequence[Any], *, seed: int = 0, k: int = 8, tau: float = 0.01,
+                 chunk_prompts: int = 16):
+        if not isinstance(k, int) or k < 2:
+            raise ConfigError(f"data.sampler_kwargs.k={k!r}: the variance of fewer than 2 answers is always 0; "
+                              "use 2 or more")
+        if tau < 0:
+            raise ConfigError(f"data.sampler_kwargs.tau={tau!r}: a variance is never negative; use 0 or more")
+        super().__init__(samples, seed=seed)
+        self.k, self.tau, self.chunk_prompts = k, float(tau), max(1, int(chunk_prompts))
+        self.kept: list[int] | None = None
+        self.scores: list[list[float]] = []
+        """The ``k`` reward totals of every prompt from the selection (in the state: what was kept, and why)."""
+        self.trainer: Any = None
+        self._step: dict[str, float] = {}
+
+    def attach(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def select(self) -> None:
+        """Score every prompt ``k`` times with the current policy and keep those whose variance is above tau."""
+        if self.trainer is None:
+            raise MmrlError("the variance_filter sampler scores prompts with the trainer's rollouts; it runs "
+                            "inside `mmrl train` only (use `mmrl data select-variance` outside a run)")
+        t0 = time.perf_counter()
+        scores: list[list[float]] = [[] for _ in self.samples]
+        indices = list(range(len(self.samples)))
+        for start in range(0, len(indices), self.chunk_prompts):
+            batch = self.trainer.rollout_prompts(indices[start:start + self.chunk_prompts], n=self.k, hooks=False)
+            totals = [float(x) for x in batch.rewards]
+            for rows in batch.groups():
+                scores[batch.prompt_index[rows[0]]] = [round(totals[r], 6) for r in rows]
+            self.trainer.policy.media.clear()
+        variances = [reward_variance(v) for v in scores]
+        kept = [i for i, v in enumerate(variances) if v > self.tau]
+        if not kept:
+            raise MmrlError(f"variance_filter: no training prompt has reward variance above tau={self.tau} "
+                            f"(largest {max(variances):.4f} over {len(variances)} prompts, {self.k} rollouts each); "
+                            "lower data.sampler_kwargs.tau, or check that the starting model answers at all")
+        self.kept, self.scores = kept, scores
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation(0)
+        self._step = {"variance_filter/kept": float(len(kept)), "variance_filter/kept_share": len(kept) / len(variances),
+                      "variance_filter/mean_variance": sum(variances) / len(variances),
+                      "variance_filter/select_s": time.perf_counter() - t0}
+
+    def _permutation(self, epoch: int) -> list[int]:
+        kept = getattr(self, "kept", None)
+        if kept is None:
+            return super()._permutation(epoch)
+        rng = np.random.default_rng([self.seed, epoch])
+        return [kept[int(j)] for j in rng.permutation(len(kept))]
+
+    def draw(self, n: int) -> list[int]:
+        if self.kept is None:
+            self.select()
+        return super().draw(n)
+
+    def metrics(self) -> dict[str, float]:
+        out, self._step = self._step, {}
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "kept": self.kept, "scores": self.scores}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kept = state.get("kept")
+        if kept is not None and any(not 0 <= int(i) < len(self.samples) for i in kept):
+            raise MmrlError(f"the checkpoint's variance_filter state keeps prompt indices up to {max(kept)} but the "
+                            f"training pool has {len(self.samples)}; resume with the data the run started with")
+        self.kept = None if kept is None else [int(i) for i in kept]
+        self.scores = [[float(x) for x in v] for v in state.get("scores", [])]
+        super().load_state_dict(state)
 
 
 def task_report(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -12,6 +12,7 @@ from tiny_runs import TINY_RUN, module_cache  # noqa: F401 (module_cache is a fi
 
 from data_pipelines.schema import MediaItem
 from mmrl import cli
+from mmrl.plugins import Callback, register_plugin
 from rewards.registry import CombinedReward, register_reward
 from rewards.temporal import clip_window, shown_window
 
@@ -120,3 +121,58 @@ def test_select_variance_keeps_only_records_whose_answers_disagree(tmp_path: Pat
     assert len(load_samples(out / "selected.jsonl").samples) == len(kept)
     bad = [a if a != "4" else "1" for a in args]  # -k 1
     assert cli.main([*bad[:4], str(tmp_path / "x"), *bad[5:]]) == 2  # K = 1: a clear error
+
+
+class StopRun(Exception):
+    pass
+
+
+STOP_AT: list[int] = []
+
+
+@register_plugin("test-vf-stop")
+class StopAfter(Callback):
+    """Ends the process's training after a step in STOP_AT (the last checkpoint before it stays on disk)."""
+
+    def on_step_end(self, step: int, stats: dict) -> None:
+        if step in STOP_AT:
+            raise StopRun(step)
+
+
+def test_variance_filter_sampler_draws_only_the_prompts_whose_rollouts_disagree(tmp_path: Path) -> None:
+    """``data.sampler: variance_filter`` in a real run: before the first RL step every training prompt gets k
+    scored rollouts; a prompt is kept iff the population variance of its k rewards is above tau; RL draws
+    only kept prompts; a resumed run keeps the selection without re-scoring."""
+    from tiny_runs import rl_rows
+
+    from mmrl.checkpoint import load_trainer_state
+    from mmrl.config import load_run_config
+    from mmrl.run import train
+
+    over = [*TINY_RUN, "data.toy_tasks=[grounding, color]", "data.toy_size={train: 4, val: 1, test: 1}",
+            "rewards=[{name: t_answer_length}]", "data.sampler=variance_filter",
+            "data.sampler_kwargs={k: 4, tau: 20, chunk_prompts: 3}", "train.steps=4", "train.save_every=2",
+            "train.log_rollouts=100", "plugins={test-vf-stop: {}}"]
+    run = tmp_path / "run"
+    STOP_AT[:] = [3]
+    with pytest.raises(StopRun):  # the process ends after step 3; checkpoint-2 is on disk
+        train(load_run_config("video-qa", overrides=over), run_dir=run, show_progress=False)
+    state = load_trainer_state(run / "checkpoint-2")["sampler"]
+    scores, kept = state["scores"], state["kept"]
+    assert len(scores) == 8 and all(len(v) == 4 for v in scores)
+    variance = [sum((x - sum(v) / 4) ** 2 for x in v) / 4 for v in scores]
+    assert kept == [i for i, v in enumerate(variance) if v > 20.0]
+    assert 0 < len(kept) < 8  # seeded answers of both lengths on this set: the filter does something
+    rows = rl_rows(run)
+    assert rows[0]["variance_filter/kept"] == len(kept) and "variance_filter/kept" not in rows[1]
+    from mmrl.run import load_split
+
+    ids = [s.id for s in load_split(load_run_config("video-qa", overrides=over), "train", show_progress=False)[0]]
+    drawn = {json.loads(line)["id"] for line in (run / "rollouts.jsonl").read_text().splitlines()}
+    assert drawn and drawn <= {ids[i] for i in kept}
+    # resume from step 2: no second scoring pass, the same kept set
+    STOP_AT.clear()
+    train(load_run_config("video-qa", overrides=over), run_dir=run, show_progress=False, resume=True)
+    after = [r for r in rl_rows(run) if r["step"] > 2]
+    assert [r["step"] for r in after] == [3, 4] and all("variance_filter/kept" not in r for r in after)
+    assert load_trainer_state(run / "checkpoint-4")["sampler"]["kept"] == kept
