@@ -14,6 +14,8 @@ Metric names (``metrics:`` in the spec):
   for another path of the two evaluations;
 - ``last:KEY``, ``mean:KEY``, ``min:KEY``, ``max:KEY``: the last value (mean, ...) of a ``metrics.jsonl`` key
   over the RL steps, e.g. ``last:reward/accuracy``, ``mean:groups_with_variance``;
+- ``reach:KEY>=VALUE`` (or ``<=``): the first RL step at which a ``metrics.jsonl`` key reaches VALUE, e.g.
+  ``reach:eval/accuracy>=0.30`` (steps to a held-out score; a run that never reaches it counts as missing);
 - a ``*`` as the last part of a path (``eval_after_rl.by_task.*``) or anywhere in a ``metrics.jsonl`` key
   (``mean:reward/*``) stands for every key found in the runs (one table row each).
 """
@@ -154,9 +156,12 @@ def parse_metric(name: str) -> tuple[str, str]:
     """``(kind, argument)``: ``("summary", path)``, ``("gain", path)`` or ``(aggregate, metrics.jsonl key)``."""
     if ":" in name:
         agg, key = name.split(":", 1)
+        if agg == "reach":
+            _reach_target(name, key)
+            return agg, key
         if agg not in AGGREGATES:
-            raise ValueError(f"unknown aggregate '{agg}:'; {did_you_mean(agg, AGGREGATES)}"
-                             f"valid: {', '.join(a + ':' for a in AGGREGATES)}")
+            raise ValueError(f"unknown aggregate '{agg}:'; {did_you_mean(agg, [*AGGREGATES, 'reach'])}"
+                             f"valid: {', '.join(a + ':' for a in AGGREGATES)}, reach:")
         if not key:
             raise ValueError(f"'{name}' names no metrics.jsonl key")
         return agg, key
@@ -357,6 +362,16 @@ def _at(d: Any, path: str) -> Any:
 
 
 AGGREGATES = {"last": lambda v: v[-1], "mean": lambda v: sum(v) / len(v), "min": min, "max": max}
+_REACH_RE = re.compile(r"^([^<>=*]+)(>=|<=)\s*(-?[0-9.]+(?:e-?[0-9]+)?)$")
+
+
+def _reach_target(name: str, arg: str) -> tuple[str, str, float]:
+    """``reach:KEY>=VALUE``'s (key, comparison, value)."""
+    m = _REACH_RE.match(arg.strip())
+    if m is None:
+        raise ValueError(f"'{name}': write reach:KEY>=VALUE or reach:KEY<=VALUE, e.g. reach:eval/accuracy>=0.3 "
+                         "(no '*')")
+    return m.group(1).strip(), m.group(2), float(m.group(3))
 
 
 def metric_value(name: str, summary: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
@@ -368,6 +383,13 @@ def metric_value(name: str, summary: dict[str, Any], rows: list[dict[str, Any]])
     if kind == "gain":
         after, before = _at(summary, f"eval_after_rl.{arg}"), _at(summary, f"eval_before_rl.{arg}")
         return float(after - before) if _num(after) and _num(before) else None
+    if kind == "reach":
+        key, op, target = _reach_target(name, arg)
+        for r in rows:
+            v = r.get(key)
+            if r.get("stage") == "rl" and _num(v) and (v >= target if op == ">=" else v <= target):
+                return float(r["step"])
+        return None
     values = [float(r[arg]) for r in rows if r.get("stage") == "rl" and _num(r.get(arg))]
     return AGGREGATES[kind](values) if values else None
 
@@ -423,7 +445,7 @@ def expand_metrics(metrics: list[str], runs: list[RunData]) -> list[str]:
     out: list[str] = []
     for name in metrics:
         kind, arg = parse_metric(name)
-        if "*" not in arg:
+        if "*" not in arg or kind == "reach":
             names = [name]
         elif kind in ("summary", "gain"):
             parent = arg[:-1].rstrip(".")
@@ -634,7 +656,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                "  out: runs/compare/vas      # optional (default: runs/compare/<spec name>)\n"
                "  parallel: 1                # optional (default: half the cores)\n"
                "metrics: a dotted path into summary.json; gain[.path] = after - before RL; last:/mean:/min:/max:KEY\n"
-               "of a metrics.jsonl key over the RL steps; '*' expands to every key found. See configs/compare/.")
+               "of a metrics.jsonl key over the RL steps; reach:KEY>=VALUE the first step it gets there; '*'\n"
+               "expands to every key found. See configs/compare/.")
     p.add_argument("spec", metavar="SPEC.yaml", help="the comparison spec, e.g. configs/compare/seeds.yaml")
     p.add_argument("--dry-run", action="store_true", help="list the runs it would skip, resume or start, and exit")
     p.add_argument("--report-only", action="store_true", help="rewrite compare.md / compare.json from the run folders")

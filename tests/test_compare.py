@@ -83,6 +83,12 @@ def test_metric_syntax() -> None:
     assert metric_value("mean:reward", summary, rows) == pytest.approx(0.4)
     assert metric_value("max:reward", summary, rows) == 0.6
     assert metric_value("eval_after_rl.by_task.shape", summary, rows) is None
+    assert metric_value("reach:reward>=0.5", summary, rows) == 2.0  # the first RL step there (not the SFT row)
+    assert metric_value("reach:reward>=0.1", summary, rows) == 1.0
+    assert metric_value("reach:reward<=0.3", summary, rows) == 1.0
+    assert metric_value("reach:reward>=0.7", summary, rows) is None  # never reached: missing for that run
+    with pytest.raises(ValueError, match="reach:KEY>=VALUE"):
+        metric_value("reach:reward>0.5", summary, rows)
     assert mean_curve([{1: 0.0, 2: 1.0}, {1: 1.0}]) == [(1, 0.5, pytest.approx(math.sqrt(0.5))), (2, 1.0, 0.0)]
 
 
