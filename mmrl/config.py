@@ -155,6 +155,10 @@ class PromptConfig:
     """A system message (empty: none)."""
     answer_format: Literal["think_answer", "answer"] = "think_answer"
     """What the prompt asks for: think_answer (<think>...</think><answer>...</answer>) or answer only."""
+    video_layout: Literal["video", "frames"] = "video"
+    """How a video is shown: video (one video, as Qwen-VL takes it) or frames (each sampled frame as a
+    one-frame video after its label "Frame k @ t.ts:", as EARL and FrameThinker number frames; an environment
+    shows its new frames the same way)."""
 
     def __post_init__(self) -> None:
         from mmrl.prompts import resolve_template

@@ -56,6 +56,7 @@ from itertools import pairwise
 from typing import Any
 
 from mmrl.policy import MediaInput
+from mmrl.prompts import media_parts
 from mmrl.rollout import Environment, Observation, register_environment
 from mmrl_common.errors import ConfigError, MmrlError
 
@@ -291,7 +292,11 @@ class FrameSelectionEnvironment(Environment):
         self.info["frames_shown"] += len(stamps)
         self.info["frames"].extend({"round": round_, "index": i + 1, "timestamp": t} for i, t in enumerate(stamps))
         key = f"{self.video.key}|{ACTION_NAME}:{','.join(str(i) for i in res.indices)}"
-        media = MediaInput(key=key, kind="video", data=video, timestamps=stamps)
-        labels = ", ".join(f"{i + 1} @ {t:.2f}s" for i, t in enumerate(stamps))
+        media = MediaInput(key=key, kind="video", data=video, timestamps=stamps, layout=self.video.layout)
         more = (f"Select again with {format_call([1])} ({left} left) or answer." if left > 0 else "Answer now.")
+        if media.layout == "frames":  # labelled one-frame videos, as the prompt shows the initial frames
+            parts, items = media_parts([media])
+            shown = "".join(p["text"] if p["type"] == "text" else "{video}" for p in parts)
+            return Observation(text=f"{len(stamps)} new frames: {shown}\n{more}", media=items)
+        labels = ", ".join(f"{i + 1} @ {t:.2f}s" for i, t in enumerate(stamps))
         return Observation(text=f"{{video}}\n{len(stamps)} new frames: {labels}. {more}", media=[media])

@@ -43,6 +43,7 @@ class MediaInput:
     kind: str  # "image" | "video"
     data: Any  # PIL image, or a video.sampling.SampledVideo
     timestamps: list[float] | None = None
+    layout: str = "video"  # a video's prompt.video_layout: "video" or "frames" (mmrl.prompts.media_parts)
 
 
 @dataclass

@@ -10,7 +10,9 @@ never becomes the prompt text.
 
 from __future__ import annotations
 
+import dataclasses
 import string
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mmrl_common.errors import ConfigError
@@ -19,7 +21,7 @@ from mmrl_common.registry import Registry
 if TYPE_CHECKING:
     from mmrl.config import PromptConfig
     from mmrl.media import MediaPreparer
-    from mmrl.policy import Policy, TokenSeq
+    from mmrl.policy import MediaInput, Policy, TokenSeq
 
 TEMPLATES: Registry[str] = Registry("prompt template", "prompt.template", duplicates="replace")
 """Prompt templates by name: format strings with ``{question}``, ``{options}``, ``{instruction}``."""
@@ -95,10 +97,11 @@ def user_text(sample: Any, cfg: PromptConfig, options: list[str] | None = None) 
                           "{{instruction}})") from exc
 
 
-def build_messages(sample: Any, cfg: PromptConfig, media_kinds: list[str],
+def build_messages(sample: Any, cfg: PromptConfig, media_kinds: list[str] | list[dict[str, Any]],
                    options: list[str] | None = None) -> list[dict[str, Any]]:
-    """Chat messages for one sample: media first, then the question (the Qwen-VL convention)."""
-    content: list[dict[str, Any]] = [{"type": kind} for kind in media_kinds]
+    """Chat messages for one sample: media first, then the question (the Qwen-VL convention). ``media_kinds``:
+    ``"image"``/``"video"`` per item, or content parts as :func:`media_parts` gives them."""
+    content: list[dict[str, Any]] = [k if isinstance(k, dict) else {"type": k} for k in media_kinds]
     content.append({"type": "text", "text": user_text(sample, cfg, options)})
     messages: list[dict[str, Any]] = []
     if cfg.system:
@@ -107,9 +110,38 @@ def build_messages(sample: Any, cfg: PromptConfig, media_kinds: list[str],
     return messages
 
 
+def frame_label(number: int, seconds: float) -> str:
+    """The label before frame ``number`` (1-based) in the ``frames`` layout."""
+    return f"Frame {number} @ {seconds:.1f}s:"
+
+
+def media_parts(media: Sequence[MediaInput]) -> tuple[list[dict[str, Any]], list[MediaInput]]:
+    """Content parts and the items the processor gets, in order: a ``frames``-layout video becomes, per frame,
+    its label and a one-frame video (key ``<video key>|frame<k>``); every other item stays one part."""
+    parts: list[dict[str, Any]] = []
+    items: list[MediaInput] = []
+    for m in media:
+        if m.kind != "video" or m.layout != "frames":
+            parts.append({"type": m.kind})
+            items.append(m)
+            continue
+        for k, t in enumerate(m.data.timestamps):
+            parts += [{"type": "text", "text": frame_label(k + 1, float(t))}, {"type": "video"}]
+            items.append(dataclasses.replace(m, key=f"{m.key}|frame{k}", data=m.data.frame(k), timestamps=[float(t)],
+                                             layout="video"))
+    return parts, items
+
+
+def with_layout(media: Sequence[MediaInput], layout: str) -> list[MediaInput]:
+    """``media`` with every video marked for ``layout`` (``prompt.video_layout``)."""
+    return [dataclasses.replace(m, layout=layout) if m.kind == "video" and m.layout != layout else m for m in media]
+
+
 def encode_prompt(policy: Policy, preparer: MediaPreparer, sample: Any, prompt: PromptConfig,
                   options: list[str] | None = None) -> tuple[TokenSeq, list[Any]]:
-    """A sample's prompt tokens and its decoded media (the one place prompts are built)."""
-    media = preparer.prepare(sample)
-    messages = build_messages(sample, prompt, [m.kind for m in media], options=options)
-    return policy.encode(policy.render(messages), media), media
+    """A sample's prompt tokens and its decoded media (the one place prompts are built). The media come back
+    marked with ``prompt.video_layout`` (an environment shows new frames the same way)."""
+    media = with_layout(preparer.prepare(sample), prompt.video_layout)
+    parts, items = media_parts(media)
+    messages = build_messages(sample, prompt, parts, options=options)
+    return policy.encode(policy.render(messages), items), media

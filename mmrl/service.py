@@ -24,7 +24,7 @@ from typing import Any
 from mmrl.config import PromptConfig
 from mmrl.media import MediaPreparer
 from mmrl.policy import MediaInput, Policy, TokenSeq
-from mmrl.prompts import build_messages, encode_prompt
+from mmrl.prompts import build_messages, encode_prompt, media_parts, with_layout
 from mmrl.rollout import RolloutBackend, SamplingParams
 
 
@@ -106,11 +106,13 @@ class RolloutService:
             sample = dataclasses.replace(sample, question=ask.question)
         if ask.media is None and ask.user_text is None and not ask.prefix:
             return encode_prompt(self.policy, self.preparer, sample, self.prompt, options=ask.options)
-        media = ask.media if ask.media is not None else self.preparer.prepare(sample)
-        messages = build_messages(sample, self.prompt, [m.kind for m in media], options=ask.options)
+        media = with_layout(ask.media if ask.media is not None else self.preparer.prepare(sample),
+                            self.prompt.video_layout)
+        parts, items = media_parts(media)
+        messages = build_messages(sample, self.prompt, parts, options=ask.options)
         if ask.user_text is not None:
             messages[-1]["content"][-1] = {"type": "text", "text": ask.user_text}
-        return self.policy.encode(self.policy.render(messages) + (ask.prefix or ""), media), media
+        return self.policy.encode(self.policy.render(messages) + (ask.prefix or ""), items), media
 
     def generate(self, samples: Sequence[Any], asks: Sequence[Ask | None] | None = None, *, n: int = 1,
                  greedy: bool = True, max_new_tokens: int | None = None, temperature: float | None = None,

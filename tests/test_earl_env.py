@@ -202,6 +202,46 @@ def test_environment_tokens_are_masked_in_rollouts_and_sft(policy: Policy, sampl
     policy.media.clear()
 
 
+def test_frames_layout_labels_every_frame_in_the_prompt_and_the_observations(policy: Policy, sample: Sample,
+                                                                              media) -> None:
+    """prompt.video_layout=frames: each initial frame is its own one-frame video after "Frame k @ t s:", equal to
+    that source frame; the environment shows its new frames the same way; the episode still trains only the
+    assistant turns and runs through the model."""
+    from mmrl.prompts import frame_label, media_parts
+
+    cfg = PromptConfig(answer_format="answer", video_layout="frames")
+    prompt, marked = encode_prompt(policy, MediaPreparer(MEDIA), sample, cfg)
+    assert [m.layout for m in marked] == ["frames"] and marked[0].timestamps == media[0].timestamps
+    parts, items = media_parts(marked)
+    stamps = media[0].timestamps
+    assert [p.get("text") for p in parts[0::2]] == [frame_label(k + 1, t) for k, t in enumerate(stamps)]
+    assert [p["type"] for p in parts[1::2]] == ["video"] * len(stamps) == [i.kind for i in items]
+    assert len({i.key for i in items}) == len(stamps)
+    for k, item in enumerate(items):  # the k-th item is the k-th sampled frame, alone
+        assert item.data.frames.shape[0] == 1 and item.data.timestamps == [stamps[k]]
+        assert frame_index(item.data.frames[0]) == frame_index(media[0].data.frames[k])
+    text = policy.tokenizer.decode(prompt.ids)
+    assert text.index("Frame 1 @ 0.0s:") < text.index("Frame 2 @") < text.index(sample.question)
+    assert len(prompt.media) == len(stamps)
+
+    env = FrameSelectionEnvironment(sample, marked, max_new_frames=4)
+    obs = env.step("select_frames([2])")
+    new = env.info["frames"][-4:]
+    assert obs.text.count("{video}") == len(obs.media) == 4
+    for f in new:
+        assert frame_label(f["index"], f["timestamp"]) in obs.text
+    assert all(m.data.frames.shape[0] == 1 for m in obs.media)
+    script = ["select_frames([2])", "<answer>A</answer>"]
+    seq = replay(policy, prompt, FrameSelectionEnvironment(sample, marked, max_new_frames=4), script)
+    trained = [t for t, m in zip(seq.ids, seq.loss_mask) if m]
+    assert len(trained) == sum(_turn_tokens(policy, t) for t in script)
+    assert len(seq.media) == len(stamps) + 4
+    with torch.no_grad():
+        _, _, mask = policy.forward_logprobs([seq])
+    assert int(mask.sum()) == len(trained)
+    policy.media.clear()
+
+
 class Cycling(Scripted):
     """Scripted, but the k-th call answers with script[k % len(script)] (one cycle per benchmark batch)."""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -179,6 +179,11 @@ class SampledVideo:
     backend: str = ""
     policy: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+
+    def frame(self, i: int) -> SampledVideo:
+        """The ``i``-th frame alone, as a one-frame video (same source, fps and window)."""
+        return replace(self, frames=self.frames[i:i + 1], indices=[self.indices[i]],
+                                   timestamps=[self.timestamps[i]])
 
     @property
     def metadata(self) -> dict[str, Any]:
