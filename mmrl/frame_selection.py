@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -131,6 +132,41 @@ def frames_on_spans(timestamps: Sequence[float], spans: Sequence[Sequence[float]
         if any(lo <= float(b) and float(a) <= hi for a, b in spans):
             out.append(k)
     return out
+
+
+class _ResampleCache:
+    """Re-sampled frames by (video, current frames, selection, settings), least recently used dropped past
+    ``limit_mb``: a demonstration replayed at every SFT epoch, and the rollouts of one prompt that select the
+    same frames, decode them once."""
+
+    def __init__(self, limit_mb: float = 256.0):
+        self.limit = int(limit_mb * 2**20)
+        self.items: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self.bytes = 0
+
+    @staticmethod
+    def _size(value: tuple[Any, Any]) -> int:
+        video = value[1]
+        return 0 if video is None else int(video.frames.numel() * video.frames.element_size())
+
+    def get(self, key: str) -> tuple[Any, Any] | None:
+        value = self.items.get(key)
+        if value is not None:
+            self.items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: tuple[Any, Any]) -> None:
+        size = self._size(value)
+        if size > self.limit:
+            return
+        self.items[key] = value
+        self.bytes += size
+        while self.bytes > self.limit:
+            _, old = self.items.popitem(last=False)
+            self.bytes -= self._size(old)
+
+
+RESAMPLED = _ResampleCache()
 
 
 @register_environment(ACTION_NAME)
@@ -269,12 +305,17 @@ class FrameSelectionEnvironment(Environment):
         try:
             if not data.path:
                 raise MmrlError("the video has no source file")
-            with open_video(data.path) as reader:
-                res, video = resample_video(reader, self.current, [i - 1 for i in chosen], self.max_new_frames,
-                                            start=data.options.get("start"), end=data.options.get("end"),
-                                            shown=self.shown, allocation=self.allocation, edge=self.edge,
-                                            image_patch_size=int(data.options.get("image_patch_size", 14)),
-                                            **resize)
+            args = dict(start=data.options.get("start"), end=data.options.get("end"), shown=list(self.shown),
+                        allocation=self.allocation, edge=self.edge,
+                        image_patch_size=int(data.options.get("image_patch_size", 14)), **resize)
+            key = json.dumps([data.path, self.current, chosen, self.max_new_frames, args], sort_keys=True)
+            found = RESAMPLED.get(key)
+            if found is None:
+                with open_video(data.path) as reader:
+                    found = resample_video(reader, self.current, [i - 1 for i in chosen], self.max_new_frames,
+                                           **args)
+                RESAMPLED.put(key, found)
+            res, video = found
         except (MmrlError, ValueError, OSError, RuntimeError) as exc:  # e.g. a frame folder, a moved file
             self._event("no_video", reason=str(exc))
             return None

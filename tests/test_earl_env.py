@@ -294,3 +294,17 @@ def test_mmrl_eval_agent_on_a_benchmark_fixture(model_dir: Path, tmp_path: Path,
         assert metrics[mode]["scores"]["overall"]["n"] == 3
     assert metrics["baseline"]["rounds_per_answer"] == 0 and metrics["baseline"]["frames_per_answer"] > 0
     assert "with --agent earl: accuracy" in capsys.readouterr().out
+
+
+def test_a_replayed_selection_decodes_once(sample: Sample, media) -> None:
+    """Two episodes that make the same selection on the same frames share one decode (the re-sample cache);
+    another selection decodes its own frames."""
+    from mmrl.frame_selection import RESAMPLED
+
+    first = FrameSelectionEnvironment(sample, media, max_new_frames=4).step("select_frames([3])")
+    again = FrameSelectionEnvironment(sample, media, max_new_frames=4).step("select_frames([3])")
+    other = FrameSelectionEnvironment(sample, media, max_new_frames=4).step("select_frames([1])")
+    assert again.media[0].data is first.media[0].data  # the cached decode
+    assert other.media[0].data is not first.media[0].data
+    assert not torch.equal(other.media[0].data.frames, first.media[0].data.frames)
+    assert 0 < RESAMPLED.bytes <= RESAMPLED.limit
