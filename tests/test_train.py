@@ -244,10 +244,20 @@ def test_sft_loss_covers_assistant_tokens_only(cache: Path, monkeypatch: pytest.
         assert all(t != policy.video_token_id for t in seq.ids[first:])
 
 
+def test_gold_targets_answer_with_the_option_text_when_asked(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, seen, samples, policy = sft_on_tiny(cache, monkeypatch, "sft.target=gold", "sft.steps=1", "sft.batch_size=4",
+                                           "prompt.answer_format=answer", "sft.mc_answer=option")
+    colours = {s.options[ord(s.answer) - ord("A")] for s in samples}
+    for seq in seen:
+        trained = policy.tokenizer.decode(seq.ids[seq.loss_mask.index(1):])
+        assert trained[len("<answer>"):-len("</answer><|im_end|>")] in colours, trained
+
+
 def test_reasoning_cold_start_trains_on_think_then_the_answer_in_words(cache: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     _, seen, samples, policy = sft_on_tiny(cache, monkeypatch, "sft.target=reasoning", "sft.steps=2",
-                                           "sft.batch_size=4", "prompt.answer_format=think_answer")
+                                           "sft.batch_size=4", "prompt.answer_format=think_answer",
+                                           "sft.mc_answer=option")
     assert len(seen) == 8
     colours = {s.options[ord(s.answer) - ord("A")] for s in samples}
     for seq in seen:
