@@ -8,11 +8,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tiny_runs import TINY_RUN, module_cache  # noqa: F401 (module_cache is a fixture)
+from tiny_runs import STOP_AT, TINY_RUN, StopRun, module_cache  # noqa: F401 (module_cache is a fixture)
 
 from data_pipelines.schema import MediaItem
 from mmrl import cli
-from mmrl.plugins import Callback, register_plugin
 from rewards.registry import CombinedReward, register_reward
 from rewards.temporal import clip_window, shown_window
 
@@ -123,22 +122,6 @@ def test_select_variance_keeps_only_records_whose_answers_disagree(tmp_path: Pat
     assert cli.main([*bad[:4], str(tmp_path / "x"), *bad[5:]]) == 2  # K = 1: a clear error
 
 
-class StopRun(Exception):
-    pass
-
-
-STOP_AT: list[int] = []
-
-
-@register_plugin("test-vf-stop")
-class StopAfter(Callback):
-    """Ends the process's training after a step in STOP_AT (the last checkpoint before it stays on disk)."""
-
-    def on_step_end(self, step: int, stats: dict) -> None:
-        if step in STOP_AT:
-            raise StopRun(step)
-
-
 def test_variance_filter_sampler_draws_only_the_prompts_whose_rollouts_disagree(tmp_path: Path) -> None:
     """``data.sampler: variance_filter`` in a real run: before the first RL step every training prompt gets k
     scored rollouts; a prompt is kept iff the population variance of its k rewards is above tau; RL draws
@@ -152,7 +135,7 @@ def test_variance_filter_sampler_draws_only_the_prompts_whose_rollouts_disagree(
     over = [*TINY_RUN, "data.toy_tasks=[grounding, color]", "data.toy_size={train: 4, val: 1, test: 1}",
             "rewards=[{name: t_answer_length}]", "data.sampler=variance_filter",
             "data.sampler_kwargs={k: 4, tau: 20, chunk_prompts: 3}", "train.steps=4", "train.save_every=2",
-            "train.log_rollouts=100", "plugins={test-vf-stop: {}}"]
+            "train.log_rollouts=100", "plugins={test-stop-at: {}}"]
     run = tmp_path / "run"
     STOP_AT[:] = [3]
     with pytest.raises(StopRun):  # the process ends after step 3; checkpoint-2 is on disk

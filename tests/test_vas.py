@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import TINY_RUN, module_cache  # noqa: F401  (module_cache is a fixture)
+from tiny_runs import STOP_AT, TINY_RUN, StopRun, module_cache  # noqa: F401  (module_cache is a fixture)
 
 from data_pipelines.diversity import (
     distinct_n,
@@ -29,7 +29,6 @@ from data_pipelines.diversity import (
 from data_pipelines.samplers import make_sampler
 from data_pipelines.vas import VarianceAwareSampler
 from mmrl.batch import RolloutBatch
-from mmrl.plugins import Callback, register_plugin
 from mmrl.policy import TokenSeq
 from mmrl_common.errors import ConfigError
 
@@ -224,26 +223,10 @@ def test_replacement_draws_while_rescoring_leave_the_draws_alone() -> None:
 # ----------------------------------------------------------------------------------------------- real runs
 
 
-class Stop(Exception):
-    pass
-
-
-STOP_AT: list[int] = []
-
-
-@register_plugin("test-vas-stop")
-class StopAt(Callback):
-    """Ends the process's training after a step (the checkpoint of the step before is on disk)."""
-
-    def on_step_end(self, step: int, stats: dict) -> None:
-        if step in STOP_AT:
-            raise Stop(step)
-
-
 VAS_RUN = [*TINY_RUN, "data.toy_size={train: 6, val: 2, test: 2}", "train.steps=6", "train.save_every=1",
            "train.log_rollouts=100", "data.sampler=vas",
            "data.sampler_kwargs={update_every: 4, score_rollouts: 2, chunk_prompts: 4, online: true, stale_after: 2}",
-           "plugins={test-vas-stop: {}}"]
+           "plugins={test-stop-at: {}}"]
 
 
 def drawn(run_dir: Path) -> list[tuple[int, str]]:
@@ -263,7 +246,7 @@ def vas_runs(module_cache, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     train(cfg, run_dir=root / "straight", show_progress=False)
     STOP_AT[:] = [3]
     try:
-        with pytest.raises(Stop):
+        with pytest.raises(StopRun):
             train(load_run_config("video-qa", overrides=VAS_RUN), run_dir=root / "stopped", show_progress=False)
     finally:
         STOP_AT[:] = []

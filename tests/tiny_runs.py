@@ -41,3 +41,25 @@ def run_rl(tmp_path: Path, *overrides: str, task: str = "video-qa") -> list[dict
     cfg = load_run_config(task, overrides=[*TINY_RUN, *overrides])
     train(cfg, run_dir=tmp_path / "run", show_progress=False)
     return rl_rows(tmp_path / "run")
+
+
+class StopRun(Exception):
+    """Raised by the ``test-stop-at`` plug-in."""
+
+
+STOP_AT: list[int] = []
+"""Steps after which the ``test-stop-at`` plug-in ends training (a run stopped there keeps the checkpoints
+written before): add ``"plugins={test-stop-at: {}}"`` to a run's overrides and set ``STOP_AT[:] = [step]``."""
+
+
+def _register_stop_plugin() -> None:
+    from mmrl.plugins import Callback, register_plugin
+
+    @register_plugin("test-stop-at")
+    class StopAt(Callback):
+        def on_step_end(self, step: int, stats: dict) -> None:
+            if step in STOP_AT:
+                raise StopRun(step)
+
+
+_register_stop_plugin()
