@@ -244,15 +244,17 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                         max_pixels: int | None = None, prompt_template: str | None = None,
                         max_new_tokens: int | None = None, batch_size: int = 8, limit: int | None = None,
                         split: str | None = None, dtype: str = "fp32", policy: Any = None,
-                        backend: Any = None) -> dict[str, Any]:
+                        backend: Any = None, video_layout: str = "video") -> dict[str, Any]:
     """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
-    same initial frames. Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
+    same initial frames, both with the videos shown in ``video_layout`` (``prompt.video_layout``: as one
+    video, or frame by frame with labels, as the model was trained). Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
     metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
     from data_pipelines.benchmarks import get_benchmark
     from mmrl.benchmarks_eval.protocols import build_prompt
     from mmrl.benchmarks_eval.runner import media_config, open_benchmark_run
     from mmrl.benchmarks_eval.scoring import score_item, summarize
     from mmrl.frame_selection import instructions
+    from mmrl.prompts import media_parts, with_layout
     from mmrl.rollout import HFBackend, SamplingParams, get_environment, run_episodes
 
     if agent not in AGENTS:
@@ -278,19 +280,20 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
         ready, seqs, plain, media_of = [], [], [], {}
         for s in chunk:
             try:
-                media = preparer.prepare(s)
+                media = with_layout(preparer.prepare(s), video_layout)
             except MmrlError as exc:
                 for recs in records.values():
                     recs.append({"id": s.id, "error": str(exc), "correct": False, "parsed": False,
                                           "pred": None, "problem_type": s.problem_type, "answer": s.answer})
                 continue
             system, text, prefill = build_prompt(s, proto)
-            content = [{"type": m.kind} for m in media] + [{"type": "text", "text": text}]
+            parts, items = media_parts(media)
+            content = [*parts, {"type": "text", "text": text}]
             for mode, sys_text in (("agent_loop", "\n".join(t for t in (system, tool_note) if t)),
                                    ("baseline", system)):
                 messages = ([{"role": "system", "content": [{"type": "text", "text": sys_text}]}] if sys_text else [])
                 messages.append({"role": "user", "content": content})
-                seq = policy.encode(policy.render(messages) + prefill, media)
+                seq = policy.encode(policy.render(messages) + prefill, items)
                 (seqs if mode == "agent_loop" else plain).append(seq)
             ready.append((s, prefill, media))
             media_of[id(s)] = media
@@ -338,6 +341,22 @@ def headline(result: dict[str, Any]) -> str:
             f"plain answer on the same initial frames {pct('baseline')} ({b['frames_per_answer']:.1f} frames)")
 
 
+def _trained_layout(args: Any, cfg: Any) -> str:
+    """``prompt.video_layout`` for a benchmark: the one the model was trained with (its ``mmrl_eval.json``)
+    unless the user's YAML or overrides set one; the benchmark's own protocol decides everything else."""
+    from mmrl.checkpoint import read_eval_settings
+    from mmrl.commands import _load
+
+    trained = ((read_eval_settings(cfg.model.path) or {}).get("prompt") or {}).get("video_layout") \
+        if cfg.model.path and not getattr(args, "recipe_settings", False) else None
+    if not trained or trained == cfg.prompt.video_layout:
+        return cfg.prompt.video_layout
+    layout = _load(args, base={"prompt": {"video_layout": trained}}).prompt.video_layout
+    if not args.quiet:
+        print(f"eval: videos shown as the model was trained: prompt.video_layout={layout}", flush=True)
+    return layout
+
+
 def cli_eval(args: Any, cfg: Any) -> int:
     """``mmrl eval --agent NAME``: with ``--benchmark``, :func:`run_benchmark_agent`; otherwise the run's
     held-out split through the agent loop (:func:`evaluate_agent`) beside the plain single answer."""
@@ -357,12 +376,13 @@ def cli_eval(args: Any, cfg: Any) -> int:
     if getattr(args, "benchmark", None):
         if not args.data_root:
             raise MmrlError("--benchmark needs --data-root DIR (the folder the benchmark was downloaded to)")
+        layout = _trained_layout(args, cfg)
         result = run_benchmark_agent(
             args.benchmark, args.data_root, resolve_model(cfg), agent=args.agent, out=args.out,
             protocol=args.protocol, frames=args.frames, max_pixels=args.max_pixels,
             prompt_template=args.prompt_template, max_new_tokens=cfg.eval.max_new_tokens,
             batch_size=args.batch_size or cfg.eval.batch_size, limit=args.limit, split=args.split,
-            dtype=cfg.model.dtype)
+            dtype=cfg.model.dtype, video_layout=layout)
         print(headline(result))
         print(f"results: {result['out']}")
         return 0

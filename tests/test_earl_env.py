@@ -277,6 +277,59 @@ def test_benchmark_through_the_agent_loop(policy: Policy, tmp_path: Path) -> Non
     assert result["agent_loop"]["frames_per_answer"] == pytest.approx(sum(p["frames"] for p in agent.values()) / 3)
 
 
+class Recording(Cycling):
+    """Cycling, and keeps the text of every sequence it is asked to continue, per call."""
+
+    def __init__(self, policy: Policy, script: list[str]):
+        super().__init__(policy, script)
+        self.seen: list[list[str]] = []
+
+    def generate(self, seqs, *, n: int, params: SamplingParams):
+        self.seen.append([self.policy.tokenizer.decode(s.ids) for s in seqs])
+        return super().generate(seqs, n=n, params=params)
+
+
+def test_benchmark_agent_shows_frames_as_the_model_was_trained(policy: Policy, tmp_path: Path) -> None:
+    """video_layout=frames on a benchmark: the agent's prompt and the plain answer's prompt label every initial
+    frame (one one-frame video each), and the re-sampled frames come back labelled the same way."""
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.agent import run_benchmark_agent
+
+    root = write_fixture("mvbench", tmp_path / "mvbench", n=1)  # one MP4 question
+    backend = Recording(policy, ["select_frames([2])", "<answer>A</answer>", "<answer>A</answer>"])
+    result = run_benchmark_agent("mvbench", root, policy=policy, agent="earl", out=tmp_path / "out", frames=4,
+                                 backend=backend, video_layout="frames")
+    assert result["agent_loop"]["rounds_per_answer"] == 1
+    (agent_first,), (agent_second,), (plain,) = backend.seen
+    for text in (agent_first, plain):
+        assert [f"Frame {k} @" in text for k in (1, 2, 3, 4, 5)] == [True] * 4 + [False]
+        assert text.count("<|vision_start|>") == 4
+    new = agent_second[len(agent_first):]  # the first turn, then the environment's labelled new frames
+    assert new.count("<|vision_start|>") == result["agent_loop"]["frames_per_answer"] - 4 > 0
+    assert "Frame 1 @" in new
+
+
+def test_benchmark_layout_is_the_trained_one_unless_overridden(model_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from mmrl.agent import _trained_layout
+    from mmrl.cli import build_parser
+    from mmrl.commands import _load
+
+    def layout(model: Path, *extra: str) -> str:
+        args = build_parser().parse_args(["eval", "--benchmark", "toy", "--data-root", "x", "--model", str(model),
+                                          "--agent", "earl", "--quiet", *extra])
+        return _trained_layout(args, _load(args))
+
+    assert layout(model_dir) == "video"  # no training settings: the default
+    trained = shutil.copytree(model_dir, tmp_path / "trained")
+    (trained / "mmrl_eval.json").write_text(json.dumps({"prompt": {"video_layout": "frames"}}))
+    assert layout(trained) == "frames"
+    assert layout(trained, "prompt.video_layout=video") == "video"
+    assert layout(trained, "--recipe-settings") == "video"
+
+
 def test_mmrl_eval_agent_on_a_benchmark_fixture(model_dir: Path, tmp_path: Path, capsys) -> None:
     import json
 
