@@ -125,20 +125,33 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
 
 
 def ensure_toy_base(recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True) -> Path:
-    """The cached toy base model for ``recipe``, built first if needed (atomically: build, then rename)."""
+    """The cached toy base model for ``recipe``, built first if needed (atomically: build, then rename). One
+    process builds it; others that need it at the same time (the runs of a parallel ``mmrl compare``, test
+    workers) wait for that build on a lock file beside the cache instead of building it again."""
+    import fcntl
+
     final = base_dir(recipe)
     if (final / INFO_FILE).is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        make_toy_base(tmp, recipe, progress=progress)
+    with open(final.with_name(f".{final.name}.lock"), "w") as lock:
         try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / INFO_FILE).is_file():
-                raise
-    finally:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"toy base model: another process is building {final}; waiting for it", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / INFO_FILE).is_file():
+            return final
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            make_toy_base(tmp, recipe, progress=progress)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / INFO_FILE).is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -58,6 +58,31 @@ def test_toy_base_build_is_a_model_folder_a_run_starts_from(tmp_path: Path, monk
     assert not list(path.parent.glob(".*tmp*"))  # built atomically, nothing left behind
 
 
+def test_processes_that_need_the_base_at_once_build_it_once(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers at the same moment (the runs of a parallel compare): one builds, the other waits for it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mmrl import toy_base
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    recipe = toy_base.BaseRecipe(tasks=("color",), per_task=4, steps=3, batch_size=4)
+    builds, real = [], toy_base.make_toy_base
+    monkeypatch.setattr(toy_base, "make_toy_base", lambda *a, **k: (builds.append(1), real(*a, **k))[1])
+    start = threading.Barrier(2)
+
+    def need() -> Path:
+        start.wait()
+        return toy_base.ensure_toy_base(recipe, progress=False)
+
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda _: need(), range(2)))
+    assert paths[0] == paths[1] == toy_base.base_dir(recipe)
+    assert len(builds) == 1
+    assert (paths[0] / toy_base.INFO_FILE).is_file()
+
+
 def test_half_of_the_requests_list_the_words_to_pick_from(tmp_path: Path) -> None:
     from data_pipelines.toy.pretrain import VOCABULARIES
 
