@@ -618,6 +618,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"report: {write_report(spec)}")
         return 0
     runs = plan(spec)
+    if args.arms:
+        chosen = [a.strip() for a in args.arms.split(",") if a.strip()]
+        unknown = [a for a in chosen if a not in spec.arms]
+        if unknown or not chosen:
+            raise MmrlError(f"--arms {args.arms!r}: {', '.join(unknown) or 'no arm named'} not in {spec.path.name} "
+                            f"(its arms: {', '.join(spec.arms)})")
+        runs = [r for r in runs if r.arm in chosen]
     todo = [r for r in runs if r.action != "skip"]
     counts = {a: sum(r.action == a for r in runs) for a in ("skip", "resume", "start")}
     print(f"{len(runs)} runs in {spec.out} (parallel {spec.parallel}): {counts['skip']} finished, "
@@ -664,5 +671,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parallel", type=int, default=None, metavar="N",
                    help=f"runs at once (default: the spec's parallel:, else half the cores = {default_parallel()})")
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: the spec's out:)")
+    p.add_argument("--arms", default=None, metavar="A,B",
+                   help="run only these arms (e.g. one added to a measured spec); the report covers every arm "
+                        "that has run folders")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)

@@ -173,6 +173,11 @@ out: {tmp_path / 'out'}
     printed = capsys.readouterr().out
     assert "6 runs" in printed and "1 finished, 2 to resume, 3 to start" in printed
     assert not (out / "compare.md").exists()  # a dry run writes nothing
+    assert main(["compare", str(spec_path), "--dry-run", "--arms", "kl"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 runs" in printed and "0 finished, 1 to resume, 2 to start" in printed and "grpo seed" not in printed
+    assert main(["compare", str(spec_path), "--dry-run", "--arms", "kl,ppo"]) == 2
+    assert "ppo not in spec.yaml (its arms: grpo, kl)" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ the report
