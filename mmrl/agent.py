@@ -247,8 +247,9 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                         backend: Any = None, video_layout: str = "video") -> dict[str, Any]:
     """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
     same initial frames, both with the videos shown in ``video_layout`` (``prompt.video_layout``: as one
-    video, or frame by frame with labels, as the model was trained). Writes ``predictions.jsonl`` (both) and ``metrics.json`` into ``out``; returns the
-    metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
+    video, or frame by frame with labels, as the model was trained). Writes ``predictions.jsonl`` (both) and
+    ``metrics.json`` into ``out``; returns the metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's
+    own), with frames and rounds per answer."""
     from data_pipelines.benchmarks import get_benchmark
     from mmrl.benchmarks_eval.protocols import build_prompt
     from mmrl.benchmarks_eval.runner import media_config, open_benchmark_run

@@ -147,11 +147,7 @@ def ensure_toy_base(recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True)
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             make_toy_base(tmp, recipe, progress=progress)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                if not (final / INFO_FILE).is_file():
-                    raise
+            os.rename(tmp, final)  # under the lock: nobody else renames
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
