@@ -29,6 +29,14 @@ rollouts (plug-in hook ``after_rewards``):
      we take the released code's (unused) alternative target min + c_d * (max - min) of the bucket's counts,
      c = ``paper_target`` (0.35 / 0.5 / 0.65).
    * ``none`` -- no shaping: the plug-in only measures (buckets, entropies, lengths), for the plain arm.
+   * a mapping ``{easy: F, medium: F, hard: F}`` -- a form per bucket. A group is all in one bucket and its
+     advantages are normalised within it, so each bucket's form acts on its own groups. The two forms push
+     through different answers: the code's easy rule penalises the *correct* answers that over-explore (most
+     of an easy group), the paper's only the incorrect ones (few there); the paper's hard rule penalises the
+     *incorrect* answers that explore less than the target (most of a hard group), while the code's gives
+     every hard answer a bonus that differs by at most ``0.3 * cap``. ``configs/ares.yaml`` takes each
+     bucket's stronger lever: ``{easy: code, medium: code, hard: paper}`` (measured in
+     ``configs/compare/ares.yaml``).
 
    Unlike the released code, the shaping is computed on every round's rewards before dynamic sampling and
    the advantages see it (the code's online filter skips it, a bug we do not copy).
@@ -231,9 +239,19 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
         raise bad("window", "must be an integer >= 1 (4 in ARES)")
     if not 0.0 < float(s["quantile"]) <= 1.0:
         raise bad("quantile", "must be in (0, 1] (0.95 in ARES)")
-    for key, valid in (("threshold_aggregate", AGGREGATES), ("count_mode", COUNT_MODES), ("shaping", SHAPING_MODES)):
+    for key, valid in (("threshold_aggregate", AGGREGATES), ("count_mode", COUNT_MODES)):
         if s[key] not in valid:
             raise bad(key, f"must be one of {', '.join(valid)}")
+    form = s["shaping"]
+    if isinstance(form, dict):
+        if set(form) != set(BUCKETS) or not all(v in SHAPING_MODES for v in form.values()):
+            raise bad("shaping", f"a mapping must give every bucket ({', '.join(BUCKETS)}) one of "
+                                 f"{', '.join(SHAPING_MODES)}")
+        s["shaping_of"] = dict(form)
+    elif form in SHAPING_MODES:
+        s["shaping_of"] = {b: form for b in BUCKETS}
+    else:
+        raise bad("shaping", f"must be one of {', '.join(SHAPING_MODES)}, or a mapping bucket -> one of them")
     if s["threshold_ema"] is not None and not 0.0 <= float(s["threshold_ema"]) < 1.0:
         raise bad("threshold_ema", "must be in [0, 1) (0.99 in the released code) or null (per batch)")
     if not 0.0 < float(s["hwe_kl_rho"]) <= 1.0:
@@ -356,13 +374,14 @@ class AresPlugin(Callback):
                 continue
             n_b = [float(counts[i]) for i in rows]
             mean_b = sum(n_b) / len(n_b)
-            if s["shaping"] == "code":
+            form = s["shaping_of"][b]
+            if form == "code":
                 target = float(round(float(s["target_scale"]) * mean_b))
                 for i in rows:
                     shaping[i] = code_shaping(b, correct[i], counts[i], target, self.alpha[b], s["code_constants"])
                 gap = (mean_b - target) if b != "hard" else (target - mean_b)
                 self.alpha[b] = min(float(s["alpha_max"]), max(0.0, self.alpha[b] + float(s["alpha_step"]) * gap))
-            elif s["shaping"] == "paper":
+            elif form == "paper":
                 target = paper_target(n_b, b, s["paper_target"])
                 lam = paper_lambda(n_b, target, b)
                 for i in rows:
@@ -376,7 +395,7 @@ class AresPlugin(Callback):
             self._add(f"ares/hwe/{b}", n_b)
             self._add(f"ares/target/{b}", [target])
             self._add(f"ares/accuracy/{b}", [float(acc[i]) for i in rows])
-            if s["shaping"] != "none":
+            if form != "none":
                 self._add(f"ares/shaping/{b}", [shaping[i] for i in rows])
         n_groups = max(1, len(bucket_of_group))
         for b in BUCKETS:
@@ -386,7 +405,7 @@ class AresPlugin(Callback):
         batch.extra["ares_bucket"] = buckets
         batch.extra["ares_hwe"] = torch.tensor(counts, dtype=torch.float32)
         batch.extra["ares_hwe_cols"] = covered
-        if s["shaping"] != "none":
+        if any(f != "none" for f in s["shaping_of"].values()):
             value = torch.tensor(shaping, dtype=torch.float32) * float(s["shaping_weight"])
             batch.reward_components[COMPONENT] = value
             batch.rewards = batch.rewards + value
@@ -441,7 +460,7 @@ class AresPlugin(Callback):
             stats[f"ares/kl_weight/{b}"] = self.controller.beta[b] if self.s["dynamic_kl"] else 1.0
             if self.controller.kl_ema[b] is not None:
                 stats[f"ares/kl/{b}"] = self.controller.kl_ema[b]
-            if self.s["shaping"] == "code":
+            if self.s["shaping_of"][b] == "code":
                 stats[f"ares/alpha/{b}"] = self.alpha[b]
         self._reset_step()
 

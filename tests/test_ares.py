@@ -188,6 +188,28 @@ def test_plugin_counts_buckets_and_shapes_the_rewards():
     torch.testing.assert_close(batch.rewards, torch.tensor([1.0, 1.0, 0.0, 0, 0, 0]))
 
 
+def test_plugin_shaping_form_per_bucket():
+    """{easy: code, hard: paper}: the easy group gets the code form's values, the hard group the paper form's."""
+    plug = make_plugin(window=2, quantile=1.0, shaping={"easy": "code", "medium": "code", "hard": "paper"})
+    batch = make_batch()
+    plug.after_rewards(batch)
+    # hard counts 0, 0, 1: target 0 + 0.65 * (1 - 0) = 0.65; lambda = (0.65 - 1/3) / var, var = 2/9;
+    # every hard answer is incorrect: g = max(0, 0.65 - N) -> 0.65, 0.65, 0
+    lam = (0.65 - 1 / 3) / (2 / 9 + 1e-6)
+    want = [0.0, -0.5 * 0.25 / 3, 0.5 * 0.5 * 0.6, -0.65 * lam, -0.65 * lam, 0.0]
+    torch.testing.assert_close(batch.reward_components["ares_shaping"], torch.tensor(want))
+    assert plug.alpha["hard"] == 0.5  # the paper form has no cap to adapt
+    stats = {}
+    plug.on_step_end(1, stats)
+    assert "ares/alpha/easy" in stats and "ares/alpha/hard" not in stats
+    assert stats["ares/shaping/hard"] == pytest.approx(-2 * 0.65 * lam / 3)
+    # a mapping must name every bucket with a known form
+    with pytest.raises(ConfigError, match="plugins.ares.shaping.*every bucket"):
+        make_plugin(shaping={"easy": "code", "hard": "paper"})
+    with pytest.raises(ConfigError, match="plugins.ares.shaping.*every bucket"):
+        make_plugin(shaping={"easy": "code", "medium": "code", "hard": "huber"})
+
+
 def test_plugin_kl_weights_reach_the_kl_term_and_the_controller_moves():
     plug = make_plugin(window=2, quantile=1.0, hwe_kl_rho=0.5, kl_ema=0.5)
     plug.controller.beta.update({"easy": 2.0, "hard": 0.5})
