@@ -152,5 +152,10 @@ def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path
     a1 = load_file(tmp_path / "one" / "final" / "adapter" / "adapter_model.safetensors")
     a2 = load_file(tmp_path / "two" / "final" / "adapter" / "adapter_model.safetensors")
     assert set(a1) == set(a2) and any(k for k in a1 if "lora_B" in k)
-    for k in a1:
-        assert torch.allclose(a1[k], a2[k], rtol=1e-3, atol=1e-6), k
+    assert any(float(a1[k].abs().max()) > 1e-4 for k in a1 if "lora_B" in k)  # lora_B starts at 0: it moved
+    # Every adapter weight agrees to 1% of one Adam step (lr 1e-3). Not an element-wise rtol: Adam divides by
+    # the gradient's magnitude, so an element whose gradient is near zero moves by a learning-rate-sized step
+    # whose last digits depend on the summation order (seen: one of 1536 elements 1.6e-6 apart, 0.3% of its
+    # value). A missing or doubled gradient reduction moves weights by whole steps (~1e-3) and fails here.
+    far = {k: float((a1[k] - a2[k]).abs().max()) for k in a1}
+    assert all(gap <= 1e-2 * 1e-3 for gap in far.values()), sorted(far.items(), key=lambda kv: -kv[1])[:3]
