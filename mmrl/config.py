@@ -55,6 +55,10 @@ class ModelConfig:
     """Seed of the tiny model's random weights."""
     tiny_size: dict[str, int] = field(default_factory=dict)
     """Size overrides of the tiny model (hidden_size, layers, ...; empty: the default tiny size)."""
+    toy_base: dict[str, Any] = field(default_factory=dict)
+    """With init toy_base: overrides of how the toy base model is pre-trained (mmrl.toy_base.BaseRecipe, e.g.
+    {letter_share: 0.5}: half of the requests with a word list posed as lettered options). Each variant is
+    built once and cached beside the default one; empty: the default base."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Weights and compute dtype. bf16: the model runs in bf16 while the optimizer steps fp32 master weights
     (and fp32 moments), so small learning rates (1e-6) still move every weight; checkpoints hold the
@@ -85,6 +89,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):  # a mapping LoraSettings refused: its own error names the key
             self.lora = from_dict(LoraSettings, self.lora, prefix="model.lora")
+        if self.toy_base:
+            from mmrl.toy_base import check_overrides
+
+            check_overrides(self.toy_base, prefix="model.toy_base")
 
 
 @dataclass

@@ -795,6 +795,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "questions, options or answer letters) and cache it; `model.init: toy_base` runs use it.")
     base.add_argument("--family", default="qwen2_5_vl", help=f"one of {', '.join(FAMILIES)} [qwen2_5_vl]")
     base.add_argument("--seed", type=int, default=0, help="weight and data seed [0]")
+    base.add_argument("--letter-share", type=float, default=0.0, metavar="P",
+                      help="share of word-list requests posed as lettered options, answered with the letter "
+                           "(model.toy_base: {letter_share: P}) [0]")
     base.add_argument("--out", default=None, metavar="DIR", help="write here instead of the cache")
     base.add_argument("--quiet", action="store_true", help="no progress output")
     base.set_defaults(func=_cmd_make_toy_base)
@@ -808,10 +811,11 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_make_toy_base(args: argparse.Namespace) -> int:
-    from mmrl.toy_base import BaseRecipe, ensure_toy_base, make_toy_base
+    from mmrl.toy_base import BaseRecipe, check_overrides, ensure_toy_base, make_toy_base
 
     check_family(args.family)
-    recipe = BaseRecipe(family=args.family, seed=args.seed)
+    check_overrides({"letter_share": args.letter_share}, prefix="--letter-share")
+    recipe = BaseRecipe(family=args.family, seed=args.seed, letter_share=args.letter_share)
     path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
         ensure_toy_base(recipe, progress=not args.quiet)
     print(path)

@@ -49,13 +49,39 @@ class BaseRecipe:
     max_frames: int = 4
     video_pixels: int = 3136
     image_pixels: int = 12544
+    letter_share: float = 0.0
+    """Share of the requests whose answer comes from a word list that are posed as a multiple-choice question
+    instead: 3-5 of the words as lettered options in a random order, answered with the letter (a real base
+    model has seen exam-style questions; the default base never sees a letter and answers in words)."""
+
+
+# fields added after PRETRAIN_VERSION 3: they enter the cache key only when set, so the default base (and every
+# result measured on it) keeps its key
+LATER_FIELDS = ("letter_share",)
+OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed"))
+
+
+def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> None:
+    """Raise :class:`ConfigError` for an override of :class:`BaseRecipe` that does not exist or is out of range."""
+    from mmrl_common.errors import ConfigError
+
+    for key, value in given.items():
+        if key not in OVERRIDABLE:
+            raise ConfigError(f"{prefix}.{key}: not a setting of the toy base model; settable: {', '.join(OVERRIDABLE)}"
+                              " (model.tiny_family and model.tiny_seed choose the family and the seed)")
+        if key == "letter_share" and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+            raise ConfigError(f"{prefix}.letter_share={value!r}: a share, in [0, 1]")
 
 
 def base_key(recipe: BaseRecipe) -> str:
     from data_pipelines.toy.build import GENERATOR_VERSION
 
-    blob = json.dumps({**dataclasses.asdict(recipe), "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION},
-                      sort_keys=True)
+    fields = dataclasses.asdict(recipe)
+    defaults = dataclasses.asdict(BaseRecipe())
+    for name in LATER_FIELDS:
+        if fields[name] == defaults[name]:
+            del fields[name]
+    blob = json.dumps({**fields, "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -99,7 +125,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
         say(f"toy base model: writing the pre-training split ({len(recipe.tasks)} tasks x {recipe.per_task})",
             flush=True)
         data = make_pretrain(work / "data", recipe.seed + 1, tasks=recipe.tasks, per_task=recipe.per_task,
-                             progress=progress)
+                             letter_share=recipe.letter_share, progress=progress)
         samples = load_samples(data).samples
         seed_everything(recipe.seed)
         start = make_tiny(recipe.family, work / "init", seed=recipe.seed)
@@ -115,8 +141,9 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
         info = {"recipe": dataclasses.asdict(recipe), "key": base_key(recipe), "descriptions": len(samples),
                 "final_loss": last.get("loss"), "pretrain_seconds": round(time.perf_counter() - t1, 1),
                 "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads(),
-                "trained_on": "data_pipelines.toy.pretrain (descriptions; no RL/test question, option list or "
-                              "answer letter)"}
+                "trained_on": "data_pipelines.toy.pretrain (descriptions; no RL/test question or option list"
+                              + ("; lettered options in orders of its own)" if recipe.letter_share else
+                                 " or answer letter)")}
         (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)

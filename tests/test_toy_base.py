@@ -97,3 +97,39 @@ def test_half_of_the_requests_list_the_words_to_pick_from(tmp_path: Path) -> Non
         assert sorted(words) == sorted(vocabulary), r  # the answer's own word set, every word once
     assert len({r["question"] for r in listed}) > len(listed) // 2  # the order varies between records
     assert not any("Pick one of" in r["question"] for r in pre if r["meta"]["task"] == "scan")
+
+
+def test_letter_share_poses_word_list_requests_as_lettered_options(tmp_path: Path) -> None:
+    tasks = ["color", "shape", "count", "scan"]
+    toy = make_toy(tmp_path / "toy", 0, size={"train": 8, "val": 2, "test": 8}, tasks=tasks, progress=False)
+    rl = [r for split in ("train", "val", "test") for r in records(toy / f"{split}.jsonl")]
+    plain = records(make_pretrain(tmp_path / "a", 1, tasks=tasks, per_task=12, progress=False))
+    same = records(make_pretrain(tmp_path / "b", 1, tasks=tasks, per_task=12, letter_share=0.0, progress=False))
+    assert plain == same  # 0 draws nothing extra: the default split is unchanged
+    pre = records(make_pretrain(tmp_path / "c", 1, tasks=tasks, per_task=12, letter_share=0.5, progress=False))
+    mc = [r for r in pre if r["problem_type"] == "multiple_choice"]
+    assert 0 < len(mc) < len(pre)
+    assert not any(r["meta"]["task"] == "scan" for r in mc)  # a free-text finding has no word list
+    # same media and the same facts as the open records of the default split, only posed with letters
+    by_id = {r["id"]: r for r in plain}
+    for r in mc:
+        fact = by_id[r["id"]]["answer"]
+        assert r["options"][ord(r["answer"]) - ord("A")] == fact
+        assert sorted(r["options"]) == sorted(set(r["options"])) and fact in r["options"]
+    rl_lists = {tuple(r["options"]) for r in rl if r.get("options")}
+    assert not {tuple(r["options"]) for r in mc} & rl_lists  # never an RL split's option order
+    assert check_disjoint(pre, rl) == []  # letters may be answers elsewhere; option lists and media may not
+
+
+def test_toy_base_overrides_key_and_validation() -> None:
+    from mmrl.config import ModelConfig
+    from mmrl.toy_base import BaseRecipe, base_key
+    from mmrl_common.errors import ConfigError
+
+    assert base_key(BaseRecipe(letter_share=0.0)) == base_key(BaseRecipe())
+    assert base_key(BaseRecipe(letter_share=0.5)) != base_key(BaseRecipe())
+    assert ModelConfig(init="toy_base", toy_base={"letter_share": 0.5}).toy_base == {"letter_share": 0.5}
+    with pytest.raises(ConfigError, match="model.toy_base.leter_share: not a setting.*letter_share"):
+        ModelConfig(toy_base={"leter_share": 0.5})
+    with pytest.raises(ConfigError, match="in \\[0, 1\\]"):
+        ModelConfig(toy_base={"letter_share": 1.5})

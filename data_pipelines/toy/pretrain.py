@@ -14,6 +14,10 @@ letters:
   never a letter. Half of the requests end with the words to choose from in a random order ("Pick one of:
   blue, red, yellow, green."), as a real base model has seen questions with candidates; without them the
   base answered every RL question with a colour (the RL prompts list options, which it had never seen).
+* with ``letter_share`` > 0 (a base variant, ``model.toy_base: {letter_share: P}``), that share of the requests
+  with a word-list answer is posed as a multiple-choice question instead: the words as lettered options in a
+  random order (never the order the RL splits list them in), answered with the letter -- as a real base model
+  has seen exam-style questions. The default base never sees a letter.
 
 :func:`check_disjoint` verifies that against the other splits.
 """
@@ -83,13 +87,25 @@ def with_candidates(request: str, words: Sequence[str], rng: Any) -> str:
     return f"{request} Pick one of: {', '.join(order)}."
 
 
+def lettered_options(words: Sequence[str], rng: Any) -> list[str]:
+    """``words`` in a random order other than their own (the RL splits list a task's words in that order, so
+    no pre-training option list is one of theirs)."""
+    order = list(words)
+    while order == list(words):
+        order = [words[int(k)] for k in rng.permutation(len(words))]
+    return order
+
+
 def pretrain_tasks() -> list[str]:
     return list(DESCRIPTIONS)
 
 
 def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None = None, per_task: int = 200,
-                  resolution: int = 64, progress: bool = True) -> Path:
-    """Write ``out/pretrain.jsonl`` and its media (``out/media/pretrain/<task>/``); returns the JSONL path."""
+                  resolution: int = 64, letter_share: float = 0.0, progress: bool = True) -> Path:
+    """Write ``out/pretrain.jsonl`` and its media (``out/media/pretrain/<task>/``); returns the JSONL path.
+    ``letter_share``: the share of requests with a word-list answer posed as a multiple-choice question
+    instead (the list's words as options in a random order, never the RL splits' order; the answer is the
+    letter). Those draws come from a stream of their own: the media and the facts are the same at any share."""
     out = Path(out)
     names = list(tasks) if tasks else pretrain_tasks()
     unknown = [n for n in names if n not in DESCRIPTIONS]
@@ -109,6 +125,7 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
     for name in names:
         task = get_task(name)
         rng = _rng(seed, name, "pretrain")
+        letters_rng = _rng(seed, name, "pretrain-letters")  # its own stream: the media do not depend on the share
         for i in range(per_task):
             item = task.fn(rng, i, cfg)
             ext = "mp4" if item.frames is not None else "png"
@@ -121,10 +138,14 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
                 request = requests[int(rng.integers(len(requests)))]
                 answer = str(describe(item))
                 words = candidates(answer)
+                kind, options, asked = "open", None, request
                 if words and rng.random() < CANDIDATE_SHARE:
                     request = with_candidates(request, words, rng)
-                records.append({"id": f"toy-{name}-pretrain-{i:05d}-{k}", "problem_type": "open",
-                                "question": request, "options": None, "answer": answer,
+                if words and letter_share > 0 and letters_rng.random() < letter_share:
+                    kind, options, request = "multiple_choice", lettered_options(words, letters_rng), asked
+                    answer = "ABCDEFGH"[options.index(answer)]
+                records.append({"id": f"toy-{name}-pretrain-{i:05d}-{k}", "problem_type": kind,
+                                "question": request, "options": options, "answer": answer,
                                 "media": [media], "meta": {"task": name, "split": "pretrain", "seed": seed}})
             if bar is not None:
                 bar.update(1)
@@ -140,7 +161,8 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
 
 def check_disjoint(pretrain: Sequence[dict[str, Any]], others: Sequence[dict[str, Any]]) -> list[str]:
     """What the pre-training records share with other splits' records: questions, option lists, answers,
-    media files. Empty when nothing is shared."""
+    media files. Empty when nothing is shared. An option letter is a form, not a fact: a multiple-choice
+    record's letter may be an answer elsewhere (its option list and its media may not)."""
     problems = []
     questions = {r["question"] for r in others}
     option_lists = {tuple(r["options"]) for r in others if r.get("options")}
@@ -151,7 +173,8 @@ def check_disjoint(pretrain: Sequence[dict[str, Any]], others: Sequence[dict[str
             problems.append(f"{r['id']}: question shared: {r['question']!r}")
         if r.get("options") and tuple(r["options"]) in option_lists:
             problems.append(f"{r['id']}: option list shared")
-        if json.dumps(r["answer"]) in answers:
+        lettered = r.get("problem_type") == "multiple_choice" and r.get("options")
+        if json.dumps(r["answer"]) in answers and not lettered:
             problems.append(f"{r['id']}: answer shared: {r['answer']!r}")
         problems += [f"{r['id']}: media shared: {m['path']}" for m in r["media"] if m["path"] in media]
     return problems
