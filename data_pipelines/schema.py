@@ -221,8 +221,15 @@ def normalize_problem_type(name: str) -> str:
     return PROBLEM_TYPES.canonical(name) or name
 
 
+def option_letter(i: int) -> str:
+    """0 -> ``"A"``, 1 -> ``"B"``: the letter of the option at index ``i``."""
+    if not 0 <= i < 26:
+        raise ValueError(f"option index {i} has no letter (A-Z: at most 26 options)")
+    return chr(ord("A") + i)
+
+
 def option_letters(n: int) -> list[str]:
-    return [chr(ord("A") + i) for i in range(n)]
+    return [option_letter(i) for i in range(n)]
 
 
 def letter_index(letter: str) -> int | None:

@@ -11,7 +11,10 @@ from data_pipelines.schema import (
     Problem,
     Sample,
     check_record,
+    letter_index,
     normalize_problem_type,
+    option_letter,
+    option_letters,
     parse_record,
     problem_types,
     register_problem_type,
@@ -144,3 +147,11 @@ def test_extra_fields_go_to_meta():
     s = Sample.from_dict({**rec(), "source_url": "http://x"})
     assert s.meta["source_url"] == "http://x"
     assert validate_sample(s) == []
+
+
+def test_option_letters_and_their_index():
+    assert option_letters(4) == ["A", "B", "C", "D"]
+    assert [letter_index(option_letter(i)) for i in range(26)] == list(range(26))
+    for bad in (-1, 26):
+        with pytest.raises(ValueError, match="no letter"):
+            option_letter(bad)

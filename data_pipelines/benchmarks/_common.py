@@ -113,5 +113,3 @@ def save_embedded_image(value: Any, cache: Path, where: str) -> Path:
     return out
 
 
-def letter(i: int) -> str:
-    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[i]

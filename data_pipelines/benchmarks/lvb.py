@@ -18,10 +18,9 @@ from data_pipelines.benchmarks._common import (
     find_media,
     first_existing,
     layout_error,
-    letter,
     read_json,
 )
-from data_pipelines.schema import MediaItem, Sample
+from data_pipelines.schema import MediaItem, Sample, option_letter
 from mmrl_common.errors import DataError
 
 TITLE = "LongVideoBench"
@@ -71,7 +70,7 @@ def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchmar
         duration = float(raw.get("duration") or 0.0)
         samples.append(Sample(
             id=str(raw.get("id", i)), problem_type="multiple_choice", question=str(raw["question"]),
-            options=options, answer=letter(choice),
+            options=options, answer=option_letter(choice),
             media=[MediaItem("video", str(video), {"duration": duration} if duration > 0 else {})],
             meta={"duration_group": str(raw.get("duration_group")), "question_category":
                   str(raw.get("question_category")), "topic_category": str(raw.get("topic_category")),

@@ -34,12 +34,11 @@ from data_pipelines.benchmarks._common import (
     check_root,
     first_existing,
     layout_error,
-    letter,
     read_json,
     read_parquet,
     save_embedded_image,
 )
-from data_pipelines.schema import MediaItem, Sample
+from data_pipelines.schema import MediaItem, Sample, option_letters
 from mmrl_common.errors import DataError
 from rewards.answers import normalize_text
 
@@ -149,7 +148,7 @@ def _plain_option(text: Any, letter_: str) -> str:
 
 def _mc_sample(sid: str, question: str, options: list[str], gold: str, images: list[Path], where: str,
                meta: dict[str, Any]) -> Sample:
-    letters = [letter(i) for i in range(len(options))]
+    letters = option_letters(len(options))
     g = str(gold).strip()
     if g.upper() in letters and len(g) == 1:
         answer = g.upper()
@@ -282,7 +281,7 @@ def load_medxpertqa_mm(root: Path, *, split: str, media_cache: Path, **_: Any) -
                                MEDXPERT_EXPECTED)
         letters = sorted(raw["options"])
         options = [str(raw["options"][k]).strip() for k in letters]
-        if letters != [letter(i) for i in range(len(letters))]:
+        if letters != option_letters(len(letters)):
             raise DataError(f"{where}: option keys {letters} are not A, B, C, ... in order")
         images = []
         for name in raw["images"]:

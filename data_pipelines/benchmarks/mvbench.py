@@ -25,10 +25,9 @@ from data_pipelines.benchmarks._common import (
     check_root,
     find_media,
     layout_error,
-    letter,
     read_json,
 )
-from data_pipelines.schema import MediaItem, Sample
+from data_pipelines.schema import MediaItem, Sample, option_letter
 from mmrl_common.errors import DataError
 
 TITLE = "MVBench"
@@ -100,7 +99,7 @@ def _item(task: str, index: int, raw: Any, path: Path, root: Path) -> Sample:
         sampling["folder_fps"] = FRAME_FOLDER_FPS
     return Sample(
         id=f"{task}/{index}", problem_type="multiple_choice", question=str(raw["question"]),
-        options=candidates, answer=letter(candidates.index(answer)),
+        options=candidates, answer=option_letter(candidates.index(answer)),
         media=[MediaItem("video", str(found), sampling)],
         meta={"task": task, "answer_text": answer, "video": str(raw["video"]), "trimmed_clip": trimmed,
               "source": "mvbench"},

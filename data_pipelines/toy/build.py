@@ -32,6 +32,7 @@ import numpy as np
 
 from mmrl_common.errors import DataError
 
+from ..schema import option_letter
 from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, toy_tasks
 
 GENERATOR_VERSION = 3
@@ -68,10 +69,6 @@ def _rng(seed: int, *parts: str | int) -> np.random.Generator:
     return np.random.default_rng(words)
 
 
-def _letter(i: int) -> str:
-    return chr(ord("A") + i)
-
-
 def _to_record(task: str, split: str, index: int, item: ToyItem, media_rel: str, seed: int,
                shuffle_options: bool) -> dict[str, Any]:
     sid = f"toy-{task}-{split}-{index:04d}"
@@ -84,7 +81,7 @@ def _to_record(task: str, split: str, index: int, item: ToyItem, media_rel: str,
             perm = _rng(seed, task, split, index, "options").permutation(len(options))
             options = [options[int(p)] for p in perm]
             extra["option_order"] = [int(p) for p in perm]
-        answer = _letter(options.index(item.answer))
+        answer = option_letter(options.index(item.answer))
     media_type = "video" if item.frames is not None else "image"
     media: dict[str, Any] = {"type": media_type, "path": media_rel}
     if item.sampling:
