@@ -811,10 +811,10 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_make_toy_base(args: argparse.Namespace) -> int:
-    from mmrl.toy_base import BaseRecipe, check_overrides, ensure_toy_base, make_toy_base
+    from mmrl.toy_base import BaseRecipe, check_letter_share, ensure_toy_base, make_toy_base
 
     check_family(args.family)
-    check_overrides({"letter_share": args.letter_share}, prefix="--letter-share")
+    check_letter_share(args.letter_share, "--letter-share")
     recipe = BaseRecipe(family=args.family, seed=args.seed, letter_share=args.letter_share)
     path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
         ensure_toy_base(recipe, progress=not args.quiet)

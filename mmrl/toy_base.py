@@ -69,8 +69,16 @@ def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> No
         if key not in OVERRIDABLE:
             raise ConfigError(f"{prefix}.{key}: not a setting of the toy base model; settable: {', '.join(OVERRIDABLE)}"
                               " (model.tiny_family and model.tiny_seed choose the family and the seed)")
-        if key == "letter_share" and not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-            raise ConfigError(f"{prefix}.letter_share={value!r}: a share, in [0, 1]")
+        if key == "letter_share":
+            check_letter_share(value, f"{prefix}.letter_share")
+
+
+def check_letter_share(value: Any, name: str) -> None:
+    """Raise :class:`ConfigError` naming ``name`` unless ``value`` is a share in [0, 1]."""
+    from mmrl_common.errors import ConfigError
+
+    if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+        raise ConfigError(f"{name}={value!r}: a share, in [0, 1]")
 
 
 def base_key(recipe: BaseRecipe) -> str:

@@ -131,5 +131,12 @@ def test_toy_base_overrides_key_and_validation() -> None:
     assert ModelConfig(init="toy_base", toy_base={"letter_share": 0.5}).toy_base == {"letter_share": 0.5}
     with pytest.raises(ConfigError, match="model.toy_base.leter_share: not a setting.*letter_share"):
         ModelConfig(toy_base={"leter_share": 0.5})
-    with pytest.raises(ConfigError, match="in \\[0, 1\\]"):
+    with pytest.raises(ConfigError, match="^model.toy_base.letter_share=1.5: a share, in \\[0, 1\\]"):
         ModelConfig(toy_base={"letter_share": 1.5})
+    import argparse
+
+    from mmrl.tiny_models import _cmd_make_toy_base
+
+    args = argparse.Namespace(family="qwen2_5_vl", seed=0, letter_share=2.0, out="unused", quiet=True)
+    with pytest.raises(ConfigError, match="^--letter-share=2.0: a share"):  # the CLI names its flag
+        _cmd_make_toy_base(args)
