@@ -54,7 +54,8 @@ class ModelConfig:
     tiny_seed: int = 0
     """Seed of the tiny model's random weights."""
     tiny_size: dict[str, int] = field(default_factory=dict)
-    """Size overrides of the tiny model (hidden_size, layers, ...; empty: the default tiny size)."""
+    """Size overrides of the tiny model (hidden_size, layers, ...; empty: the default tiny size). With init
+    toy_base, the size of the tiny model the toy base is pre-trained from (each size is its own cached base)."""
     toy_base: dict[str, Any] = field(default_factory=dict)
     """With init toy_base: overrides of how the toy base model is pre-trained (mmrl.toy_base.BaseRecipe, e.g.
     {letter_share: 0.5}: half of the requests with a word list posed as lettered options). Each variant is
@@ -89,6 +90,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.lora, dict):  # a mapping LoraSettings refused: its own error names the key
             self.lora = from_dict(LoraSettings, self.lora, prefix="model.lora")
+        if self.tiny_size:
+            from mmrl.tiny_models import resolve_size
+
+            try:
+                resolve_size(self.tiny_family, **self.tiny_size)
+            except ConfigError as exc:
+                raise ConfigError(f"model.tiny_size: {exc}") from None
         if self.toy_base:
             from mmrl.toy_base import check_overrides
 

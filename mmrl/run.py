@@ -35,7 +35,7 @@ def resolve_model(cfg: RunConfig) -> Path:
         from mmrl.toy_base import BaseRecipe, ensure_toy_base
 
         return ensure_toy_base(BaseRecipe(family=cfg.model.tiny_family, seed=cfg.model.tiny_seed,
-                                          **cfg.model.toy_base))
+                                          size=tuple(cfg.model.tiny_size.items()), **cfg.model.toy_base))
     from mmrl.tiny_models import ensure_tiny
 
     return Path(ensure_tiny(cfg.model.tiny_family, seed=cfg.model.tiny_seed, **cfg.model.tiny_size))

@@ -778,15 +778,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     make.add_argument("--out", required=True, metavar="DIR", help="output directory (must be empty or new)")
     make.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     make.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
-    defaults = TinySize()
-    group = make.add_argument_group("size options (defaults in brackets; pixel budgets 0 = family default)")
-    for field in dataclasses.fields(TinySize):
-        flag = "--" + field.name.replace("_", "-")
-        if field.name == "tie_word_embeddings":
-            group.add_argument(flag, action="store_true", default=None, help=_SIZE_HELP[field.name])
-            continue
-        group.add_argument(flag, type=int, default=None, metavar="N",
-                           help=f"{_SIZE_HELP[field.name]} [{getattr(defaults, field.name)}]")
+    _add_size_options(make)
     make.set_defaults(func=_cmd_make_tiny)
     base = sub.add_parser(
         "make-toy-base", help="build (or find) the toy base model: the tiny model pre-trained to name what it "
@@ -800,9 +792,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                            "(model.toy_base: {letter_share: P}) [0]")
     base.add_argument("--out", default=None, metavar="DIR", help="write here instead of the cache")
     base.add_argument("--quiet", action="store_true", help="no progress output")
+    _add_size_options(base, "size of the tiny model it starts from (model.tiny_size; each size is its own base)")
     base.set_defaults(func=_cmd_make_toy_base)
     parser.set_defaults(func=lambda args: _print_help(parser))
     return parser
+
+
+def _add_size_options(parser: argparse.ArgumentParser,
+                      title: str = "size options (defaults in brackets; pixel budgets 0 = family default)") -> None:
+    """One ``--kebab-case`` option per :class:`TinySize` field (None when not given)."""
+    defaults = TinySize()
+    group = parser.add_argument_group(title)
+    for field in dataclasses.fields(TinySize):
+        flag = "--" + field.name.replace("_", "-")
+        if field.name == "tie_word_embeddings":
+            group.add_argument(flag, action="store_true", default=None, help=_SIZE_HELP[field.name])
+            continue
+        group.add_argument(flag, type=int, default=None, metavar="N",
+                           help=f"{_SIZE_HELP[field.name]} [{getattr(defaults, field.name)}]")
+
+
+def _size_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`TinySize` options given on the command line."""
+    size = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TinySize)}
+    return {k: v for k, v in size.items() if v is not None}
 
 
 def _print_help(parser: argparse.ArgumentParser) -> int:
@@ -815,7 +828,8 @@ def _cmd_make_toy_base(args: argparse.Namespace) -> int:
 
     check_family(args.family)
     check_letter_share(args.letter_share, "--letter-share")
-    recipe = BaseRecipe(family=args.family, seed=args.seed, letter_share=args.letter_share)
+    recipe = BaseRecipe(family=args.family, seed=args.seed, letter_share=args.letter_share,
+                        size=tuple(_size_options(args).items()))
     path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
         ensure_toy_base(recipe, progress=not args.quiet)
     print(path)
@@ -823,9 +837,7 @@ def _cmd_make_toy_base(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    size = {f.name: getattr(args, f.name) for f in dataclasses.fields(TinySize)}
-    size = {k: v for k, v in size.items() if v is not None}
-    path, info = _make(args.family, args.out, seed=args.seed, overwrite=args.force, **size)
+    path, info = _make(args.family, args.out, seed=args.seed, overwrite=args.force, **_size_options(args))
     ids = info["special_tokens"]
     print(
         f"built {args.family} in {path} ({info['parameters']:,} parameters, "

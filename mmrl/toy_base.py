@@ -53,12 +53,22 @@ class BaseRecipe:
     """Share of the requests whose answer comes from a word list that are posed as a multiple-choice question
     instead: 3-5 of the words as lettered options in a random order, answered with the letter (a real base
     model has seen exam-style questions; the default base never sees a letter and answers in words)."""
+    size: tuple[tuple[str, int], ...] = ()
+    """Size overrides of the tiny model it starts from, as ``(field, value)`` pairs of
+    :class:`mmrl.tiny_models.TinySize` (a run's ``model.tiny_size``; empty: the default tiny size)."""
+
+    def __post_init__(self) -> None:
+        from mmrl.tiny_models import resolve_size
+
+        object.__setattr__(self, "size", tuple(sorted((str(k), v) for k, v in dict(self.size).items())))
+        resolve_size(self.family, **dict(self.size))  # ConfigError on an unknown field or a bad value
 
 
 # fields added after PRETRAIN_VERSION 3: they enter the cache key only when set, so the default base (and every
 # result measured on it) keeps its key
-LATER_FIELDS = ("letter_share",)
-OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed"))
+LATER_FIELDS = ("letter_share", "size")
+# family, seed and size come from model.tiny_family, model.tiny_seed and model.tiny_size (as for a random tiny model)
+OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed", "size"))
 
 
 def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> None:
@@ -68,7 +78,8 @@ def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> No
     for key, value in given.items():
         if key not in OVERRIDABLE:
             raise ConfigError(f"{prefix}.{key}: not a setting of the toy base model; settable: {', '.join(OVERRIDABLE)}"
-                              " (model.tiny_family and model.tiny_seed choose the family and the seed)")
+                              " (model.tiny_family, model.tiny_seed and model.tiny_size choose the family, the seed and"
+                              " the size)")
         if key == "letter_share":
             check_letter_share(value, f"{prefix}.letter_share")
 
@@ -89,6 +100,8 @@ def base_key(recipe: BaseRecipe) -> str:
     for name in LATER_FIELDS:
         if fields[name] == defaults[name]:
             del fields[name]
+        elif name == "size":
+            fields[name] = dict(recipe.size)
     blob = json.dumps({**fields, "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
@@ -136,7 +149,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
                              letter_share=recipe.letter_share, progress=progress)
         samples = load_samples(data).samples
         seed_everything(recipe.seed)
-        start = make_tiny(recipe.family, work / "init", seed=recipe.seed)
+        start = make_tiny(recipe.family, work / "init", seed=recipe.seed, **dict(recipe.size))
         policy = load_policy(start, device="cpu")
         say(f"toy base model: pre-training on {len(samples)} descriptions for {recipe.steps} steps "
             "(once; a few minutes on 2 CPU cores)", flush=True)
@@ -146,7 +159,8 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
         out.mkdir(parents=True, exist_ok=True)
         policy.model.save_pretrained(out, safe_serialization=True)
         policy.processor.save_pretrained(out)
-        info = {"recipe": dataclasses.asdict(recipe), "key": base_key(recipe), "descriptions": len(samples),
+        info = {"recipe": {**dataclasses.asdict(recipe), "size": dict(recipe.size)}, "key": base_key(recipe),
+                "parameters": sum(p.numel() for p in policy.model.parameters()), "descriptions": len(samples),
                 "final_loss": last.get("loss"), "pretrain_seconds": round(time.perf_counter() - t1, 1),
                 "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads(),
                 "trained_on": "data_pipelines.toy.pretrain (descriptions; no RL/test question or option list"

@@ -140,3 +140,51 @@ def test_toy_base_overrides_key_and_validation() -> None:
     args = argparse.Namespace(family="qwen2_5_vl", seed=0, letter_share=2.0, out="unused", quiet=True)
     with pytest.raises(ConfigError, match="^--letter-share=2.0: a share"):  # the CLI names its flag
         _cmd_make_toy_base(args)
+
+
+def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmrl.config import ModelConfig
+    from mmrl.policy import load_policy
+    from mmrl.run import resolve_model
+    from mmrl.toy_base import INFO_FILE, BaseRecipe, base_key
+    from mmrl_common.errors import ConfigError
+
+    assert base_key(BaseRecipe(size=())) == base_key(BaseRecipe())  # the default base keeps its key
+    assert BaseRecipe(size={"layers": 4, "hidden_size": 256}) == BaseRecipe(size=(("hidden_size", 256), ("layers", 4)))
+    assert base_key(BaseRecipe(size={"layers": 4})) not in (base_key(BaseRecipe()), base_key(BaseRecipe(size={"layers": 3})))
+    with pytest.raises(ConfigError, match="unknown tiny-model size option.*'layer'"):
+        BaseRecipe(size={"layer": 4})
+    with pytest.raises(ConfigError, match="^model.tiny_size: hidden_size 130 is not divisible by heads 4"):
+        ModelConfig(init="toy_base", tiny_size={"hidden_size": 130})
+    with pytest.raises(ConfigError, match="model.toy_base.size: not a setting.*model.tiny_size"):
+        ModelConfig(init="toy_base", toy_base={"size": {"layers": 4}})
+
+    # a run's model.tiny_size reaches the toy base it builds
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    from mmrl.config import RunConfig
+
+    cfg = RunConfig()
+    cfg.model.init, cfg.model.tiny_size = "toy_base", {"layers": 1, "hidden_size": 64}
+    cfg.model.toy_base = {"tasks": ("color",), "per_task": 4, "steps": 2, "batch_size": 4}
+    path = resolve_model(cfg)
+    info = json.loads((path / INFO_FILE).read_text())
+    assert info["recipe"]["size"] == {"hidden_size": 64, "layers": 1}
+    model = load_policy(path, device="cpu").model
+    text = model.config.text_config
+    assert (text.num_hidden_layers, text.hidden_size) == (1, 64)
+    assert info["parameters"] == sum(p.numel() for p in model.parameters())
+
+
+def test_make_toy_base_takes_the_size_options(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from mmrl.tiny_models import _size_options, add_parser
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_parser(sub)
+    parser = sub.choices["models"]
+    args = parser.parse_args(["make-toy-base", "--layers", "4", "--hidden-size", "256"])
+    assert _size_options(args) == {"layers": 4, "hidden_size": 256}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["make-toy-base", "--help"])
+    assert "--vision-depth" in capsys.readouterr().out
