@@ -48,7 +48,9 @@ rollouts (plug-in hook ``after_rewards``):
    0 inside the dead zone ``kl_deadzone`` (0.02), e_ema = EMA (``kl_err_ema`` 0.9, our choice; the code's is
    not documented) of e, ``log beta_d += kl_step (0.05) * clip(e_ema, +-kl_err_clip 0.2)`` every
    ``kl_update_every`` steps (the code counts 100 micro-batch calls; a toy step is one optimizer step),
-   beta in [1e-4, 1e2], starting at 1; targets ``kl_target`` 0.01 for every bucket.
+   beta in [1e-4, 1e2], starting at 1; targets ``kl_target`` 0.01 for every bucket. The target is on the
+   scale of the model's KL to its reference: 0.01 is the code's, for lr 1e-6 on 7B models. ``configs/ares.yaml``
+   turns the controller off on the toy, whose KL is 20-60x that (``configs/compare/ares-ablations.yaml``).
 
 Logged per bucket (``ares/<piece>/<bucket>``): ``length``, ``entropy`` (mean token entropy: the
 entropy-collapse monitor), ``hwe``, ``target``, ``shaping``, ``alpha``, ``share`` (of the prompts),

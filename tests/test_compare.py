@@ -142,6 +142,12 @@ def test_shipped_seeds_spec(capsys: pytest.CaptureFixture) -> None:
     assert "--dry-run" in out and "--report-only" in out and "last:/mean:/min:/max:" in out
 
 
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "configs" / "compare").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_spec_loads(path: Path) -> None:
+    spec = load_spec(path)  # every arm's configuration is checked (unknown keys, bad values)
+    assert spec.base in spec.arms and spec.seeds and spec.metrics
+
+
 # ------------------------------------------------------------------------------------------ plan and resume
 
 def test_plan_skips_finished_resumes_interrupted_starts_missing(tmp_path: Path, capsys) -> None:
