@@ -119,6 +119,8 @@ class TinySize:
     video_min_pixels: int = 0
     video_max_pixels: int = 0
     tie_word_embeddings: bool = False
+    rope_theta: int = 0
+    """Base of the language model's (M-)RoPE (0 = the family's: 1e6, Qwen3-VL 5e6)."""
 
 
 _SIZE_HELP: dict[str, str] = {
@@ -137,6 +139,7 @@ _SIZE_HELP: dict[str, str] = {
     "video_min_pixels": "video processor min pixels (0 = family default)",
     "video_max_pixels": "video processor max pixels; per frame for Qwen2/2.5-VL, per clip for Qwen3-VL",
     "tie_word_embeddings": "tie lm_head to the input embeddings",
+    "rope_theta": "base of the text model's M-RoPE (0 = family default: 1e6, Qwen3-VL 5e6)",
 }
 
 
@@ -459,7 +462,7 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
     head_dim = size.hidden_size // size.heads
     rope: dict[str, Any] = {
         "rope_type": "default",
-        "rope_theta": _ROPE_THETA[family],
+        "rope_theta": float(size.rope_theta) if size.rope_theta else _ROPE_THETA[family],
         "mrope_section": mrope_section(family, head_dim),
     }
     if family == "qwen3_vl":
@@ -603,7 +606,8 @@ def settings(family: str, seed: int = 0, **size: Any) -> dict[str, Any]:
     return {
         "family": family,
         "seed": seed,
-        "size": dataclasses.asdict(resolved),
+        # rope_theta came later: at its default it stays out, so every earlier model keeps its key
+        "size": {k: v for k, v in dataclasses.asdict(resolved).items() if k != "rope_theta" or v},
         "mmrl": MMRL_VERSION,
         "builder": BUILDER_VERSION,
         "transformers": transformers.__version__,

@@ -264,7 +264,9 @@ def test_plugin_setting_errors():
 def test_tiny_run_logs_buckets_and_trains_with_the_weights(tmp_path, module_cache):  # noqa: F811
     from mmrl.checkpoint import latest_checkpoint, load_trainer_state
 
-    rows = run_rl(tmp_path, "rollout.max_new_tokens=6", task="ares")
+    # the recipe turns the controller off on the toy; this run turns both KL parts on, as on a real model
+    rows = run_rl(tmp_path, "rollout.max_new_tokens=6", "plugins.ares.dynamic_kl=true", "plugins.ares.hwe_kl_rho=0.5",
+                  task="ares")
     for r in rows:
         # the loss's mean per-token KL weight is the one the plug-in set (seq beta x token rho)
         assert r["kl_weight_mean"] == pytest.approx(r["ares/kl_weight_token_mean"], rel=1e-5)

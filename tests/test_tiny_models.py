@@ -304,6 +304,18 @@ def test_ensure_tiny_builds_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (first / "model.safetensors").stat().st_size > 1000
 
 
+def test_rope_theta_setting(tmp_path: Path) -> None:
+    from mmrl.tiny_models import settings_hash
+
+    path = make_tiny("qwen2_5_vl", tmp_path / "rt", layers=1, rope_theta=10000)
+    rope = json.loads((path / "config.json").read_text())["text_config"]["rope_parameters"]
+    assert rope["rope_theta"] == 10000.0 and rope["mrope_section"] == [4, 6, 6]
+    assert settings_hash("qwen2_5_vl", rope_theta=0) == settings_hash("qwen2_5_vl")  # 0: the family's, same key
+    assert settings_hash("qwen2_5_vl", rope_theta=10000) != settings_hash("qwen2_5_vl")
+    with pytest.raises(ConfigError, match="rope_theta must be a non-negative integer"):
+        make_tiny("qwen2_5_vl", tmp_path / "x", rope_theta=-1)
+
+
 def test_bad_settings_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown model family"):
         make_tiny("llava", tmp_path / "x")
