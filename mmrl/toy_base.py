@@ -58,10 +58,12 @@ class BaseRecipe:
     :class:`mmrl.tiny_models.TinySize` (a run's ``model.tiny_size``; empty: the default tiny size)."""
 
     def __post_init__(self) -> None:
-        from mmrl.tiny_models import resolve_size
+        from mmrl.tiny_models import TinySize, resolve_size
 
-        object.__setattr__(self, "size", tuple(sorted((str(k), v) for k, v in dict(self.size).items())))
-        resolve_size(self.family, **dict(self.size))  # ConfigError on an unknown field or a bad value
+        given = dict(self.size)
+        resolve_size(self.family, **given)  # ConfigError on an unknown field or a bad value
+        default = dataclasses.asdict(TinySize())  # an explicit default is no change: the same base
+        object.__setattr__(self, "size", tuple(sorted((k, v) for k, v in given.items() if v != default[k])))
 
 
 # fields added after PRETRAIN_VERSION 3: they enter the cache key only when set, so the default base (and every

@@ -150,6 +150,7 @@ def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: p
     from mmrl_common.errors import ConfigError
 
     assert base_key(BaseRecipe(size=())) == base_key(BaseRecipe())  # the default base keeps its key
+    assert BaseRecipe(size={"layers": 2, "rope_theta": 0}) == BaseRecipe()  # explicit defaults: the same base
     assert BaseRecipe(size={"layers": 4, "hidden_size": 256}) == BaseRecipe(size=(("hidden_size", 256), ("layers", 4)))
     assert base_key(BaseRecipe(size={"layers": 4})) not in (base_key(BaseRecipe()), base_key(BaseRecipe(size={"layers": 3})))
     with pytest.raises(ConfigError, match="unknown tiny-model size option.*'layer'"):
