@@ -31,7 +31,7 @@ from typing import Any
 
 from mmrl_common.errors import DataError
 
-from ..schema import option_letters
+from ..schema import option_letter
 from .build import _rng, _write_media
 from .draw import COLOR_NAMES, SHAPES
 from .registry import ToyConfig, ToyItem, get_task
@@ -144,7 +144,7 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
                     request = with_candidates(request, words, rng)
                 if words and letter_share > 0 and letters_rng.random() < letter_share:
                     kind, options, request = "multiple_choice", lettered_options(words, letters_rng), asked
-                    answer = option_letters(len(options))[options.index(answer)]
+                    answer = option_letter(options.index(answer))
                 records.append({"id": f"toy-{name}-pretrain-{i:05d}-{k}", "problem_type": kind,
                                 "question": request, "options": options, "answer": answer,
                                 "media": [media], "meta": {"task": name, "split": "pretrain", "seed": seed}})
