@@ -96,6 +96,7 @@ def check_letter_share(value: Any, name: str) -> None:
 
 def base_key(recipe: BaseRecipe) -> str:
     from data_pipelines.toy.build import GENERATOR_VERSION
+    from data_pipelines.toy.registry import task_versions
 
     fields = dataclasses.asdict(recipe)
     defaults = dataclasses.asdict(BaseRecipe())
@@ -104,6 +105,8 @@ def base_key(recipe: BaseRecipe) -> str:
             del fields[name]
         elif name == "size":
             fields[name] = dict(recipe.size)
+    if task_versions(recipe.tasks):  # a toy task whose pictures changed since (e.g. scan v2) moves the key
+        fields["task_versions"] = task_versions(recipe.tasks)
     blob = json.dumps({**fields, "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 

@@ -182,9 +182,40 @@ def test_scans(small):
         if finding["present"]:
             x, y = finding["center"]
             arr = np.asarray(img, dtype=float)
-            lesion = arr[int(y), int(x)]
-            ring = arr[int(y) - 1: int(y) + 2, int(x) - 1: int(x) + 2].mean()
-            assert abs(lesion - 115) > 20 or abs(ring - 115) > 20  # lesion differs from tissue level
+            yy, xx = np.mgrid[0:64, 0:64] + 0.5
+            dist = np.hypot(xx - x, yy - y)
+            inside = arr[dist < 0.7 * finding["radius"]].mean()
+            around = arr[(dist > finding["radius"] + 1) & (dist < finding["radius"] + 4)].mean()
+            sign = 1 if finding["polarity"] == "bright" else -1
+            assert sign * (inside - around) > finding["contrast"] / 2  # brighter or darker than its surroundings
+
+
+def test_scan_tissue_shows_where_it_is():
+    """v2 scans: the tissue itself tells top from bottom (brightness) and left from right (stripes), so a lesion's
+    pixels carry its location (v1 tissue looked the same everywhere and the tiny models could not place it)."""
+    from data_pipelines.toy.scan import TISSUE_RAMP, render_scan
+
+    for seed in range(5):
+        img = render_scan(np.random.default_rng(seed), 64, None).astype(float)
+        body = img > 60
+        top, bottom = img[16:28, 20:44], img[36:48, 20:44]
+        assert body[16:48, 20:44].all() and bottom.mean() - top.mean() > TISSUE_RAMP / 2
+        # striation: neighbouring columns differ much more on the left half than on the right
+        left, right = img[24:40, 12:30], img[24:40, 34:52]
+        assert np.abs(np.diff(left, axis=1)).mean() > 2 * np.abs(np.diff(right, axis=1)).mean()
+
+
+def test_a_task_version_moves_only_the_keys_of_data_that_hold_it(monkeypatch: pytest.MonkeyPatch):
+    from data_pipelines.toy import toy_key
+    from data_pipelines.toy.registry import get_task, task_versions
+    from mmrl.toy_base import BaseRecipe, base_key
+
+    shape, both, base = toy_key(0, tasks=["shape"]), toy_key(0, tasks=["color", "shape"]), base_key(BaseRecipe())
+    no_color = base_key(BaseRecipe(tasks=("shape", "count")))
+    monkeypatch.setattr(get_task("color"), "version", get_task("color").version + 1)
+    assert task_versions(["color", "shape"]) == {"color": get_task("color").version}
+    assert toy_key(0, tasks=["shape"]) == shape and base_key(BaseRecipe(tasks=("shape", "count"))) == no_color
+    assert toy_key(0, tasks=["color", "shape"]) != both and base_key(BaseRecipe()) != base
 
 
 def test_ensure_toy_builds_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -33,7 +33,7 @@ import numpy as np
 from mmrl_common.errors import DataError
 
 from ..schema import option_letter
-from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, toy_tasks
+from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, task_versions, toy_tasks
 
 GENERATOR_VERSION = 3
 SPLITS = ("train", "val", "test")
@@ -185,6 +185,7 @@ def make_toy(
     params = {"seed": seed, "size": sizes, "tasks": names, "shuffle_options": shuffle_options,
               "resolution": resolution}
     manifest = {"generator": "data_pipelines.toy", "version": GENERATOR_VERSION, **params,
+                "task_versions": {n: get_task(n).version for n in names},
                 "splits": counts, "total": sum(c["records"] for c in counts.values()),
                 "task_descriptions": {n: toy_tasks()[n].description for n in names}}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -222,8 +223,11 @@ def _readme(m: dict[str, Any]) -> str:
 def toy_key(seed: int = 0, *, size: str | Mapping[str, int] = "default", tasks: Sequence[str] | None = None,
             shuffle_options: bool = False, resolution: int = 64) -> str:
     """Short hash of the generation parameters (and generator version): the cache folder name."""
-    params = {"v": GENERATOR_VERSION, "seed": seed, "size": _sizes(size), "tasks": _task_names(tasks),
+    names = _task_names(tasks)
+    params = {"v": GENERATOR_VERSION, "seed": seed, "size": _sizes(size), "tasks": names,
               "shuffle_options": shuffle_options, "resolution": resolution}
+    if task_versions(names):  # a changed task moves only the keys of the datasets that hold it
+        params["task_versions"] = task_versions(names)
     return hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
 
 

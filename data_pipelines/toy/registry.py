@@ -10,7 +10,7 @@ that are not the answer, timings). Add a task with :func:`register_task`::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,20 +55,25 @@ class ToyTask:
     fn: TaskFn
     kind: str  # "video" or "image"
     description: str = ""
+    version: int = 1
+    """Bumped when the task's pictures or questions change; a version above 1 enters the cache key of every toy
+    dataset and toy base that holds the task (:func:`task_versions`), and only theirs."""
 
 
 TASKS: Registry[ToyTask] = Registry("toy task", "data.toy_tasks", error=DataError, duplicates="error")
 """Every toy task by name, in registration order (built-ins first once :func:`toy_tasks` ran)."""
 
 
-def register_task(name: str, *, kind: str, description: str = "",
+def register_task(name: str, *, kind: str, description: str = "", version: int = 1,
                   overwrite: bool = False) -> Callable[[TaskFn], TaskFn]:
-    """Decorator that registers a task generator under ``name``."""
+    """Decorator that registers a task generator under ``name`` (``version``: see :attr:`ToyTask.version`)."""
     if kind not in ("video", "image"):
         raise ValueError(f"task kind must be 'video' or 'image', got {kind!r}")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"task version must be an integer >= 1, got {version!r}")
 
     def deco(fn: TaskFn) -> TaskFn:
-        TASKS.add(name, ToyTask(name, fn, kind, description), overwrite=overwrite)
+        TASKS.add(name, ToyTask(name, fn, kind, description, version), overwrite=overwrite)
         return fn
 
     return deco
@@ -80,6 +85,12 @@ def toy_tasks() -> dict[str, ToyTask]:
     from . import evidence_task  # noqa: F401  (EARL's evidence task)
 
     return dict(TASKS.items())
+
+
+def task_versions(names: Sequence[str]) -> dict[str, int]:
+    """``{task: version}`` for those of ``names`` past version 1: the part of a cache key that follows the tasks'
+    own changes (empty for tasks never changed, so their datasets and bases keep their keys)."""
+    return {n: get_task(n).version for n in names if get_task(n).version > 1}
 
 
 def get_task(name: str) -> ToyTask:

@@ -1,7 +1,11 @@
 """Synthetic grey-scale "scans" for the medical-style curriculum.
 
 Each image (``R x R`` grey PNG) shows a dark field, an elliptical "body" with a smooth noise texture, and
-optionally one round lesion, brighter or darker than the tissue, in one quadrant of the body. Question
+optionally one round lesion, brighter or darker than the tissue, in one quadrant of the body. Like real
+anatomy, the tissue looks different by region (v2): it brightens from top to bottom and its left half is
+striated, so every part of the body, and a lesion in it, carries where it is in its own pixels. (v1 tissue
+was the same everywhere: the tiny models, whose attention encodes position only in rotations of queries and
+keys, could tell that a lesion was there but not where; the toy base named the quadrant at chance.) Question
 kinds (cycled, so each is a quarter of the records), with ``meta.stage`` for a closed -> open curriculum:
 
 * ``presence`` (stage 0, ``yes_no``): "Is there a lesion in this scan?" -- half yes, half no.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .draw import disk, ellipse, smooth_noise
+from .draw import disk, ellipse, grid, smooth_noise
 from .registry import ToyConfig, ToyItem, cycle, register_task
 
 LOCATIONS = ("upper left", "upper right", "lower left", "lower right")
@@ -40,6 +44,8 @@ POLARITY_SYNONYMS = {
 }
 KINDS = ("presence", "location_mc", "location_open", "polarity_open")
 STAGES = {"presence": 0, "location_mc": 1, "location_open": 2, "polarity_open": 2}
+TISSUE_RAMP = 25.0  # grey levels from the centre to the top (darker) or bottom (brighter) of the body
+STRIPE_AMP, STRIPE_PERIOD = 14.0, 6 / 64  # the left half's stripes: amplitude, period as a share of the side
 LEVELS = {  # difficulty -> (lesion radius as a fraction of the side, contrast in grey levels)
     "easy": (0.12, 90.0),
     "medium": (0.08, 55.0),
@@ -54,7 +60,11 @@ def render_scan(rng: np.random.Generator, r: int, lesion: dict | None) -> np.nda
     cx, cy = r / 2 + rng.uniform(-0.03, 0.03) * r, r / 2 + rng.uniform(-0.03, 0.03) * r
     ax, ay = r * rng.uniform(0.40, 0.45), r * rng.uniform(0.33, 0.40)
     body = ellipse(r, r, cx, cy, ax, ay)
-    tissue = 115.0 + smooth_noise(r, r, rng, cell=max(4, r // 8), amp=10.0) + rng.normal(0, 6, (r, r))
+    yy, xx = grid(r, r)
+    tissue = 115.0 + smooth_noise(r, r, rng, cell=max(4, r // 8), amp=6.0) + rng.normal(0, 4, (r, r))
+    tissue += TISSUE_RAMP * np.clip((yy - cy) / ay, -1.0, 1.0)  # darker at the top, brighter at the bottom
+    stripes = np.sign(np.sin(2 * np.pi * xx / (STRIPE_PERIOD * r)))
+    tissue += np.where(xx < cx, STRIPE_AMP * stripes, 0.0)  # the left half is striated
     img[body] = tissue[body]
     if lesion is not None:
         rad = lesion["radius"]
@@ -70,8 +80,8 @@ def render_scan(rng: np.random.Generator, r: int, lesion: dict | None) -> np.nda
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-@register_task("scan", kind="image", description="grey-scale scans: lesion presence/location/polarity, "
-                                                 "closed and open questions")
+@register_task("scan", kind="image", version=2, description="grey-scale scans: lesion presence/location/"
+                                                            "polarity, closed and open questions")
 def scan_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem:
     r = cfg.resolution
     kind = KINDS[index % len(KINDS)]
