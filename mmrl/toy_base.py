@@ -105,8 +105,8 @@ def base_key(recipe: BaseRecipe) -> str:
             del fields[name]
         elif name == "size":
             fields[name] = dict(recipe.size)
-    if task_versions(recipe.tasks):  # a toy task whose pictures changed since (e.g. scan v2) moves the key
-        fields["task_versions"] = task_versions(recipe.tasks)
+    if versions := task_versions(recipe.tasks):  # a toy task whose pictures changed since (e.g. scan v2) moves it
+        fields["task_versions"] = versions
     blob = json.dumps({**fields, "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION}, sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 

@@ -226,8 +226,8 @@ def toy_key(seed: int = 0, *, size: str | Mapping[str, int] = "default", tasks: 
     names = _task_names(tasks)
     params = {"v": GENERATOR_VERSION, "seed": seed, "size": _sizes(size), "tasks": names,
               "shuffle_options": shuffle_options, "resolution": resolution}
-    if task_versions(names):  # a changed task moves only the keys of the datasets that hold it
-        params["task_versions"] = task_versions(names)
+    if versions := task_versions(names):  # a changed task moves only the keys of the datasets that hold it
+        params["task_versions"] = versions
     return hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
 
 
