@@ -794,6 +794,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     base.add_argument("--letter-share", type=float, default=0.0, metavar="P",
                       help="share of word-list requests posed as lettered options, answered with the letter "
                            "(model.toy_base: {letter_share: P}) [0]")
+    base.add_argument("--pointer-steps", type=int, default=None, metavar="N",
+                      help="steps of a text-only pointer phase first (\"Pick the option red.\" with lettered options; "
+                           "model.toy_base: {pointer_steps: N}) [0]")
+    base.add_argument("--tasks", default=None, metavar="A,B",
+                      help="toy tasks to pre-train on (model.toy_base: {tasks: [...]}) [all described tasks]")
+    base.add_argument("--per-task", type=int, default=None, metavar="N",
+                      help="pictures or videos per task (model.toy_base: {per_task: N}) [200]")
+    base.add_argument("--steps", type=int, default=None, metavar="N",
+                      help="pre-training steps (model.toy_base: {steps: N}) [2000]")
     base.add_argument("--out", default=None, metavar="DIR", help="write here instead of the cache")
     base.add_argument("--quiet", action="store_true", help="no progress output")
     _add_size_options(base, "size of the tiny model it starts from (model.tiny_size; each size is its own base)")
@@ -828,12 +837,30 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_make_toy_base(args: argparse.Namespace) -> int:
-    from mmrl.toy_base import BaseRecipe, check_letter_share, ensure_toy_base, make_toy_base
+    from mmrl.toy_base import (
+        COUNTS,
+        BaseRecipe,
+        check_count,
+        check_letter_share,
+        ensure_toy_base,
+        make_toy_base,
+    )
 
     check_family(args.family)
     check_letter_share(args.letter_share, "--letter-share")
-    recipe = BaseRecipe(family=args.family, seed=args.seed, letter_share=args.letter_share,
-                        size=tuple(_size_options(args).items()))
+    given: dict[str, Any] = {"letter_share": args.letter_share}
+    for key in ("pointer_steps", "per_task", "steps"):
+        if getattr(args, key, None) is not None:
+            check_count(getattr(args, key), "--" + key.replace("_", "-"), COUNTS[key])
+            given[key] = getattr(args, key)
+    if getattr(args, "tasks", None):
+        from data_pipelines.toy.pretrain import pretrain_tasks
+
+        given["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+        if unknown := [t for t in given["tasks"] if t not in pretrain_tasks()]:
+            raise ConfigError(f"--tasks: no pre-training descriptions for {', '.join(unknown)}; "
+                              f"described: {', '.join(pretrain_tasks())}")
+    recipe = BaseRecipe(family=args.family, seed=args.seed, size=tuple(_size_options(args).items()), **given)
     path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
         ensure_toy_base(recipe, progress=not args.quiet)
     print(path)

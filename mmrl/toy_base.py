@@ -53,6 +53,11 @@ class BaseRecipe:
     """Share of the requests whose answer comes from a word list that are posed as a multiple-choice question
     instead: 3-5 of the words as lettered options in a random order, answered with the letter (a real base
     model has seen exam-style questions; the default base never sees a letter and answers in words)."""
+    pointer_steps: int = 0
+    """Steps of a text-only pointer phase before the pre-training (``data_pipelines.toy.pretrain.pointer_drill``:
+    "Pick the option red." with lettered options, answered with the letter; batch 32). The 2-layer tiny model
+    needs thousands of such steps before it maps a word to its option's letter at all, far more lettered
+    requests than ``letter_share`` gives it; 0: no pointer phase."""
     size: tuple[tuple[str, int], ...] = ()
     """Size overrides of the tiny model it starts from, as ``(field, value)`` pairs of
     :class:`mmrl.tiny_models.TinySize` (a run's ``model.tiny_size``; empty: the default tiny size)."""
@@ -68,7 +73,9 @@ class BaseRecipe:
 
 # fields added after PRETRAIN_VERSION 3: they enter the cache key only when set, so the default base (and every
 # result measured on it) keeps its key
-LATER_FIELDS = ("letter_share", "size")
+LATER_FIELDS = ("letter_share", "pointer_steps", "size")
+POINTER_ITEMS = 4096
+POINTER_BATCH = 32
 # family, seed and size come from model.tiny_family, model.tiny_seed and model.tiny_size (as for a random tiny model)
 OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed", "size"))
 
@@ -84,6 +91,20 @@ def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> No
                               " the size)")
         if key == "letter_share":
             check_letter_share(value, f"{prefix}.letter_share")
+        if key in COUNTS:
+            check_count(value, f"{prefix}.{key}", COUNTS[key])
+
+
+# whole-number settings and their least value
+COUNTS = {"steps": 1, "per_task": 1, "batch_size": 1, "warmup_steps": 0, "max_frames": 1, "pointer_steps": 0}
+
+
+def check_count(value: Any, name: str, least: int) -> None:
+    """Raise :class:`ConfigError` naming ``name`` unless ``value`` is a whole number >= ``least``."""
+    from mmrl_common.errors import ConfigError
+
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+        raise ConfigError(f"{name}={value!r}: a whole number, {least} or more")
 
 
 def check_letter_share(value: Any, name: str) -> None:
@@ -137,7 +158,8 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
     import torch
 
     from data_pipelines.loaders import load_samples
-    from data_pipelines.toy.pretrain import make_pretrain
+    from data_pipelines.schema import Sample
+    from data_pipelines.toy.pretrain import make_pretrain, pointer_drill
     from mmrl.checkpoint import seed_everything
     from mmrl.policy import load_policy
     from mmrl.sft import run_sft
@@ -156,6 +178,13 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
         seed_everything(recipe.seed)
         start = make_tiny(recipe.family, work / "init", seed=recipe.seed, **dict(recipe.size))
         policy = load_policy(start, device="cpu")
+        if recipe.pointer_steps:
+            say(f"toy base model: pointer phase, {recipe.pointer_steps} steps on text-only lettered requests",
+                flush=True)
+            drill = [Sample.from_dict(r) for r in pointer_drill(POINTER_ITEMS, recipe.seed + 2)]
+            cfg = pretrain_config(recipe)
+            cfg.sft = dataclasses.replace(cfg.sft, steps=recipe.pointer_steps, batch_size=POINTER_BATCH)
+            run_sft(cfg, policy, drill, show_progress=progress, keep_encoded=True, desc="toy base pointer phase")
         say(f"toy base model: pre-training on {len(samples)} descriptions for {recipe.steps} steps "
             "(once; a few minutes on 2 CPU cores)", flush=True)
         t1 = time.perf_counter()
@@ -170,7 +199,9 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
                 "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads(),
                 "trained_on": "data_pipelines.toy.pretrain (descriptions; no RL/test question or option list"
                               + ("; lettered options in orders of its own)" if recipe.letter_share else
-                                 " or answer letter)")}
+                                 " or answer letter)")
+                              + ("; first a text-only pointer phase (lettered options, no media)"
+                                 if recipe.pointer_steps else "")}
         (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -140,6 +140,54 @@ def test_toy_base_overrides_key_and_validation() -> None:
     args = argparse.Namespace(family="qwen2_5_vl", seed=0, letter_share=2.0, out="unused", quiet=True)
     with pytest.raises(ConfigError, match="^--letter-share=2.0: a share"):  # the CLI names its flag
         _cmd_make_toy_base(args)
+    for flag, value, msg in (("pointer_steps", -1, "^--pointer-steps=-1: a whole number, 0 or more"),
+                             ("steps", 0, "^--steps=0: a whole number, 1 or more"),
+                             ("tasks", "scan,scna", "^--tasks: no pre-training descriptions for scna")):
+        bad = argparse.Namespace(family="qwen2_5_vl", seed=0, letter_share=0.0, out="unused", quiet=True,
+                                 **{flag: value})
+        with pytest.raises(ConfigError, match=msg):
+            _cmd_make_toy_base(bad)
+
+    # the pointer phase: off by default (the default base keeps its key), its own base when on
+    assert base_key(BaseRecipe(pointer_steps=0)) == base_key(BaseRecipe())
+    assert base_key(BaseRecipe(pointer_steps=6000)) != base_key(BaseRecipe())
+    with pytest.raises(ConfigError, match="^model.toy_base.pointer_steps=2.5: a whole number, 0 or more"):
+        ModelConfig(toy_base={"pointer_steps": 2.5})
+    with pytest.raises(ConfigError, match="^model.toy_base.per_task=0: a whole number, 1 or more"):
+        ModelConfig(toy_base={"per_task": 0})
+
+
+def test_pointer_drill_names_the_option_whose_letter_answers() -> None:
+    from data_pipelines.schema import Sample, option_letter
+    from data_pipelines.toy.pretrain import VOCABULARIES, pointer_drill
+
+    drill = pointer_drill(400, seed=3)
+    assert drill == pointer_drill(400, seed=3) and drill != pointer_drill(400, seed=4)
+    letters = set()
+    for r in drill:
+        sample = Sample.from_dict(r)  # a valid record, text only
+        assert sample.media == [] and sample.problem_type == "multiple_choice"
+        opts = r["options"]
+        assert 3 <= len(opts) <= 4 and len(set(opts)) == len(opts)
+        assert any(set(opts) <= set(v) for v in VOCABULARIES)  # one word set per request
+        named = [o for o in opts if f" {o}" in r["question"]]
+        assert named == [opts["ABCD".index(r["answer"])]]  # the question names exactly the answer's option
+        letters.add(r["answer"])
+        assert r["answer"] == option_letter(opts.index(named[0]))
+    assert letters == set("ABCD")
+    # never an RL split's option order (the full word set in its own order)
+    assert not any(tuple(r["options"]) in VOCABULARIES for r in drill)
+
+
+def test_pointer_phase_runs_before_the_pretraining(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mmrl.toy_base import INFO_FILE, BaseRecipe, make_toy_base
+
+    recipe = BaseRecipe(tasks=("color",), per_task=4, steps=2, batch_size=4, pointer_steps=2, size={"layers": 1})
+    out = make_toy_base(tmp_path / "base", recipe, progress=True)
+    said = capsys.readouterr().out
+    assert said.index("pointer phase, 2 steps") < said.index("pre-training on")
+    info = json.loads((out / INFO_FILE).read_text())
+    assert info["recipe"]["pointer_steps"] == 2 and "pointer phase" in info["trained_on"]
 
 
 def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

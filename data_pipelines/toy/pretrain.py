@@ -97,6 +97,30 @@ def lettered_options(words: Sequence[str], rng: Any) -> list[str]:
     return order
 
 
+POINTER_REQUESTS = ("Pick the option {word}.", "Choose the option that reads {word}.", "Which option says {word}?",
+                    "Select {word} from the options.")
+
+
+def pointer_drill(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` text-only multiple-choice requests that name their answer ("Pick the option red." with 3-4 of a
+    word set as lettered options in a random order, answered with the letter): the step from a word to its
+    option's letter, which a tiny model learns only after thousands of steps (the toy base's pointer phase,
+    ``BaseRecipe.pointer_steps``). No media and no fact about any picture; never an RL split's option order."""
+    rng = _rng(seed, "pointer", "pretrain")
+    records = []
+    for i in range(n):
+        words = VOCABULARIES[int(rng.integers(len(VOCABULARIES)))]
+        k = int(rng.integers(3, len(words) + 1))
+        chosen = lettered_options(words, rng)[:k] if k == len(words) else \
+            [words[int(j)] for j in rng.permutation(len(words))[:k]]
+        answer = chosen[int(rng.integers(k))]
+        request = POINTER_REQUESTS[int(rng.integers(len(POINTER_REQUESTS)))].format(word=answer)
+        records.append({"id": f"toy-pointer-pretrain-{i:05d}", "problem_type": "multiple_choice", "question": request,
+                        "options": chosen, "answer": option_letter(chosen.index(answer)), "media": [],
+                        "meta": {"task": "pointer", "split": "pretrain", "seed": seed}})
+    return records
+
+
 def pretrain_tasks() -> list[str]:
     return list(DESCRIPTIONS)
 
