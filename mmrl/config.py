@@ -58,7 +58,8 @@ class ModelConfig:
     toy_base, the size of the tiny model the toy base is pre-trained from (each size is its own cached base)."""
     toy_base: dict[str, Any] = field(default_factory=dict)
     """With init toy_base: overrides of how the toy base model is pre-trained (mmrl.toy_base.BaseRecipe, e.g.
-    {letter_share: 0.5}: half of the requests with a word list posed as lettered options). Each variant is
+    {letter_share: 0.5}: half of the requests with a word list posed as lettered options; {pointer_steps: 6000}:
+    a text-only phase first that maps a named word to its option's letter). Each variant is
     built once and cached beside the default one; empty: the default base."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Weights and compute dtype. bf16: the model runs in bf16 while the optimizer steps fp32 master weights
