@@ -842,6 +842,7 @@ def _cmd_make_toy_base(args: argparse.Namespace) -> int:
         BaseRecipe,
         check_count,
         check_letter_share,
+        check_tasks,
         ensure_toy_base,
         make_toy_base,
     )
@@ -854,12 +855,8 @@ def _cmd_make_toy_base(args: argparse.Namespace) -> int:
             check_count(getattr(args, key), "--" + key.replace("_", "-"), COUNTS[key])
             given[key] = getattr(args, key)
     if getattr(args, "tasks", None):
-        from data_pipelines.toy.pretrain import pretrain_tasks
-
         given["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-        if unknown := [t for t in given["tasks"] if t not in pretrain_tasks()]:
-            raise ConfigError(f"--tasks: no pre-training descriptions for {', '.join(unknown)}; "
-                              f"described: {', '.join(pretrain_tasks())}")
+        check_tasks(given["tasks"], "--tasks")
     recipe = BaseRecipe(family=args.family, seed=args.seed, size=tuple(_size_options(args).items()), **given)
     path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
         ensure_toy_base(recipe, progress=not args.quiet)

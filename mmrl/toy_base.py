@@ -96,6 +96,8 @@ def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> No
             check_letter_share(value, f"{prefix}.letter_share")
         if key in COUNTS:
             check_count(value, f"{prefix}.{key}", COUNTS[key])
+        if key == "tasks":
+            check_tasks(value, f"{prefix}.tasks")
 
 
 # whole-number settings and their least value
@@ -108,6 +110,18 @@ def check_count(value: Any, name: str, least: int) -> None:
 
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
         raise ConfigError(f"{name}={value!r}: a whole number, {least} or more")
+
+
+def check_tasks(names: Any, name: str) -> None:
+    """Raise :class:`ConfigError` naming ``name`` unless ``names`` are toy tasks the pre-training describes."""
+    from data_pipelines.toy.pretrain import pretrain_tasks
+    from mmrl_common.errors import ConfigError
+
+    if isinstance(names, str) or not names:
+        raise ConfigError(f"{name}={names!r}: a non-empty list of toy tasks; described: {', '.join(pretrain_tasks())}")
+    if unknown := [t for t in names if t not in pretrain_tasks()]:
+        raise ConfigError(f"{name}: no pre-training descriptions for {', '.join(map(str, unknown))}; "
+                          f"described: {', '.join(pretrain_tasks())}")
 
 
 def check_letter_share(value: Any, name: str) -> None:

@@ -155,6 +155,10 @@ def test_toy_base_overrides_key_and_validation() -> None:
         ModelConfig(toy_base={"pointer_steps": 2.5})
     with pytest.raises(ConfigError, match="^model.toy_base.per_task=0: a whole number, 1 or more"):
         ModelConfig(toy_base={"per_task": 0})
+    with pytest.raises(ConfigError, match="^model.toy_base.tasks: no pre-training descriptions for scna"):
+        ModelConfig(toy_base={"tasks": ["scan", "scna"]})
+    with pytest.raises(ConfigError, match="^model.toy_base.tasks='scan': a non-empty list"):
+        ModelConfig(toy_base={"tasks": "scan"})
 
 
 def test_pointer_drill_names_the_option_whose_letter_answers() -> None:
