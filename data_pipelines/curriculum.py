@@ -59,7 +59,6 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tqdm import tqdm
 
 from mmrl.plugins import Callback, register_plugin
@@ -157,14 +156,8 @@ def _switch(raw: Any, where: str) -> dict[str, Any] | None:
 
 def component_spread(batch: RolloutBatch) -> dict[str, float]:
     """Mean within-group population std of each reward component, over groups where it is not all 0."""
-    out: dict[str, float] = {}
-    groups = list(batch.groups())
-    for name, values in batch.reward_components.items():
-        stds = [float(values[rows].std(unbiased=False)) for rows in groups
-                if bool(torch.any(values[rows] != 0))]
-        if stds:
-            out[name] = sum(stds) / len(stds)
-    return out
+    spreads = {name: batch.group_spread(values.tolist()) for name, values in batch.reward_components.items()}
+    return {name: v for name, v in spreads.items() if v is not None}
 
 
 @register_plugin("curriculum")

@@ -144,6 +144,16 @@ class RolloutBatch:
         """The first row of each group (one row per prompt)."""
         return [rows[0] for rows in self.groups()]
 
+    def group_spread(self, values: Sequence[float | None]) -> float | None:
+        """Mean within-group population standard deviation of a per-sequence value, over the groups with at
+        least one applicable (not None) value that is not 0 (None when there is no such group)."""
+        stds = []
+        for rows in self.groups():
+            vals = [float(values[i]) for i in rows if values[i] is not None]
+            if any(v != 0 for v in vals):
+                stds.append(float(torch.tensor(vals).std(unbiased=False)))
+        return sum(stds) / len(stds) if stds else None
+
     def group_mean(self, values: Tensor) -> Tensor:
         """(n_groups,) mean of a per-sequence tensor within each group."""
         values = values.float()

@@ -276,7 +276,9 @@ class AdaptiveRemap:
     τ end up about 0.25 apart). Not-applicable samples stay None. Until ``min_history`` scores (default 0)
     have been seen the raw scores pass through unchanged. The buffer is saved with checkpoints by the
     curriculum plug-in (:meth:`state_dict`). The threshold and the raw and remapped means are logged as
-    ``reward_metric/<reward>_armed_{threshold,raw,remapped}``.
+    ``reward_metric/<reward>_armed_{threshold,raw,remapped}``, and the mean within-group spread (population std)
+    of the same rollouts' raw and remapped scores as ``reward_metric/<reward>_armed_{raw,remapped}_spread``
+    (a paired measure of what the remap does to the spread GRPO's group normalisation sees).
 
     Configure it with ``init``; the entry's ``kwargs`` go to the wrapped reward::
 
@@ -319,6 +321,12 @@ class AdaptiveRemap:
             log(f"{self.reward}_armed_threshold", self.threshold)
             log(f"{self.reward}_armed_raw", sum(vals) / len(vals))
             log(f"{self.reward}_armed_remapped", sum(v for v in out if v is not None) / len(vals))
+            batch = columns.get("rollout_batch")
+            if batch is not None and len(batch) == len(raw):   # paired: the same rollouts before and after
+                for name, values in (("raw_spread", raw), ("remapped_spread", out)):
+                    spread = batch.group_spread(values)
+                    if spread is not None:
+                        log(f"{self.reward}_armed_{name}", spread)
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,8 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import rewards.medical as M
+from mmrl.batch import RolloutBatch, TokenSeq
 from mmrl_common.errors import ConfigError
 from rewards.metrics import bleu, bleu1, exact_match, rouge_n
 from rewards.registry import CombinedReward, RewardError, register_reward
@@ -190,6 +192,44 @@ def test_adaptive_remap_buffer_threshold_and_state() -> None:
     raw = [0.82, 0.84, 0.86, 0.88, 0.90]
     mapped = narrow(batch(raw)[0], **batch(raw)[1])
     assert max(mapped) - min(mapped) > 4 * (max(raw) - min(raw))  # 0.38 vs 0.08
+
+
+def groups_of(values: list, size: int) -> RolloutBatch:
+    n = len(values)
+    return RolloutBatch(samples=[None] * n, prompt_index=[i // size for i in range(n)],
+                        group_index=torch.arange(n) // size,
+                        seqs=[TokenSeq(ids=[1, 2], mm_types=[0, 0], loss_mask=[0, 1]) for _ in range(n)],
+                        completions=[""] * n, turns=[[""]] * n, env_info=[{}] * n,
+                        finished=torch.ones(n, dtype=torch.bool), loss_mask=torch.ones(n, 2))
+
+
+def test_group_spread_by_hand() -> None:
+    b = groups_of([0.2, 0.4, None, 0.0, 0.0, 0.0, 0.5, 0.5, 0.9], 3)
+    # group 0: std(0.2, 0.4) = 0.1 (None left out); group 1 all 0: left out; group 2: std(0.5, 0.5, 0.9)
+    g2 = math.sqrt(((0.5 - 19 / 30) ** 2 * 2 + (0.9 - 19 / 30) ** 2) / 3)
+    assert b.group_spread([0.2, 0.4, None, 0.0, 0.0, 0.0, 0.5, 0.5, 0.9]) == pytest.approx((0.1 + g2) / 2)
+    assert b.group_spread([0.0] * 6 + [None] * 3) is None
+
+
+def test_remap_logs_the_paired_raw_and_remapped_spread() -> None:
+    raw = [0.80, 0.84, 0.86, 0.90, 0.82, 0.88]   # two groups of three in a narrow band around the median 0.85
+    armed = M.AdaptiveRemap(reward="t_raw_score", slope=10)
+    logged: dict[str, float] = {}
+    c, k = batch(raw)
+    out = armed(c, **k, log_metric=logged.__setitem__, rollout_batch=groups_of(raw, 3))
+    spread = lambda xs: (sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / len(xs)) ** 0.5
+    assert logged["t_raw_score_armed_raw_spread"] == pytest.approx((spread(raw[:3]) + spread(raw[3:])) / 2)
+    assert logged["t_raw_score_armed_remapped_spread"] == pytest.approx((spread(out[:3]) + spread(out[3:])) / 2)
+    # the sigmoid's slope at the threshold is 10/4 = 2.5: near it the spread grows about that much
+    assert 2.0 < logged["t_raw_score_armed_remapped_spread"] / logged["t_raw_score_armed_raw_spread"] < 2.5
+    # far from the threshold the remap squeezes the spread instead (the measure does not assume a direction)
+    far = M.AdaptiveRemap(reward="t_raw_score", slope=10, buffer_size=64)
+    c, k = batch([0.1] * 60)
+    far(c, **k)                                                   # history: τ = 0.1
+    logged.clear()
+    c, k = batch([0.7, 0.8, 0.9])
+    far(c, **k, log_metric=logged.__setitem__, rollout_batch=groups_of([0.7, 0.8, 0.9], 3))
+    assert logged["t_raw_score_armed_remapped_spread"] < logged["t_raw_score_armed_raw_spread"]
 
 
 def test_remap_through_the_combiner_keeps_state_by_label() -> None:
