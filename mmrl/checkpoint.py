@@ -83,16 +83,20 @@ def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None) -> Path:
+def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None, *,
+               weights: dict[str, torch.Tensor] | None = None,
+               adapter_weights: dict[str, torch.Tensor] | None = None) -> Path:
     """A Hugging Face model folder (safetensors and processor files) plus ``mmrl_eval.json``. A model with
-    LoRA adapters is written merged, with its adapters (PEFT format) in ``adapter/``."""
+    LoRA adapters is written merged, with its adapters (PEFT format) in ``adapter/``. ``weights`` (and with
+    LoRA ``adapter_weights``): the tensors to write where the live model does not hold them (ZeRO-3: gathered
+    to rank 0 by :func:`mmrl.weights.stream_weights`; LoRA: merged already); None: the model's own."""
     from mmrl import lora
 
     if lora.has_lora(model):
-        lora.merged_export(model, processor, folder)
-        lora.save_adapters(model, folder / lora.ADAPTER_DIR)
+        lora.merged_export(model, processor, folder, state=weights)
+        lora.save_adapters(model, folder / lora.ADAPTER_DIR, state=adapter_weights)
     else:
-        model.save_pretrained(folder, safe_serialization=True)
+        model.save_pretrained(folder, state_dict=weights, safe_serialization=True)
         processor.save_pretrained(folder)
     if settings is not None:
         (folder / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
@@ -124,20 +128,23 @@ def start_checkpoint(run_dir: Path, step: int) -> Path:
 
 def write_checkpoint(tmp: Path, step: int, model: torch.nn.Module, processor: Any, state: dict[str, Any], *,
                      reference: torch.nn.Module | dict[str, torch.Tensor] | None = None,
-                     settings: dict[str, Any] | None = None) -> None:
-    """The model (or its adapters), the reference when stored, and the trainer state, into ``tmp``."""
+                     settings: dict[str, Any] | None = None,
+                     weights: dict[str, torch.Tensor] | None = None) -> None:
+    """The model (or its adapters), the reference when stored, and the trainer state, into ``tmp``.
+    ``weights``: the model's tensors (with LoRA: the adapters') where the live model does not hold them
+    (ZeRO-3, gathered to rank 0); None: the model's own."""
     from safetensors.torch import save_file
     from safetensors.torch import save_model as save_tensors
 
     from mmrl import lora
 
     if lora.has_lora(model):
-        lora.save_adapters(model, tmp)
+        lora.save_adapters(model, tmp, state=weights)
         processor.save_pretrained(tmp)
         if settings is not None:
             (tmp / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     else:
-        save_model(tmp, model, processor, settings)
+        save_model(tmp, model, processor, settings, weights=weights)
     if isinstance(reference, dict):
         save_file({k: v.detach().cpu().contiguous() for k, v in reference.items()},
                   str(tmp / REFERENCE_ADAPTER_FILE))

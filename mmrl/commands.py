@@ -79,15 +79,12 @@ def _check_paths(cfg) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mmrl import distributed
     from mmrl.run import default_run_dir, train
 
     cfg = _load(args)
     _check_paths(cfg)
-    w = distributed.init(cfg.model.device)  # under torchrun / accelerate launch: join the process group
+    w = _join_world(cfg)
     run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
-    if not w.is_main:  # rank 0 alone prints progress and messages (errors still reach stderr)
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
     summary = train(cfg, run_dir=run_dir, resume=args.resume, show_progress=not args.quiet)
     if not w.is_main:
         return 0
@@ -96,6 +93,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if before is not None and after is not None:
         print(f"accuracy before RL {before:.3f} -> after RL {after:.3f} ({after - before:+.3f})")
     return 0
+
+
+def _join_world(cfg: Any) -> Any:
+    """Under torchrun / accelerate launch: join the process group; rank 0 alone prints progress and messages
+    (the others' errors still reach stderr)."""
+    from mmrl import distributed
+
+    w = distributed.init(cfg.model.device, timeout_minutes=cfg.train.dist_timeout_minutes)
+    if not w.is_main:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    return w
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -142,6 +150,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                             "mmrl data file and run `mmrl eval --eval-data FILE --consistency`")
 
         return cli_run(args, _load(args))
+    from mmrl.distributed import device_for
     from mmrl.evaluate import evaluate
     from mmrl.policy import load_policy
     from mmrl.run import load_split, resolve_model, set_cpu_threads
@@ -158,17 +167,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.batch_size is not None:
         cfg.eval.batch_size = args.batch_size
     _check_paths(cfg)
-    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
-    samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet)
+    w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
+    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet and w.is_main)
+    with w.main_first():  # rank 0 builds what is cached (the toy world, a tiny model) before the others read it
+        samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
+        model_dir = resolve_model(cfg)
     if cfg.eval.limit:
         samples = samples[:cfg.eval.limit]
-    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
+    policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                         device=device_for(cfg.model.device))
     metrics, preds = evaluate(
         RolloutService.from_config(policy, cfg), samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, show_progress=not args.quiet,
+        min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main,
         consistency={"seed": args.consistency_seed} if args.consistency else None,
         shuffled_frames={"seed": args.consistency_seed} if args.shuffled_frames else None)
+    if not w.is_main:
+        return 0
     out = Path(cfg.out) if cfg.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)

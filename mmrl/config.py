@@ -81,14 +81,22 @@ class ModelConfig:
     with a trainable one the passes without gradient share one encoding per model and weights. Exact."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
-    attn_implementation: str = "sdpa"
-    """Attention kernel passed to transformers (sdpa, eager, flash_attention_2)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """Attention kernel passed to transformers: sdpa (PyTorch's), eager, or flash_attention_2 (GPUs, needs the
+    flash-attn package: pip install 'mmrl[flash-attn]'; the Qwen2.5-VL vision tower then runs its windows in
+    one variable-length call instead of one call per window)."""
     lora: LoraSettings | dict[str, Any] | None = None
     """LoRA through PEFT (null: off, full fine-tuning). A mapping turns it on: {r, alpha, dropout,
     target_modules}, e.g. model.lora={r: 8} or model.lora={} for the defaults. Only the adapters train; the
     KL reference is the model with the adapters disabled (no copy)."""
 
     def __post_init__(self) -> None:
+        if self.attn_implementation == "flash_attention_2":
+            import importlib.util
+
+            if importlib.util.find_spec("flash_attn") is None:
+                raise ConfigError("model.attn_implementation=flash_attention_2 needs the flash-attn package "
+                                  "(GPUs): pip install 'mmrl[flash-attn]'; or use sdpa")
         if isinstance(self.lora, dict):  # a mapping LoraSettings refused: its own error names the key
             self.lora = from_dict(LoraSettings, self.lora, prefix="model.lora")
         if self.tiny_size:
@@ -126,6 +134,16 @@ class MediaConfig:
     """Largest image size in pixels (28x28 pixels make one visual token)."""
     cache_mb: float = 1024
     """Decoded media kept in memory between steps (LRU, megabytes of pixels; 0: no cache)."""
+
+    def __post_init__(self) -> None:
+        for kind in ("video", "image"):
+            lo, hi = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
+            if lo > hi:
+                raise ConfigError(f"data.media.{kind}_min_pixels={lo} is above data.media.{kind}_max_pixels={hi}; "
+                                  f"lower {kind}_min_pixels or raise {kind}_max_pixels")
+        if self.min_frames > self.max_frames:
+            raise ConfigError(f"data.media.min_frames={self.min_frames} is above data.media.max_frames="
+                              f"{self.max_frames}")
 
 
 @dataclass
@@ -184,6 +202,44 @@ class PromptConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM engine of ``rollout.backend: vllm``: one per training rank (its own GPU), colocated with
+    training, built once from the model folder and fed the policy's weights after every update."""
+
+    gpu_memory_utilization: float = 0.3
+    """The share of its GPU's memory the engine may take (weights, activations and KV cache); the rest is the
+    trainer's. With enable_sleep_mode the engine gives its KV cache (and weights) back during the update."""
+    max_model_len: int | None = None
+    """Longest prompt plus completion in tokens (null: a bound from the run's own settings: 2,048 text tokens,
+    one video and one image at data.media's budgets, and rollout.max_new_tokens per turn). A prompt over it is
+    refused with its sample named; the model's own 128k context would need a KV cache a 7B cannot spare."""
+    tensor_parallel_size: int = 1
+    """GPUs one engine spans (consecutive ranks form a group and share it; must divide the number of ranks)."""
+    enforce_eager: bool = False
+    """Skip CUDA graphs (less memory and a faster start, slower decoding)."""
+    max_num_seqs: int | None = None
+    """Sequences the engine decodes at once (null: vLLM's default)."""
+    enable_sleep_mode: bool = False
+    """The engine sleeps after each rollout session and wakes before the next, so the update has its memory
+    (CUDA only)."""
+    sleep_level: Literal[1, 2] = 1
+    """1: the weights move to host memory and the KV cache is dropped; 2: both dropped (the weights are pushed
+    again at waking anyway, so 2 saves host memory)."""
+    kv_cache_gb: int = 1
+    """The KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE when not set already); GPUs use gpu_memory_utilization."""
+    max_media_per_prompt: int = 8
+    """Images and videos (each) one prompt may carry."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"rollout.vllm.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"rollout.vllm.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise ConfigError(f"rollout.vllm.max_model_len={self.max_model_len}: too small for any prompt")
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "hf"
     """Generation engine: hf (transformers generate) or vllm."""
@@ -209,6 +265,8 @@ class RolloutConfig:
     """Keep the sampling log-probabilities of every rollout token in the batch (``rollout_logprobs``)."""
     record_entropies: bool = False
     """Keep the per-token entropies of every rollout in the batch (``entropies``; rewards see them)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine's settings (rollout.backend: vllm)."""
     seed_per_prompt: bool = False
     """Draw each prompt's rollouts from a random stream of its own (seeded by train.seed, the step and the
     prompt's place in the step's draw): the same rollouts whatever the number of ranks or the batching, so
@@ -277,6 +335,9 @@ class TrainConfig:
     Not used under activation checkpointing (model.gradient_checkpointing) in training passes."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel where torch has one for the device."""
+    dist_timeout_minutes: float = 30
+    """Under torchrun: how long a collective may wait for the other ranks before the run fails (rank 0 alone
+    checks the media and writes checkpoints meanwhile; a hung rank fails the run after this)."""
     health_window: int = 20
     """Steps over which the run-health warnings look (no reward signal, one answer for everything, mostly
     equal-reward groups); each warns once, on the console and in the report. 0: off."""

@@ -19,6 +19,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -75,6 +76,14 @@ class World:
                 tensor.copy_(t)
         return tensor
 
+    def max_int(self, n: int) -> int:
+        """The largest ``n`` over ranks."""
+        if not self.active:
+            return int(n)
+        t = torch.tensor([int(n)], dtype=torch.int64, device=_comm_device())
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
+
     def all_true(self, flag: bool) -> bool:
         """True when ``flag`` holds on every rank."""
         if not self.active:
@@ -119,28 +128,58 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init(device: str = "auto") -> World:
-    """Join the process group described by torchrun's environment (once); a world of one without it."""
+def init(device: str = "auto", timeout_minutes: float = 30) -> World:
+    """Join the process group described by torchrun's environment (once); a world of one without it.
+    ``timeout_minutes`` (``train.dist_timeout_minutes``): how long a collective waits for the other ranks
+    before the run fails instead of hanging."""
     global _WORLD
     if not launched():
         return _WORLD
     if not torch.distributed.is_initialized():
+        import datetime
+
         local = int(os.environ.get("LOCAL_RANK", "0"))
         use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         if use_cuda:
             torch.cuda.set_device(local)
-        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
+        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo",
+                                             timeout=datetime.timedelta(minutes=float(timeout_minutes)))
     _WORLD = World(rank=torch.distributed.get_rank(), size=torch.distributed.get_world_size(),
                    local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     return _WORLD
 
 
 def device_for(device: str) -> str:
-    """``auto`` on a GPU rank is that rank's own GPU (``cuda:LOCAL_RANK``)."""
+    """``auto`` on a GPU rank is that rank's own GPU (``cuda:LOCAL_RANK``); ``auto`` on a machine whose GPUs
+    CUDA cannot use says so (once) before running on the CPU."""
     w = world()
     if device == "auto" and torch.cuda.is_available():
         return f"cuda:{w.local_rank}"
+    if device == "auto":
+        warn_cpu_fallback()
     return device
+
+
+_WARNED: set[str] = set()
+
+
+def warn_cpu_fallback() -> None:
+    """A warning when this machine has NVIDIA GPUs that CUDA cannot use (a driver or build mismatch,
+    ``CUDA_VISIBLE_DEVICES`` hiding them, a CPU-only torch): ``model.device=auto`` then runs on the CPU,
+    hundreds of times slower, which nobody wants silently."""
+    import warnings
+
+    if "cpu" in _WARNED or torch.cuda.is_available():
+        return
+    gpus = sorted(Path("/dev").glob("nvidia[0-9]*")) if Path("/dev").is_dir() else []
+    if not gpus and not Path("/proc/driver/nvidia").exists():
+        return
+    _WARNED.add("cpu")
+    why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
+           else f"torch built for CUDA {torch.version.cuda} cannot use them (driver too old? "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r})")
+    warnings.warn(f"this machine has NVIDIA GPUs ({len(gpus)} device files) but {why}: model.device=auto runs on "
+                  "the CPU; fix the install, or set model.device=cpu to mean it", RuntimeWarning, stacklevel=2)
 
 
 def _comm_device() -> torch.device:

@@ -37,6 +37,10 @@ def evaluate(
     """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
     evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``.
 
+    Under torchrun each rank answers its contiguous share of ``samples`` and the predictions are gathered,
+    in the order of ``samples``, so every rank returns the same metrics and predictions (every question
+    answered exactly once); every rank must call it with the same samples.
+
     ``consistency``: ``True`` or the settings of :func:`consistency_check` (``seed``, ``exclude_identity``,
     ``reuse_trace``) to add the option-shuffling check; ``shuffled_frames``: ``True`` or the settings of
     :func:`shuffled_frames_check` (``seed``) to also answer every video question from its frames in a random
@@ -52,10 +56,36 @@ def evaluate(
     if shuffled_frames is True:
         shuffled_frames = {}
 
+    from mmrl.distributed import world
+    from mmrl.rollout import rollout_session
+
+    w = world()
     accuracy = get_reward("accuracy")
     predictions: list[dict[str, Any]] = []
     unreadable: list[dict[str, Any]] = []
-    bar = tqdm(total=len(samples), desc=desc, unit="q", disable=not show_progress, leave=False)
+    mine = w.share(len(samples))
+    share = list(samples)[mine.start:mine.stop]
+    bar = tqdm(total=len(share), desc=desc, unit="q", disable=not show_progress, leave=False)
+    with rollout_session(service.backend):  # ZeRO-3: the weights gathered once; vLLM: the engine awake
+        _answer(service, share, accuracy, predictions, unreadable, bar, max_new_tokens=max_new_tokens,
+                batch_size=batch_size, skip_bad=skip_bad, consistency=consistency, shuffled_frames=shuffled_frames)
+    bar.close()
+    if w.active:  # every rank's share, in the order of ``samples``
+        parts = w.gather((predictions, unreadable))
+        predictions = [p for part, _ in parts for p in part]
+        unreadable = [u for _, part in parts for u in part]
+    metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)
+    if consistency not in (None, False):
+        metrics["consistency"] = summarize_consistency(predictions)
+    if shuffled_frames not in (None, False):
+        metrics["shuffled_frames"] = summarize_shuffled_frames(predictions)
+    return metrics, predictions
+
+
+def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, predictions: list[dict[str, Any]],
+            unreadable: list[dict[str, Any]], bar: Any, *, max_new_tokens: int, batch_size: int, skip_bad: bool,
+            consistency: Any, shuffled_frames: Any) -> None:
+    """Answer ``samples`` in batches, appending their prediction rows (and the unreadable ones)."""
     for start in range(0, len(samples), batch_size):
         chunk = list(samples[start:start + batch_size])
         kept = []
@@ -79,13 +109,6 @@ def evaluate(
                 shuffled_frames_check(service, kept, rows, max_new_tokens=max_new_tokens, **dict(shuffled_frames))
             predictions.extend(rows)
         bar.update(len(chunk))
-    bar.close()
-    metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)
-    if consistency not in (None, False):
-        metrics["consistency"] = summarize_consistency(predictions)
-    if shuffled_frames not in (None, False):
-        metrics["shuffled_frames"] = summarize_shuffled_frames(predictions)
-    return metrics, predictions
 
 
 def shuffled_frames_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,

@@ -115,13 +115,17 @@ def _require(policy_or_model: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ save / load
-def save_adapters(policy: Any, folder: str | Path) -> Path:
-    """The adapters in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``)."""
+def save_adapters(policy: Any, folder: str | Path, *, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """The adapters in PEFT format (``adapter_config.json``, ``adapter_model.safetensors``). ``state``: the
+    adapter weights by the model's parameter names where the live model does not hold them (ZeRO-3)."""
     wrapper = _require(policy)
     folder = Path(folder)
     readme = folder / "README.md"
     had_readme = readme.exists()
-    wrapper.save_pretrained(str(folder), safe_serialization=True)
+    kwargs: dict[str, Any] = {}
+    if state is not None:  # PEFT reads them under its wrapper's names
+        kwargs["state_dict"] = {f"base_model.model.{k}": v for k, v in state.items()}
+    wrapper.save_pretrained(str(folder), safe_serialization=True, **kwargs)
     if not had_readme and readme.exists():
         readme.unlink()  # PEFT's model-card stub: nothing to say that the config does not
     return folder
@@ -258,35 +262,24 @@ class AdapterReference:
 # ------------------------------------------------------------------------------------------ export
 def merged_state_dict(policy: Any) -> dict[str, torch.Tensor]:
     """The model's weights under the base model's parameter names with every adapter merged in (W + BA *
-    alpha / r, computed in fp32 and stored in W's dtype), on the CPU for the merged layers; the live model
-    is left as it is."""
+    alpha / r, computed in fp32 on the device and stored in W's dtype; :func:`mmrl.weights.stream_weights`),
+    copied to the CPU; the live model is left as it is."""
+    from mmrl.weights import stream_weights
+
     model = _model(policy)
     _require(model)
-    state = model.state_dict()
-    merged: dict[str, torch.Tensor] = {}
-    layers = {name: m for name, m in model.named_modules() if _is_lora_layer(m)}
-    for key, value in state.items():
-        if ".lora_" in key or ".lora_magnitude_vector" in key:
-            continue
-        owner, _, leaf = key.rpartition(".base_layer.")
-        if owner and owner in layers:
-            if leaf == "weight":
-                layer = layers[owner]
-                with torch.no_grad():
-                    delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
-                    value = (value.float() + delta).to(value.dtype).cpu()
-            merged[f"{owner}.{leaf}"] = value
-        else:
-            merged[key] = value
-    return merged
+    return {name: t.to("cpu", copy=True) for name, t in stream_weights(model, merge_lora=True)}
 
 
-def merged_export(policy: Any, processor: Any, folder: str | Path) -> Path:
+def merged_export(policy: Any, processor: Any, folder: str | Path, *,
+                  state: dict[str, torch.Tensor] | None = None) -> Path:
     """A plain Hugging Face model folder (config, merged safetensors weights, processor) that
-    ``AutoModelForImageTextToText.from_pretrained`` loads, written without changing the live model."""
+    ``AutoModelForImageTextToText.from_pretrained`` loads, written without changing the live model.
+    ``state``: the merged weights where the live model does not hold them (ZeRO-3)."""
     model = _model(policy)
     folder = Path(folder)
-    model.save_pretrained(folder, state_dict=merged_state_dict(model), safe_serialization=True)
+    model.save_pretrained(folder, state_dict=state if state is not None else merged_state_dict(model),
+                          safe_serialization=True)
     if processor is not None:
         processor.save_pretrained(folder)
     return folder

@@ -56,6 +56,8 @@ class Updater:
 
     optimizer: torch.optim.Optimizer  # the LR scheduler drives its param_groups
     world: World
+    partitioned = False
+    """The parameters are sharded over ranks (ZeRO-3): read them through :meth:`gather_params`."""
 
     def backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError
@@ -85,6 +87,14 @@ class Updater:
         """The model's whole weights readable inside (ZeRO-3 gathers them; every rank must enter). With
         ``modify``, rank 0's changes to them are kept (and sent to every rank) on leaving."""
         yield
+
+    def gather_params(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager:
+        """``params`` whole inside (ZeRO-3 gathers them: every rank must enter alike)."""
+        return contextlib.nullcontext()
+
+    def gathered_for_generation(self) -> contextlib.AbstractContextManager:
+        """The model whole, and its forward free of collectives, for generation (ZeRO-3)."""
+        return contextlib.nullcontext()
 
     def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """The KL reference model as this updater keeps it (ZeRO-3: sharded like the policy)."""
@@ -118,20 +128,38 @@ class LocalUpdater(Updater):
         loss.backward()
 
     def step(self) -> float | None:
-        grads = [p.grad for p in self.params if p.grad is not None]
         if self.world.active:
             _sum_over_ranks(self.params)
-        targets = self.master if self.master is not None else self.params
-        if self.master is not None:
-            for m, p in zip(self.master, self.params):
-                m.grad = None if p.grad is None else p.grad.detach().float()
-        norm = torch.nn.utils.clip_grad_norm_(targets, self.max_grad_norm) if grads else torch.tensor(0.0)
+        if self.master is None:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm) if grads else torch.tensor(0.0)
+            if not bool(torch.isfinite(norm)):
+                return None
+            self.optimizer.step()
+            return float(norm)
+        # fp32 masters: the bf16 gradients are cast into the masters' a few tensors at a time, each bf16
+        # gradient freed once cast, and the optimizer steps those masters before the next are cast, so the
+        # update never holds a second, fp32 copy of every gradient (peak: weights 2 + bf16 gradients 2 +
+        # masters 4 + moments 8 bytes per parameter, plus one chunk)
+        norm = _total_norm([p.grad for p in self.params if p.grad is not None])
         if not bool(torch.isfinite(norm)):
             return None
-        self.optimizer.step()
-        if self.master is not None:
+        # as torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), never up
+        coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+        for chunk in _chunks_by_size(list(zip(self.master, self.params)), MASTER_CHUNK_ELEMENTS):
+            stepped = []
+            for m, p in chunk:
+                if p.grad is None:
+                    continue
+                m.grad = p.grad.detach().float().mul_(coef.to(p.grad.device))
+                p.grad = None
+                stepped.append((m, p))
+            if not stepped:
+                continue
+            self.optimizer.step()  # steps the masters that hold a gradient: this chunk's
             with torch.no_grad():
-                for m, p in zip(self.master, self.params):
+                for m, p in stepped:
+                    m.grad = None
                     p.copy_(m)  # rounded to the model's dtype
         return float(norm)
 
@@ -157,8 +185,38 @@ class LocalUpdater(Updater):
                     p.copy_(m)
 
 
+MASTER_CHUNK_ELEMENTS = 1 << 24  # gradient elements cast to fp32 and stepped at a time (64 MB in fp32)
+REDUCE_BUCKET_ELEMENTS = 1 << 25  # gradient elements all-reduced in one flat buffer
+
+
+def _chunks_by_size(items: list[Any], limit: int) -> Iterator[list[Any]]:
+    """Consecutive runs of ``(master, param)`` pairs (or parameters) of at most ``limit`` elements each (a
+    larger tensor is a run of its own)."""
+    run: list[Any] = []
+    size = 0
+    for item in items:
+        n = (item[1] if isinstance(item, tuple) else item).numel()
+        if run and size + n > limit:
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += n
+    if run:
+        yield run
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of ``grads`` in fp32, one tensor at a time (no fp32 copy of a bf16 gradient)."""
+    if not grads:
+        return torch.tensor(0.0)
+    dev = grads[0].device
+    norms = [torch.linalg.vector_norm(g.detach(), 2, dtype=torch.float32).to(dev) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms), 2)
+
+
 def _sum_over_ranks(params: list[torch.nn.Parameter]) -> None:
-    """Sum the gradients over ranks in a few flat buckets (a missing gradient counts as zeros)."""
+    """Sum the gradients over ranks in flat buckets of at most :data:`REDUCE_BUCKET_ELEMENTS` (a missing
+    gradient counts as zeros)."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -166,13 +224,15 @@ def _sum_over_ranks(params: list[torch.nn.Parameter]) -> None:
     for p in params:
         by_dtype.setdefault(p.grad.dtype, []).append(p)
     for group in by_dtype.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in group])
-        torch.distributed.all_reduce(flat)
-        offset = 0
-        for p in group:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+        for bucket in _chunks_by_size(group, REDUCE_BUCKET_ELEMENTS):
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            torch.distributed.all_reduce(flat)
+            offset = 0
+            for p in bucket:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+            del flat
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed
@@ -257,6 +317,10 @@ class DeepSpeedUpdater(Updater):
             raise MmrlError(f"{folder}: no DeepSpeed optimizer state (deepspeed/); was this checkpoint written by a "
                             "run without train.deepspeed?")
 
+    @property
+    def partitioned(self) -> bool:  # type: ignore[override]
+        return self.stage == 3
+
     @contextlib.contextmanager
     def full_weights(self, modify: bool = False) -> Iterator[None]:
         if self.stage == 3:
@@ -267,6 +331,46 @@ class DeepSpeedUpdater(Updater):
                 yield
         else:
             yield
+
+    def gather_params(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager:
+        if self.stage != 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+    @contextlib.contextmanager
+    def gathered_for_generation(self) -> Iterator[None]:
+        """ZeRO-3: every parameter gathered once (one collective pass over the model on entering), and
+        ZeRO-3's module hooks, which would fetch and release each module's weights at each of its calls, off
+        until leaving; generation then runs on local weights and each rank may make its own calls. As TRL's
+        ``unwrap_model_for_generation`` (trl/models/utils.py: ``remove_hooks`` / ``add_hooks``). The whole
+        model is on every device for the block (bf16 7B: 15 GB)."""
+        if self.stage != 3:
+            yield
+            return
+        import deepspeed
+
+        offload = self.engine.optimizer.parameter_offload  # ZeRO-3's hook owner (DeepSpeedZeRoOffload)
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+            for p in self.model.parameters():
+                p.ds_active_sub_modules.clear()
+            for hook in [*offload.forward_hooks, *offload.backward_hooks]:
+                hook.remove()
+            offload.forward_hooks, offload.backward_hooks = [], []
+            # TRL leaves the root's start-of-forward hook in place; while the coordinator re-traces it compares
+            # the ranks' step counters with broadcasts, so ranks generating different numbers of tokens would
+            # wait on each other forever: it goes too, and comes back first on leaving
+            offload.fwd_pre_hook.remove()
+            try:
+                yield
+            finally:
+                coordinator = offload.get_param_coordinator()
+                if not coordinator.is_invalid_trace():  # the module order it traced no longer holds
+                    coordinator._invalidate_trace()
+                offload.fwd_pre_hook = offload.module.register_forward_pre_hook(
+                    lambda module, *args: offload.get_param_coordinator().reset_step())
+                offload._register_deepspeed_module(offload.module)
 
     def wrap_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.stage != 3:

@@ -130,9 +130,15 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto``: the first CUDA device when there is one, else the CPU."""
+    """``auto``: the first CUDA device when there is one, else the CPU (with a warning when the machine has
+    GPUs that CUDA cannot use: :func:`mmrl.distributed.warn_cpu_fallback`)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        from mmrl.distributed import warn_cpu_fallback
+
+        warn_cpu_fallback()
+        return torch.device("cpu")
     return torch.device(device)
 
 
@@ -162,18 +168,18 @@ class Policy:
         self.family: str = model.config.model_type
         self.base = model.model  # the Qwen-VL base model: .visual, .language_model, get_rope_index
         self.media: dict[str, EncodedMedia] = MediaStore()
-        self._calls = _CallCounter()  # vision-tower forward calls, for tests and benchmarks
+        self._calls = _CallCounter()  # media items the vision tower encoded, and its forward calls
         self.share_vision_features = True
         # Vision features reused across passes while the tower is unchanged (see vision_features)
         self.cache_vision_features = True
         self._weights_epoch = 0  # bumped by weights_changed()
         self._tower_memo: tuple[Any, str] | None = None  # (tower state, content digest) of a frozen tower
-        # ZeRO-3 across ranks: every rank keeps stepping generation until all are done (its parameters are
-        # gathered from the others at every forward)
-        self.synced_generation = False
+        # ZeRO-3 across ranks (the trainer sets it): every forward pass makes the same module calls on every
+        # rank, whatever its data (see :attr:`rank_invariant`)
+        self.rank_invariant = False
         # The hook holds a small counter, not this Policy: a copy of the model (the reference) must not
         # drag a second Policy (processor, media) along.
-        self.base.visual.register_forward_hook(self._calls)
+        self.base.visual.register_forward_hook(self._calls, with_kwargs=True)
         params = inspect.signature(self.base.get_rope_index).parameters
         self._rope_takes_seconds = "second_per_grid_ts" in params  # read before install() replaces it
         # M-RoPE by the pre-training rule in the model's own forward and generate too (see mmrl.rope)
@@ -194,6 +200,34 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    # Set by the trainer under ZeRO-3 (the updater's gathered_for_generation): a context in which the whole
+    # weights are local and forward passes make no collectives.
+    gather_for_generation: Any = None
+    # Set by the trainer under ZeRO-3 (the updater's gather_params): ``gather_params(params)`` is a context in
+    # which those parameters are whole (mmrl.weights.stream_weights reads the weights through it).
+    gather_params: Any = None
+    _generation_depth: int = 0
+
+    @contextlib.contextmanager
+    def generation_weights(self) -> Iterator[None]:
+        """Inside, generation runs on the whole weights without collectives: under ZeRO-3 they are gathered
+        once on entering (a collective: every rank enters together) and released on leaving, as TRL's
+        ``unwrap_model_for_generation`` does, instead of a gather per module per generated token.
+        Re-entrant (an inner block costs nothing); nothing to do without ZeRO-3."""
+        if self.gather_for_generation is None or self._generation_depth:
+            self._generation_depth += 1
+            try:
+                yield
+            finally:
+                self._generation_depth -= 1
+            return
+        with self.gather_for_generation():
+            self._generation_depth += 1
+            try:
+                yield
+            finally:
+                self._generation_depth -= 1
 
     @contextlib.contextmanager
     def inference(self) -> Iterator[None]:
@@ -218,11 +252,17 @@ class Policy:
 
     @property
     def vision_calls(self) -> int:
+        """Media items the vision tower encoded (through this model), over its life."""
         return self._calls.n
 
     @vision_calls.setter
     def vision_calls(self, value: int) -> None:
         self._calls.n = value
+
+    @property
+    def tower_calls(self) -> int:
+        """Forward calls of the vision tower (one per pass that encodes anything; dummy calls included)."""
+        return self._calls.calls
 
     # ----------------------------------------------------------------------------------------- freezing
     def set_trainable(self, *, vision: bool = True, merger: bool = True, llm: bool = True) -> None:
@@ -348,10 +388,10 @@ class Policy:
           the policy, whose frozen tower never changes) included.
         * A **trainable** tower: only passes without gradient use the cache, tagged by this model, the tower
           state, :meth:`weights_changed`'s count and train/eval mode; passes with gradient run the tower.
-        * Never with ``cache_vision_features`` or ``share_vision_features`` off, under ZeRO-3 (parameters
-          are gathered per forward), or in train mode for a tower with dropout.
+        * Never with ``cache_vision_features`` or ``share_vision_features`` off, under :attr:`rank_invariant`
+          (ZeRO-3: every pass runs the tower once on every rank), or in train mode for a tower with dropout.
         """
-        if not (self.cache_vision_features and self.share_vision_features) or self.synced_generation:
+        if not (self.cache_vision_features and self.share_vision_features) or self.rank_invariant:
             return None
         visual = self.base.visual
         tensors = [*visual.parameters(), *visual.buffers()]
@@ -368,41 +408,70 @@ class Policy:
         return ("frozen", self._tower_memo[1], adapters)
 
     def vision_features(self, keys: Iterable[str]) -> dict[str, tuple[torch.Tensor, list[torch.Tensor]]]:
-        """Run the vision tower once per unique key: key -> (merged embeddings, deepstack features).
+        """Encode each unique key's media: key -> (merged embeddings, deepstack features).
 
-        Features are cached on the media items under :meth:`_feature_tag` and reused by later passes with
-        the same tag (rollout, reference, old log-probs and, for a frozen tower, the update), until the
-        media are cleared at the end of the step."""
+        The media not cached yet go through the vision tower in **one** call (images and videos together:
+        the tower treats every item by its own grid). Features are cached on the media items under
+        :meth:`_feature_tag` and reused by later passes with the same tag (rollout, reference, old log-probs
+        and, for a frozen tower, the update), until the media are cleared at the end of the step."""
+        return self._vision(keys)[0]
+
+    def _vision(self, keys: Iterable[str]) -> tuple[dict[str, tuple[torch.Tensor, list[torch.Tensor]]],
+                                                     torch.Tensor | None]:
+        """:meth:`vision_features` and an *anchor*: under :attr:`rank_invariant` a pass with nothing to encode
+        still runs the tower once, on a dummy input, and the anchor (0 times its output) must join the pass's
+        result so that the tower's backward runs on every rank too (else None)."""
         tag = self._feature_tag()
         feats: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        todo: list[str] = []
         for key in dict.fromkeys(keys):
-            m = self.media[key]
-            cached = m.features.get(tag) if tag is not None else None
+            cached = self.media[key].features.get(tag) if tag is not None else None
             if cached is not None:
                 feats[key] = cached
-                continue
-            grid = m.grid_thw.view(1, 3).to(self.device)
-            pixels = m.pixel_values.to(self.device)
-            if m.kind == "image":
-                out = self.base.get_image_features(pixels, grid, return_dict=True)
             else:
-                out = self.base.get_video_features(pixels, grid, return_dict=True)
-            embeds = out.pooler_output[0]
-            deep = [d[0] for d in getattr(out, "deepstack_features", None) or []]
-            if isinstance(self.media, MediaStore):
-                self.media.vision_calls += 1
+                todo.append(key)
+        if not todo:
+            return feats, (self._dummy_tower() if self.rank_invariant else None)
+        items = [self.media[k] for k in todo]
+        pixels = torch.cat([m.pixel_values for m in items]).to(self.device)
+        grids = torch.stack([m.grid_thw for m in items]).to(self.device)
+        out = self.base.get_image_features(pixels, grids, return_dict=True)  # the tower videos go through too
+        deepstack = getattr(out, "deepstack_features", None) or []
+        if isinstance(self.media, MediaStore):
+            self.media.vision_calls += len(items)
+        for i, (key, m) in enumerate(zip(todo, items)):
+            embeds, deep = out.pooler_output[i], [d[i] for d in deepstack]
             feats[key] = (embeds, deep)
             if tag is not None:
                 if tag[0] == "live":  # this model's features from before its weights changed are stale
                     m.features = {t: f for t, f in m.features.items() if t[0] != "live" or t[1] != tag[1]}
                 m.features[tag] = (embeds.detach(), [d.detach() for d in deep])
-        return feats
+        return feats, None
 
-    def _encoder_outputs(self, seqs: Sequence[TokenSeq]) -> dict[str, Any]:
+    def _dummy_tower(self) -> torch.Tensor:
+        """Run the vision tower on the smallest input it takes (one merged token of zeros) and return 0 times
+        its output: the same module calls as a real pass, for ranks that have no media in it (ZeRO-3)."""
+        visual = self.base.visual
+        cfg = visual.config
+        merge = int(getattr(cfg, "spatial_merge_size", 2))
+        patch = int(cfg.in_channels) * int(cfg.temporal_patch_size) * int(cfg.patch_size) ** 2
+        grid = torch.tensor([[1, merge, merge]], device=self.device)
+        pixels = torch.zeros(merge * merge, patch, device=self.device)
+        self._calls.counting = False  # not a media item
+        try:
+            out = self.base.get_image_features(pixels, grid, return_dict=True)
+        finally:
+            self._calls.counting = True
+        parts = [*out.pooler_output, *(d for layer in getattr(out, "deepstack_features", None) or [] for d in layer)]
+        return sum(p.sum() for p in parts) * 0.0
+
+    def _encoder_outputs(self, seqs: Sequence[TokenSeq]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """The ``mm_encoder_outputs`` of ``seqs`` and :meth:`_vision`'s anchor."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-        if self.share_vision_features:
-            feats = self.vision_features(k for s in seqs for k in s.media)
+        anchor = None
+        if self.share_vision_features or self.rank_invariant:
+            feats, anchor = self._vision(k for s in seqs for k in s.media)
         else:  # one tower run per occurrence, as the peer frameworks do (for benchmarks)
             feats = None
         outputs: dict[str, Any] = {}
@@ -416,7 +485,7 @@ class Policy:
                 out["deepstack_features"] = [tuple(f[1][layer] for f in per_item)
                                              for layer in range(len(per_item[0][1]))]
             outputs[kind] = out
-        return outputs
+        return outputs, anchor
 
     def _grid_kwargs(self, seqs: Sequence[TokenSeq]) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -506,21 +575,31 @@ class Policy:
         use_shared = self.shared_prefix_forward if shared_prefix is None else shared_prefix
         # share_vision_features off is the peer-framework baseline (every sequence on its own, its media
         # encoded per occurrence): the padded path
-        plan = self._prefix_plan(seqs) if use_shared and self.share_vision_features else None
+        plan = self._prefix_plan(seqs) if use_shared and (self.share_vision_features or self.rank_invariant) \
+            else None
+        if plan is None and use_shared and self.rank_invariant:  # the same two passes on every rank
+            plan = [([i], 0) for i in range(len(seqs))]
         if plan is not None:
             hidden_rows = self._shared_prefix_hidden(seqs, batch, position_ids, plan, rows, cols)
         else:
-            encoder_outputs = self._encoder_outputs(seqs)
+            encoder_outputs, anchor = self._encoder_outputs(seqs)
             out = self.base(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=position_ids,
                 mm_token_type_ids=batch["mm_token_type_ids"], mm_encoder_outputs=encoder_outputs or None,
                 use_cache=False,
             )
             hidden_rows = out.last_hidden_state[rows, cols - 1]
-        chunk = self.logprob_chunk_tokens if chunk_tokens is None else chunk_tokens
+            if anchor is not None:
+                hidden_rows = hidden_rows + anchor
+        chunk = (self.logprob_chunk_tokens if chunk_tokens is None else chunk_tokens) or 0
+        calls = 0
+        if self.rank_invariant and chunk > 0:  # as many LM-head calls as the rank that needs the most
+            from mmrl.distributed import world
+
+            calls = world().max_int(-(-int(rows.numel()) // chunk))
         lp, ent = _token_logprobs(self.model.lm_head, hidden_rows, batch["input_ids"][rows, cols],
                                   temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                  chunk=chunk or 0)
+                                  chunk=chunk, calls=calls)
         logps = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), lp)
         entropies = None
         if ent is not None:
@@ -622,20 +701,34 @@ class Policy:
         pre_pos = position_ids[:, src, :width] * keep
         pre_seqs = [replace(seqs[i], ids=seqs[i].ids[:k], mm_types=seqs[i].mm_types[:k],
                             loss_mask=seqs[i].loss_mask[:k]) for i, k in zip(pre_src, pre_len)]
-        encoder_outputs = self._encoder_outputs(pre_seqs)
+        encoder_outputs, anchor = self._encoder_outputs(pre_seqs)
         recorded = recorder_cls()
+        second_pass = bool(suf_src) or self.rank_invariant  # rank-invariant: pass 2 runs on every rank
         with self._cache_under_checkpointing():
             out = self.base(input_ids=pre_ids, attention_mask=pre_attn, position_ids=pre_pos,
                             mm_token_type_ids=pre_types, mm_encoder_outputs=encoder_outputs or None,
-                            past_key_values=recorded if suf_src else None, use_cache=False)
+                            past_key_values=recorded if second_pass else None, use_cache=False)
         pre_hidden = out.last_hidden_state
+        if anchor is not None:
+            pre_hidden = pre_hidden + anchor
         # where each (row, col - 1) lies: in pass 1's rows or in pass 2's
         pos = cols - 1
         split = torch.tensor(row_split, device=dev)[rows]
         in_pre = pos < split
         pre_index = torch.tensor(row_pre, device=dev)[rows] * width + pos
         if not suf_src:
-            return pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index]
+            hidden = pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index]
+            if second_pass:  # a one-token dummy continuation, attending to nothing of pass 1's
+                owner = torch.zeros(1, dtype=torch.long, device=dev)
+                attn = torch.cat([torch.zeros_like(pre_attn[:1]), torch.ones(1, 1, dtype=pre_attn.dtype, device=dev)],
+                                 dim=1)
+                with self._cache_under_checkpointing():
+                    dummy = self.base(input_ids=torch.full((1, 1), self.pad_id, device=dev), attention_mask=attn,
+                                      position_ids=position_ids[:, :1, :1] * 0,
+                                      mm_token_type_ids=torch.zeros(1, 1, dtype=torch.long, device=dev),
+                                      past_key_values=reader_cls(recorded, owner), use_cache=False)
+                hidden = hidden + dummy.last_hidden_state.sum() * 0.0
+            return hidden
         starts = torch.tensor([row_split[i] for i in suf_src], device=dev)
         ends = torch.tensor([lengths[i] for i in suf_src], device=dev)
         suf_width = int((ends - starts).max())
@@ -681,7 +774,7 @@ class Policy:
         from transformers import GenerationConfig
 
         batch = self.pad(seqs, left=True)
-        encoder_outputs = self._encoder_outputs(seqs)
+        encoder_outputs, _ = self._encoder_outputs(seqs)
         # Finished rows are padded with a suppressed token (never sampled), so padding can never be
         # mistaken for a sampled EOS (the tokenizer's pad, <|endoftext|>, is an EOS of Qwen checkpoints).
         fill = self.suppress_ids[0] if self.suppress_ids else self.pad_id
@@ -705,8 +798,6 @@ class Policy:
         if encoder_outputs:
             kwargs["mm_encoder_outputs"] = encoder_outputs
             kwargs.update(self._grid_kwargs(seqs))
-        if self.synced_generation:
-            kwargs["synced_gpus"] = True
         out = self.model.generate(**kwargs)
         prompt_len = batch["input_ids"].shape[1]
         new = out.sequences[:, prompt_len:].cpu()
@@ -782,12 +873,14 @@ def _prefix_caches() -> tuple[type, type]:
 
 # ---------------------------------------------------------------------------------------- log-probs
 def _token_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    *, with_entropy: bool, entropy_grad: bool, chunk: int
+                    *, with_entropy: bool, entropy_grad: bool, chunk: int, calls: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) fp32 log-probs of ``targets`` (and entropies) under ``lm_head(hidden) / temperature``.
 
     ``chunk`` > 0: ``chunk`` rows at a time, each under non-reentrant activation checkpointing, so forward
     and backward hold one chunk's full-vocabulary tensors at a time; 0: the full log-softmax at once.
+    ``calls``: call the LM head at least this many times, the extra calls on one dummy row whose result
+    joins the output times 0 (ZeRO-3: every rank makes the same calls, forward and backward).
     """
     if chunk <= 0:
         return _full_logprobs(lm_head, hidden, targets, temperature, with_entropy=with_entropy,
@@ -795,7 +888,15 @@ def _token_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: tor
     graph = torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
     logps, ents = [], []
-    for h, t in zip(hidden.split(chunk), targets.split(chunk)):
+    pieces = list(zip(hidden.split(chunk), targets.split(chunk)))
+    anchor = None
+    for _ in range(max(0, calls - len(pieces))):
+        # in the graph of ``hidden`` (when it has one), so the LM head's backward runs for it too
+        h = hidden.new_zeros(1, hidden.shape[-1]) + hidden.sum() * 0.0
+        fn = _ChunkLogprobs(lm_head, temperature, False)
+        out = checkpoint(fn, h, targets.new_zeros(1), use_reentrant=False) if graph else fn(h, targets.new_zeros(1))
+        anchor = out.sum() * 0.0 if anchor is None else anchor + out.sum() * 0.0
+    for h, t in pieces:
         if with_entropy and entropy_grad:
             fn: Any = functools.partial(_chunk_logprobs_with_entropy, lm_head, temperature=temperature)
         else:
@@ -809,8 +910,11 @@ def _token_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: tor
             ents.append(out[1])
     if not logps:  # nothing masked
         empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+        if anchor is not None:
+            empty = empty + anchor
+        return empty, (hidden.new_zeros(0, dtype=torch.float32) if with_entropy else None)
+    lp = torch.cat(logps)
+    return (lp if anchor is None else lp + anchor), (torch.cat(ents) if with_entropy else None)
 
 
 def _full_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -915,13 +1019,20 @@ def _weights_digest(module: torch.nn.Module, device: torch.device) -> str:
 
 
 class _CallCounter:
-    """A forward hook that counts calls."""
+    """A forward hook on the vision tower: ``n`` counts the media items it encoded (the rows of its
+    ``grid_thw``; dummy calls are not counted), ``calls`` its forward calls."""
 
     def __init__(self) -> None:
         self.n = 0
+        self.calls = 0
+        self.counting = True
 
-    def __call__(self, *_: Any) -> None:
-        self.n += 1
+    def __call__(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        self.calls += 1
+        if not self.counting:
+            return
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        self.n += int(grid.shape[0]) if isinstance(grid, torch.Tensor) and grid.dim() == 2 else 1
 
 
 def checkpointing_switch(model: torch.nn.Module, on: bool) -> None:

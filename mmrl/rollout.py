@@ -11,7 +11,8 @@ as a user turn whose tokens are masked out of the loss) or ``None`` to end the e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,12 +32,24 @@ class SamplingParams:
     """Keep the sampling log-probability of every generated token."""
     entropies: bool = False
     """Keep the entropy of the sampling distribution at every generated token."""
+    seed: int | None = None
+    """A random stream of the call's own (``rollout.seed_per_prompt``): the HF backend's caller seeds torch's
+    generators with it; vLLM gives each request a seed drawn from it."""
 
 
 class RolloutBackend(Protocol):
     def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: SamplingParams) -> list[list[Generation]]:
         """``n`` continuations for each sequence, with per-token log-probabilities."""
         ...
+
+
+def rollout_session(backend: Any) -> contextlib.AbstractContextManager:
+    """A block of generation that every rank enters together (the trainer's rollouts and rewards of a step,
+    an evaluation): the backend's ``session()`` where it has one (HF under ZeRO-3: the weights gathered once
+    for the whole block; vLLM: the engine awake with the current weights), else nothing. Re-entrant: a
+    session inside a session costs nothing."""
+    session = getattr(backend, "session", None)
+    return session() if session is not None else contextlib.nullcontext()
 
 
 class HFBackend:
@@ -52,10 +65,16 @@ class HFBackend:
         self.max_batch = max_batch
         self.record_logprobs = record_logprobs
 
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """The policy's weights whole for the block (ZeRO-3: gathered once, :meth:`Policy.generation_weights`)."""
+        with self.policy.generation_weights():
+            yield
+
     def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: SamplingParams) -> list[list[Generation]]:
         out: list[list[Generation]] = []
         per_call = max(1, self.max_batch // max(1, n))
-        with self.policy.inference():
+        with self.session(), self.policy.inference():
             for start in range(0, len(seqs), per_call):
                 out.extend(self.policy.generate(
                     seqs[start:start + per_call], max_new_tokens=params.max_new_tokens,
@@ -82,6 +101,17 @@ register_backend = BACKENDS.register
 
 def make_backend(name: str, policy: Policy, **kwargs: Any) -> RolloutBackend:
     return BACKENDS.get(name)(policy, **kwargs)
+
+
+def backend_from_config(cfg: Any, policy: Policy) -> RolloutBackend:
+    """The rollout backend of a run configuration (:class:`mmrl.config.RunConfig`): ``rollout.backend`` with
+    its settings (``rollout.vllm`` for vLLM)."""
+    r = cfg.rollout
+    if r.backend == "vllm":
+        from mmrl.vllm_backend import settings_from_config
+
+        return make_backend("vllm", policy, **settings_from_config(cfg, policy))
+    return make_backend(r.backend, policy)
 
 
 # ------------------------------------------------------------------------------------------ environments

@@ -265,10 +265,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         seed_everything(cfg.train.seed + 2)
         trainer.resume()
         trainer.train()
-        with trainer.updater.full_weights():  # ZeRO-3: gathered from every rank
-            if w.is_main:
-                save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
-        w.barrier()
+        trainer.export(run_dir / "final")  # ZeRO-3: one module at a time, to rank 0
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
                             "skipped_samples": trainer.skipped_samples})
     else:

@@ -91,10 +91,10 @@ class RolloutService:
                     preparer: MediaPreparer | None = None) -> RolloutService:
         """The service of a run configuration (:class:`mmrl.config.RunConfig`): its backend, media,
         prompt and rollout settings."""
-        from mmrl.rollout import make_backend
+        from mmrl.rollout import backend_from_config
 
         r = cfg.rollout
-        return cls(policy, backend or make_backend(r.backend, policy),
+        return cls(policy, backend or backend_from_config(cfg, policy),
                    preparer or MediaPreparer(cfg.data.media, family=policy.family), cfg.prompt,
                    max_new_tokens=cfg.eval.max_new_tokens or r.max_new_tokens, temperature=r.temperature,
                    top_p=r.top_p, top_k=r.top_k, stop=r.stop)

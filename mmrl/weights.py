@@ -1,0 +1,108 @@
+"""The model's weights one module at a time: the one place the checkpoint writer, the final export and the
+vLLM weight push read them from.
+
+Under DeepSpeed ZeRO-3 every rank holds a shard of each parameter; :func:`stream_weights` gathers one module's
+parameters at a time (every rank must iterate alike: the gathers are collectives), so no rank ever holds more
+than one module's whole weights beside its shards. A model with LoRA adapters (PEFT, :mod:`mmrl.lora`) is
+streamed merged: each LoRA layer's base weight plus ``B @ A * alpha / r``, computed on the device from that
+layer's gathered weights, under the base model's parameter names.
+
+The tensors an iteration yields are valid until the next one (ZeRO-3 releases the gathered module when the
+iteration moves on): a consumer copies what it keeps (:func:`collect_on_main` copies to the CPU on rank 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+
+Gather = Callable[[list[torch.nn.Parameter]], contextlib.AbstractContextManager]
+
+
+def _no_gather(params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    if not any(".lora_" in n for n, _ in model.named_parameters()):
+        return {}
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def stream_weights(model: torch.nn.Module, *, gather: Gather | None = None, merge_lora: bool = True,
+                   select: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every parameter and persistent buffer of ``model``, named as its
+    ``state_dict()`` names them, one module at a time, each module's parameters gathered by ``gather`` (the
+    updater's :meth:`~mmrl.optim.Updater.gather_params`; None: read as they are).
+
+    ``merge_lora`` (a model with LoRA adapters): each LoRA layer yields its base weight with the adapters
+    merged in, under the base name (``q_proj.weight``, not ``q_proj.base_layer.weight``), and no adapter
+    weights; off: the model's own names and tensors, adapters included. ``select(name)``: only these names
+    (a module none of whose names is selected is not gathered at all). A parameter shared by two modules
+    (tied input and output embeddings) comes once, under its first name, as ``named_parameters`` has it."""
+    gather = gather or _no_gather
+    seen: set[int] = set()
+    lora = _lora_layers(model) if merge_lora else {}
+    skip_under = tuple(f"{name}." for name in lora)
+    for prefix, module in model.named_modules():
+        if prefix and prefix.startswith(skip_under):
+            continue  # inside a LoRA layer already streamed merged
+        if prefix in lora:
+            yield from _merged_layer(prefix, module, gather, select)
+            continue
+        dot = f"{prefix}." if prefix else ""
+        params = [(f"{dot}{n}", p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for _, p in params)
+        buffers = [(f"{dot}{n}", b) for n, b in module.named_buffers(recurse=False)
+                   if n not in module._non_persistent_buffers_set]
+        if select is not None:
+            params = [(n, p) for n, p in params if select(n)]
+            buffers = [(n, b) for n, b in buffers if select(n)]
+        if params:
+            with gather([p for _, p in params]):
+                for name, p in params:
+                    yield name, p.detach()
+        for name, b in buffers:
+            yield name, b.detach()
+
+
+def _merged_layer(prefix: str, layer: torch.nn.Module, gather: Gather, select: Callable[[str], bool] | None
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A LoRA layer's base parameters, the weight with every active adapter merged in (fp32 sum, stored in
+    the weight's dtype), gathered together with the adapters."""
+    base = layer.base_layer
+    names = [(f"{prefix}.{n}", p) for n, p in base.named_parameters()]
+    if select is not None:
+        names = [(n, p) for n, p in names if select(n)]
+    if not names:
+        return
+    with gather(list(layer.parameters())):
+        for name, p in names:
+            if name == f"{prefix}.weight":
+                with torch.no_grad():
+                    delta = sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
+                    yield name, (p.detach().float() + delta).to(p.dtype)
+            else:
+                yield name, p.detach()
+
+
+def collect_on_main(stream: Iterator[tuple[str, torch.Tensor]], *, is_main: bool) -> dict[str, torch.Tensor] | None:
+    """Run ``stream`` to its end on every rank; rank 0 keeps a CPU copy of each tensor (the others keep
+    nothing and get None). Peak: the whole weights in host memory on rank 0, one module on the devices."""
+    if not is_main:
+        for _ in stream:
+            pass
+        return None
+    return {name: t.to("cpu", copy=True) for name, t in stream}
+
+
+def adapter_names(name: str) -> bool:
+    """``select`` for the LoRA adapter weights alone."""
+    return ".lora_" in name
+
+
+__all__ = ["Gather", "adapter_names", "collect_on_main", "stream_weights"]
