@@ -215,8 +215,8 @@ class VLLMConfig:
     refused with its sample named; the model's own 128k context would need a KV cache a 7B cannot spare."""
     tensor_parallel_size: int = 1
     """GPUs one engine spans (consecutive ranks form a group and share it; must divide the number of ranks)."""
-    enforce_eager: bool = False
-    """Skip CUDA graphs (less memory and a faster start, slower decoding)."""
+    enforce_eager: bool | None = None
+    """Skip CUDA graphs and compilation (less memory and a faster start, slower decoding); null: on CPUs only."""
     max_num_seqs: int | None = None
     """Sequences the engine decodes at once (null: vLLM's default)."""
     enable_sleep_mode: bool = False

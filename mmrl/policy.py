@@ -597,9 +597,12 @@ class Policy:
             from mmrl.distributed import world
 
             calls = world().max_int(-(-int(rows.numel()) // chunk))
+        # Under ZeRO-3 a frozen LM head (LoRA) comes back empty to a checkpointed recomputation in backward
+        # (measured with DeepSpeed 0.19.8: its weight is not gathered again there): its chunks keep their logits
+        recompute = self.gather_params is None or any(p.requires_grad for p in self.model.lm_head.parameters())
         lp, ent = _token_logprobs(self.model.lm_head, hidden_rows, batch["input_ids"][rows, cols],
                                   temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                  chunk=chunk, calls=calls)
+                                  chunk=chunk, calls=calls, recompute=recompute)
         logps = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), lp)
         entropies = None
         if ent is not None:
@@ -873,19 +876,20 @@ def _prefix_caches() -> tuple[type, type]:
 
 # ---------------------------------------------------------------------------------------- log-probs
 def _token_logprobs(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    *, with_entropy: bool, entropy_grad: bool, chunk: int, calls: int = 0
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    *, with_entropy: bool, entropy_grad: bool, chunk: int, calls: int = 0,
+                    recompute: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) fp32 log-probs of ``targets`` (and entropies) under ``lm_head(hidden) / temperature``.
 
     ``chunk`` > 0: ``chunk`` rows at a time, each under non-reentrant activation checkpointing, so forward
     and backward hold one chunk's full-vocabulary tensors at a time; 0: the full log-softmax at once.
     ``calls``: call the LM head at least this many times, the extra calls on one dummy row whose result
-    joins the output times 0 (ZeRO-3: every rank makes the same calls, forward and backward).
+    joins the output times 0 (ZeRO-3: every rank makes the same calls, forward and backward). ``recompute``
+    False: no checkpointing, each chunk keeps its logits for backward (more memory).
     """
     if chunk <= 0:
         return _full_logprobs(lm_head, hidden, targets, temperature, with_entropy=with_entropy,
                               entropy_grad=entropy_grad)
-    graph = torch.is_grad_enabled() and (
+    graph = recompute and torch.is_grad_enabled() and (
         hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
     logps, ents = [], []
     pieces = list(zip(hidden.split(chunk), targets.split(chunk)))

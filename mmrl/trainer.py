@@ -561,6 +561,8 @@ class GRPOTrainer:
         if batch.rollout_logprobs is not None:  # mean |training - rollout| log-prob per token
             gap = self.world.sum_stats({"sum": self._gap[0], "tokens": self._gap[1]})
             stats["rollout_logprob_gap"] = gap["sum"] / max(1.0, gap["tokens"])
+            if self.world.active:  # each rank's own engine: the worst rank's mean
+                stats["rollout_logprob_gap/worst_rank"] = max(self.world.gather(self._gap[0] / max(1.0, self._gap[1])))
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
         stats["skipped_updates"] = self.skipped_updates

@@ -120,7 +120,7 @@ class VLLMBackend:
 
     def __init__(self, policy: Policy, *, max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
                  kv_cache_gb: int = 1, max_media_per_prompt: int = 8, seed: int = 0, tensor_parallel_size: int = 1,
-                 enforce_eager: bool = True, max_num_seqs: int | None = None, enable_sleep_mode: bool = False,
+                 enforce_eager: bool | None = None, max_num_seqs: int | None = None, enable_sleep_mode: bool = False,
                  sleep_level: int = 1, engine_kwargs: dict[str, Any] | None = None):
         from mmrl.distributed import world
 
@@ -148,7 +148,8 @@ class VLLMBackend:
         engine_seed = int(seed) + w.rank // tp
         kwargs: dict[str, Any] = {
             "model": str(self.folder), "tokenizer": str(self.folder), "dtype": dtype, "seed": engine_seed,
-            "enforce_eager": enforce_eager, "enable_prefix_caching": True, "generation_config": "vllm",
+            "enforce_eager": (not torch.cuda.is_available()) if enforce_eager is None else bool(enforce_eager),
+            "enable_prefix_caching": True, "generation_config": "vllm",
             "logprobs_mode": "raw_logprobs", "tensor_parallel_size": tp, "limit_mm_per_prompt": {
                 "image": max_media_per_prompt, "video": max_media_per_prompt},
         }
