@@ -2,7 +2,9 @@
 
 The same global batch on two ranks must give the single-process run's loss at every step and its final
 weights (fp32 round-off apart); a run killed on both ranks after a checkpoint resumes and ends where the
-unkilled run ends; rank 0 alone writes the run folder.
+unkilled run ends; rank 0 alone writes the run folder. Data shaped as users' data is (images, videos of
+different lengths, a video asked twice, text-only questions, a corrupt video met mid-run, an uneven share of
+prompts, dynamic sampling, mini-batches) must not split the ranks' collectives under ZeRO-3.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from mixed_data import make_mixed, mixed_run
 from safetensors.torch import load_file
 from synthetic_media import weights
 
@@ -55,16 +58,19 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "TQDM_DISABLE": "1", "MMRL_TEST_REWARD": str(root / "text_length.py")}
 
 
-def command(out: Path, env: dict[str, str], ranks: int, *extra: str) -> list[str]:
-    args = ["train", "--quiet", "--out", str(out), *RUN, f"imports=[{env['MMRL_TEST_REWARD']}]", *extra]
+def command(out: Path, env: dict[str, str], ranks: int, *extra: str, run: list[str] | None = None) -> list[str]:
+    """``mmrl train`` on ``ranks`` processes with :data:`RUN` (or ``run``) and ``extra``."""
+    base = [*RUN, f"imports=[{env['MMRL_TEST_REWARD']}]"] if run is None else run
+    args = ["train", "--quiet", "--out", str(out), *base, *extra]
     if ranks == 1:
         return [MMRL, *args]
     return [TORCHRUN, "--standalone", "--nproc_per_node", str(ranks), "-m", "mmrl", *args]
 
 
-def train(out: Path, env: dict[str, str], ranks: int, *extra: str) -> None:
-    done = subprocess.run(command(out, env, ranks, *extra), check=False, env=env, capture_output=True, text=True,
-                          timeout=600)
+def train(out: Path, env: dict[str, str], ranks: int, *extra: str, run: list[str] | None = None) -> None:
+    """A run that must finish: a hang fails the test at the timeout, a crash shows the ranks' tracebacks."""
+    done = subprocess.run(command(out, env, ranks, *extra, run=run), check=False, env=env, capture_output=True,
+                          text=True, timeout=600)
     if done.returncode != 0:  # the ranks' own tracebacks, not only torchrun's summary
         lines = (done.stdout + done.stderr).splitlines()
         pytest.fail("\n".join([ln for ln in lines if ln.startswith("[rank0]")][-40:] + lines[-10:]))
@@ -159,3 +165,78 @@ def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path
     # value). A missing or doubled gradient reduction moves weights by whole steps (~1e-3) and fails here.
     far = {k: float((a1[k] - a2[k]).abs().max()) for k in a1}
     assert all(gap <= 1e-2 * 1e-3 for gap in far.values()), sorted(far.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_zero3_on_mixed_data_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
+    """Two ZeRO-3 ranks whose passes differ in every way users' data makes them differ (media counts and
+    kinds per rank, frame counts, a text-only share, 2 prompts on one rank and 1 on the other, top-up rounds
+    of dynamic sampling that may leave a rank no group, a corrupt video skipped on one rank) finish, and match
+    the single-process run (no DeepSpeed) step by step: rewards, the grad norm, and the loss, which is not
+    zero on-policy here (a KL term and one optimizer step per group). Shared-prefix and chunked log-probs
+    stay on. Then every checkpoint holds the real weights: those of the single-process run."""
+    data, reward = make_mixed(tmp_path / "data")
+    run = mixed_run(data, reward)
+    train(tmp_path / "one", env, 1, run=run)
+    train(tmp_path / "two", env, 2, "train.deepspeed=zero3", run=run)
+    one, two = rl_rows(tmp_path / "one"), rl_rows(tmp_path / "two")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]
+    assert sum(r["generation_rounds"] for r in one) > len(one)  # dynamic sampling topped up
+    assert one[-1]["skipped_samples"] >= 1  # the corrupt video was met (and skipped) mid-run
+    assert all(r["optimizer_steps"] > 1 for r in one)  # mini-batches: the loss is off-policy after the first
+    for a, b in zip(one, two):
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6), a["step"]  # the same rollouts
+        assert a["skipped_samples"] == b["skipped_samples"]
+        assert abs(a["loss"]) > 1e-4
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
+    for sub in ("checkpoint-4", "final"):  # gathered one module at a time to rank 0: not empty shards
+        w1, w2 = weights(tmp_path / "one" / sub), weights(tmp_path / "two" / sub)
+        assert set(w1) == set(w2)
+        gaps = {k: float((w1[k] - w2[k]).abs().max()) for k in w1 if w1[k].shape == w2[k].shape}
+        assert len(gaps) == len(w1) and max(gaps.values()) < 1e-4, sorted(gaps.items(), key=lambda kv: -kv[1])[:3]
+
+
+PROBE = Path(__file__).with_name("zero3_generation_probe.py")
+
+
+def test_zero3_generation_gathers_the_weights_once_per_call(env: dict[str, str], tmp_path: Path) -> None:
+    """HF generation under ZeRO-3 gathers the whole model once per generate call (one all-gather per
+    parameter, counted by DeepSpeed's own comms logger), not per module per token; ranks that generate
+    different numbers of tokens do not wait on each other; training works afterwards."""
+    from mmrl.tiny_models import make_tiny
+
+    model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
+    out = tmp_path / "probe.json"
+    done = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(PROBE), str(model), str(out)],
+                          env=env, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    report = json.loads(out.read_text())
+    assert [r["rank"] for r in report] == [0, 1]
+    for r in report:
+        assert r["gathers"] == r["n_params"], r  # one gather of every parameter, whatever the length
+        assert r["session_gathers"] == r["n_params"], r  # several calls in one session: still one
+        assert torch.isfinite(torch.tensor([r["loss"], r["grad_norm"]])).all(), r
+    assert max(report[0]["lengths"]) > max(report[1]["lengths"])  # the ranks ran different numbers of passes
+
+
+def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_path: Path) -> None:
+    """``mmrl eval`` under torchrun: each rank answers its share (5 questions: 3 and 2), the predictions are
+    gathered in order, and the score equals the single-process one."""
+    from mmrl.tiny_models import make_tiny
+
+    model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
+    args = ["eval", "--quiet", "--model", str(model), "data.toy_size={train: 1, val: 1, test: 5}",
+            "data.toy_tasks=[color]", "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
+            "data.media.min_frames=4", "data.media.max_frames=4", "eval.batch_size=1", "eval.max_new_tokens=6",
+            "train.cpu_threads=1"]
+    for ranks, name in ((1, "one"), (2, "two")):
+        launch = [MMRL] if ranks == 1 else [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "mmrl"]
+        done = subprocess.run([*launch, *args, "--out", str(tmp_path / name)], env=env, check=False,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    one, two = ([json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+                for name in ("one", "two"))
+    assert len(one) == 5 and [p["id"] for p in two] == [p["id"] for p in one]  # each question once, in order
+    assert [p["completion"] for p in two] == [p["completion"] for p in one]
+    m1, m2 = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
+    assert m2["accuracy"] == m1["accuracy"] and m2["n"] == m1["n"] == 5
