@@ -325,6 +325,10 @@ class TrainConfig:
     sharded), `zero3` (parameters too; the KL reference is sharded alike) or a DeepSpeed JSON file (batch
     sizes, clipping and bf16 are filled in from the run's settings). Empty: torch AdamW; under torchrun
     gradients are summed over ranks (plain data parallelism)."""
+    offload: Literal["none", "optimizer", "all"] = "none"
+    """DeepSpeed CPU offload (train.deepspeed): optimizer (the fp32 masters and Adam moments live in host memory
+    and DeepSpeed's CPU Adam steps them: 12 of the 16 bytes a parameter costs leave the GPU) or all (the
+    parameters too; ZeRO-3 only). Slower steps, for models that do not fit otherwise."""
     logprob_chunk_tokens: int = 1024
     """Response tokens whose full-vocabulary log-softmax is built at once in log-prob passes (forward and
     backward hold one chunk's; 0: all at once, the most memory)."""
@@ -341,6 +345,13 @@ class TrainConfig:
     health_window: int = 20
     """Steps over which the run-health warnings look (no reward signal, one answer for everything, mostly
     equal-reward groups); each warns once, on the console and in the report. 0: off."""
+
+    def __post_init__(self) -> None:
+        if self.offload != "none" and not self.deepspeed:
+            raise ConfigError(f"train.offload={self.offload} is DeepSpeed's CPU offload: set train.deepspeed=zero2 "
+                              "or zero3 too")
+        if self.dist_timeout_minutes <= 0:
+            raise ConfigError(f"train.dist_timeout_minutes={self.dist_timeout_minutes}: must be > 0")
 
 
 @dataclass

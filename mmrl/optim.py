@@ -41,6 +41,16 @@ def adamw(params: list[torch.nn.Parameter], train: Any, device: torch.device) ->
     return torch.optim.AdamW(params, **kwargs)
 
 
+def cpu_adamw(params: list[torch.nn.Parameter], train: Any) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU AdamW (its C++ kernel, built on first use: about 1.5 minutes, then cached), which ZeRO
+    requires when the optimizer state lives in host memory (``train.offload``); it reads the learning rate
+    from its param groups at every step, so the run's schedule drives it as it drives torch's."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(params, lr=train.lr, betas=tuple(train.adam_betas), weight_decay=train.weight_decay,
+                            adamw_mode=True)
+
+
 def _fused_supported(device: torch.device) -> bool:
     try:
         from torch.optim.optimizer import _get_fused_kernels_supported_devices
@@ -185,7 +195,7 @@ class LocalUpdater(Updater):
                     p.copy_(m)
 
 
-MASTER_CHUNK_ELEMENTS = 1 << 24  # gradient elements cast to fp32 and stepped at a time (64 MB in fp32)
+MASTER_CHUNK_ELEMENTS = 1 << 22  # gradient elements cast to fp32 and stepped at a time (16 MB in fp32)
 REDUCE_BUCKET_ELEMENTS = 1 << 25  # gradient elements all-reduced in one flat buffer
 
 
@@ -236,11 +246,12 @@ def _sum_over_ranks(params: list[torch.nn.Parameter]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- DeepSpeed
-def deepspeed_config(setting: str, *, micro_batch: int, world: World, max_grad_norm: float, bf16: bool
-                     ) -> dict[str, Any]:
+def deepspeed_config(setting: str, *, micro_batch: int, world: World, max_grad_norm: float, bf16: bool,
+                     offload: str = "none") -> dict[str, Any]:
     """The DeepSpeed config: ``zero2`` / ``zero3`` (shipped under ``configs/deepspeed/``) or a JSON file.
     Batch sizes, clipping and precision come from the run's settings; ``auto`` values in the file are
-    filled from them."""
+    filled from them. ``offload`` (``train.offload``): ``optimizer`` keeps the optimizer state (and its
+    step) in host memory, ``all`` the parameters too (ZeRO-3)."""
     path = CONFIG_DIR / f"{setting}.json" if setting in ("zero2", "zero3") else Path(setting)
     if not path.is_file():
         raise ConfigError(f"train.deepspeed={setting!r}: not zero2, zero3 or a DeepSpeed JSON file")
@@ -264,7 +275,54 @@ def deepspeed_config(setting: str, *, micro_batch: int, world: World, max_grad_n
     cfg.setdefault("steps_per_print", 10**9)
     cfg["bf16"] = {**cfg.get("bf16", {}), "enabled": bf16, "check_grad_overflow": True}
     cfg.pop("fp16", None)
+    zero = cfg["zero_optimization"]
+    if offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available(),
+                                     **zero.get("offload_optimizer", {})}
+    if offload == "all":
+        if stage != 3:
+            raise ConfigError("train.offload=all moves the parameters to host memory, which only ZeRO-3 shards: "
+                              "use train.deepspeed=zero3, or train.offload=optimizer")
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available(),
+                                 **zero.get("offload_param", {})}
     return cfg
+
+
+def offloads_optimizer(config: dict[str, Any]) -> bool:
+    """The DeepSpeed config keeps the optimizer in host memory (DeepSpeed then needs its own CPU Adam)."""
+    device = (config.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
+    return device in ("cpu", "nvme")
+
+
+@contextlib.contextmanager
+def zero3_sharded_loading(train: Any, world: World, *, bf16: bool) -> Iterator[bool]:
+    """Inside, under ZeRO-3 on several ranks, transformers' ``from_pretrained`` builds the model already
+    partitioned (``deepspeed.zero.Init`` through ``HfDeepSpeedConfig``, as the HF Trainer does), so no rank ever
+    holds a whole 7B: rank 0 reads the checkpoint and hands each module's weights to the ranks in turn. Yields
+    whether it does (False without ZeRO-3 or on one rank: nothing changes). Only the block's loads are
+    affected (a reward's own model loaded later is not)."""
+    if not (train.deepspeed and world.active):
+        yield False
+        return
+    config = deepspeed_config(train.deepspeed, micro_batch=train.micro_batch_size, world=world,
+                              max_grad_norm=train.max_grad_norm, bf16=bf16, offload=train.offload)
+    if int(config["zero_optimization"]["stage"]) != 3:
+        yield False
+        return
+    import deepspeed
+    from transformers.integrations import HfDeepSpeedConfig
+
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # its world: torchrun's
+    handle = HfDeepSpeedConfig(config)  # transformers keeps only a weak reference: alive for the block
+    try:
+        yield True
+    finally:
+        del handle
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """The model's parameters are ZeRO-3 partitions (built under ``deepspeed.zero.Init``)."""
+    return hasattr(next(model.parameters()), "ds_id")
 
 
 class DeepSpeedUpdater(Updater):
@@ -277,11 +335,11 @@ class DeepSpeedUpdater(Updater):
         if not torch.distributed.is_initialized():  # one process without torchrun: a world of one
             _init_single_process(model)
         self.config = deepspeed_config(train.deepspeed, micro_batch=train.micro_batch_size, world=world,
-                                       max_grad_norm=train.max_grad_norm, bf16=bf16)
+                                       max_grad_norm=train.max_grad_norm, bf16=bf16, offload=train.offload)
         self.stage = int(self.config["zero_optimization"]["stage"])
         params = [p for p in model.parameters() if p.requires_grad]
         dev = params[0].device
-        base = adamw(params, train, dev)
+        base = cpu_adamw(params, train) if offloads_optimizer(self.config) else adamw(params, train, dev)
         self.engine, self.optimizer_wrapper, _, _ = deepspeed.initialize(
             model=model, optimizer=base, config=self.config, dist_init_required=False)
         self.optimizer = base  # the schedule drives the base optimizer's param_groups (the flat partitions)

@@ -157,7 +157,12 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     processor = AutoProcessor.from_pretrained(path)
     model = AutoModelForImageTextToText.from_pretrained(
         path, dtype=torch_dtype, attn_implementation=attn_implementation)
-    return Policy(model.to(resolve_device(device)), processor)
+    if not hasattr(next(model.parameters()), "ds_id"):  # ZeRO-3 partitions already sit on their device
+        model = model.to(resolve_device(device))
+    policy = Policy(model, processor)
+    policy.load_args = {"path": str(path), "dtype": dtype, "attn_implementation": attn_implementation,
+                        "device": device}
+    return policy
 
 
 class Policy:
@@ -207,6 +212,9 @@ class Policy:
     # Set by the trainer under ZeRO-3 (the updater's gather_params): ``gather_params(params)`` is a context in
     # which those parameters are whole (mmrl.weights.stream_weights reads the weights through it).
     gather_params: Any = None
+    # How load_policy loaded it (path, dtype, attn_implementation, device): a ZeRO-3-partitioned model's KL
+    # reference is loaded again from them (a partitioned model cannot be copied)
+    load_args: dict[str, Any] | None = None
     _generation_depth: int = 0
 
     @contextlib.contextmanager
@@ -777,7 +785,7 @@ class Policy:
         from transformers import GenerationConfig
 
         batch = self.pad(seqs, left=True)
-        encoder_outputs, _ = self._encoder_outputs(seqs)
+        encoder_outputs, _ = self._encoder_outputs(seqs)  # one tower call for the batch's media
         # Finished rows are padded with a suppressed token (never sampled), so padding can never be
         # mistaken for a sampled EOS (the tokenizer's pad, <|endoftext|>, is an EOS of Qwen checkpoints).
         fill = self.suppress_ids[0] if self.suppress_ids else self.pad_id
@@ -794,8 +802,11 @@ class Policy:
             encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
             min_new_tokens=0, renormalize_logits=False, **sampling,
             **({"stop_strings": list(stop)} if stop else {}))
+        # synced_gpus off: generation is each rank's own (under ZeRO-3 inside generation_weights, the whole
+        # weights local; transformers would otherwise turn it on while a DeepSpeed ZeRO-3 config is alive)
         kwargs: dict[str, Any] = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-                                  "mm_token_type_ids": batch["mm_token_type_ids"], "generation_config": gen}
+                                  "mm_token_type_ids": batch["mm_token_type_ids"], "generation_config": gen,
+                                  "synced_gpus": False}
         if stop:
             kwargs["tokenizer"] = self.tokenizer
         if encoder_outputs:

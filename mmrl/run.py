@@ -14,6 +14,7 @@ prompt, generation and media settings) so that ``mmrl eval --model`` evaluates i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -172,6 +173,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
 
     from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
     from mmrl.distributed import device_for, world
+    from mmrl.optim import zero3_sharded_loading
     from mmrl.policy import checkpointing_switch, load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
@@ -207,8 +209,16 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         eval_samples = eval_samples[:cfg.eval.limit]
     if not train_samples:
         raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
-    policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
-                         device=device_for(cfg.model.device))
+    # ZeRO-3 on several ranks: the model is built already partitioned, unless this run has a cold start (the
+    # SFT stage trains the whole model on each rank)
+    cold_start = cfg.sft.steps > 0 and not (cfg.sft.target == "random_answer" and cfg.model.path)
+    with zero3_sharded_loading(cfg.train, w, bf16=cfg.model.dtype == "bf16") if not cold_start \
+            else contextlib.nullcontext(False):
+        policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                             device=device_for(cfg.model.device))
+    if show_progress:
+        for line in gpu_advice(cfg, policy):
+            print(f"warning: {line}", flush=True)
     policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
     policy.shared_prefix_forward = cfg.train.shared_prefix
     policy.cache_vision_features = cfg.model.cache_vision_features
@@ -295,6 +305,28 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
             print(f"report: {report}")
     log.close()
     return summary
+
+
+def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:
+    """What a run on a GPU is set up to waste or run out of: fp32 weights, no activation checkpointing or a
+    toy-sized micro-batch for a model of billions of parameters (one line each; nothing on a CPU)."""
+    if policy.device.type != "cuda":
+        return []
+    n = sum(p.numel() for p in policy.model.parameters())
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    out = []
+    if cfg.model.dtype == "fp32":
+        out.append(f"model.dtype=fp32 on a GPU: the {size} model trains at a fraction of bf16 speed and needs 16 "
+                   f"bytes a parameter before activations ({16 * n / 1e9:.0f} GB); model.dtype=bf16 keeps fp32 master "
+                   "weights, so small learning rates still move every weight")
+    if n >= 1e9 and not cfg.model.gradient_checkpointing:
+        out.append(f"model.gradient_checkpointing is off for a {size} model: a video micro-batch's activations can "
+                   "take tens of GB; set model.gradient_checkpointing=true")
+    if n >= 1e9 and cfg.train.micro_batch_size > 8:
+        out.append(f"train.micro_batch_size={cfg.train.micro_batch_size} sequences per forward/backward for a {size} "
+                   "model (the toy recipe's size); 1-4 is usual with video, and gradients accumulate over the step "
+                   "anyway")
+    return out
 
 
 def _timed(fn: Any, *args: Any) -> dict[str, Any]:

@@ -223,6 +223,24 @@ class GRPOTrainer:
         if grpo.uses_reference and self.ref is None:
             self.reset_reference()
 
+    def _reference_copy(self) -> torch.nn.Module:
+        """A copy of the policy's model for the KL reference. A model loaded already partitioned (ZeRO-3 on
+        several ranks, :func:`mmrl.optim.zero3_sharded_loading`) cannot be copied: the reference is loaded
+        again, partitioned, from the folder the policy came from (this happens only at the run's start, before
+        any update, with no cold start in the run)."""
+        from mmrl.optim import is_sharded, zero3_sharded_loading
+        from mmrl.policy import load_policy
+
+        model = self.policy.model
+        if not is_sharded(model):
+            return copy.deepcopy(model)
+        args = self.policy.load_args
+        with zero3_sharded_loading(self.cfg.train, self.world, bf16=self.cfg.model.dtype == "bf16"):
+            ref = load_policy(args["path"], dtype=args["dtype"], attn_implementation=args["attn_implementation"],
+                              device=args["device"]).model
+        ref.requires_grad_(False)
+        return ref
+
     def reset_reference(self) -> None:
         """Make the KL reference a copy of the current policy, creating it when there is none. With LoRA
         no copy of the model is made: the reference is the policy with its adapters disabled (the base
@@ -233,7 +251,7 @@ class GRPOTrainer:
         if has_lora(self.policy.model):
             self.ref = AdapterReference.of_current(self.policy)
         elif self.ref is None:
-            ref_model = copy.deepcopy(self.policy.model).eval()
+            ref_model = self._reference_copy().eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
             self.ref = Policy(ref_model, self.policy.processor)

@@ -1,5 +1,6 @@
 """``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build|semantic|memory|trl]``: print tables of timings
-and of the peak memory of one training micro-batch."""
+and of memory: the peak of one training micro-batch, the optimizer update's bytes per parameter, and a ZeRO-3
+checkpoint's peak on each rank."""
 
 from __future__ import annotations
 
@@ -306,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only == "trl":
         return 0
     if args.only == "memory":
-        with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
-            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device,
-                                        shrink=not args.memory_no_shrink))
+        _memory_section(args)
         return 0
     if args.only in (None, "semantic"):
         from perf.semantic import bench_semantic, print_semantic
@@ -345,10 +344,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     if args.only is None:
         print()
-        with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
-            _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device,
-                                        shrink=not args.memory_no_shrink))
+        _memory_section(args)
     return 0
+
+
+def _memory_section(args: argparse.Namespace) -> None:
+    """One micro-batch's log-prob memory, the update's bytes per parameter, a ZeRO-3 checkpoint's peaks."""
+    from perf.update_memory import bench_update, bench_zero3_checkpoint, print_update, print_zero3_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="mmrl-perf-memory-") as tmp:
+        _print_memory(*bench_memory(Path(tmp), args.memory_seqs, args.memory_tokens, device=args.device,
+                                    shrink=not args.memory_no_shrink))
+        sys.stdout.flush()
+        print_update(bench_update(Path(tmp)))
+        sys.stdout.flush()
+        print_zero3_checkpoint(bench_zero3_checkpoint(Path(tmp)))
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
