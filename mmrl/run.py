@@ -277,7 +277,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         trainer.train()
         trainer.export(run_dir / "final")  # ZeRO-3: one module at a time, to rank 0
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
-                            "skipped_samples": trainer.skipped_samples})
+                            "skipped_samples": trainer.skipped_samples, "checkpoint_seconds": trainer.save_seconds})
     else:
         with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
             load_weights(policy.model, run_dir / "final")

@@ -559,7 +559,9 @@ def build_processor(family: str, size: TinySize, tokenizer: Any) -> Any:
     )
 
 
-def build_model(family: str, config: Any, seed: int) -> Any:
+def build_model(family: str, config: Any, seed: int, *, dtype: Any = None, device: Any = "cpu") -> Any:
+    """A random-weight model of ``config`` (fp32 unless ``dtype``), initialised on ``device`` (a GPU builds a
+    billion-parameter model in seconds)."""
     import torch
     from transformers import (
         Qwen2_5_VLForConditionalGeneration,
@@ -572,10 +574,14 @@ def build_model(family: str, config: Any, seed: int) -> Any:
         "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": Qwen3VLForConditionalGeneration,
     }[family]
-    with torch.random.fork_rng(devices=[]):
+    dtype = dtype or torch.float32
+    cuda = torch.device(device).type == "cuda"
+    with torch.random.fork_rng(devices=[torch.device(device)] if cuda else []), torch.device(device):
         torch.manual_seed(seed)
+        if cuda:
+            torch.cuda.manual_seed(seed)
         model = cls(config)
-    return model.to(torch.float32).eval()
+    return model.to(dtype).eval()
 
 
 def count_parameters(model: Any) -> int:
@@ -619,26 +625,30 @@ def settings_hash(family: str, seed: int = 0, **size: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _write(family: str, seed: int, size: TinySize, target: Path) -> dict[str, Any]:
+def _write(family: str, seed: int, size: TinySize, target: Path, **build: Any) -> dict[str, Any]:
     """Build everything and save into ``target`` (an existing empty folder)."""
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Writing model shards" bars from a build
     try:
-        return _write_files(family, seed, size, target)
+        return _write_files(family, seed, size, target, **build)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
 
 
-def _write_files(family: str, seed: int, size: TinySize, target: Path) -> dict[str, Any]:
+def _write_files(family: str, seed: int, size: TinySize, target: Path, *, dtype: Any = None,
+                 device: Any = "cpu", config_overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from transformers import GenerationConfig
 
     started = time.perf_counter()
     tokenizer = build_tokenizer(family, size.vocab_size)
     config = build_config(family, size, tokenizer)
-    model = build_model(family, config, seed)
+    for part, values in (config_overrides or {}).items():  # e.g. {"text_config": {"vocab_size": 151936}}
+        for key, value in values.items():
+            setattr(getattr(config, part) if part else config, key, value)
+    model = build_model(family, config, seed, dtype=dtype, device=device)
     ids = special_token_ids(family, tokenizer)
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
@@ -662,6 +672,18 @@ def _write_files(family: str, seed: int, size: TinySize, target: Path) -> dict[s
     return info
 
 
+def make_sized(family: str, out: str | os.PathLike[str], *, size: dict[str, Any], seed: int = 0,
+               dtype: Any = None, device: Any = "cpu", config_overrides: dict[str, dict[str, Any]] | None = None,
+               overwrite: bool = False) -> Path:
+    """A random-weight model of ``family`` at any size (``size``: :class:`TinySize` fields; ``config_overrides``:
+    attributes set on the config's parts after it is built, e.g. a real model's vocabulary rows and vision
+    window), initialised on ``device`` and saved in ``dtype``, with mmrl's tokenizer and processor: the
+    real architecture at a real size, for memory and speed checks (``python -m perf.gpu_check``)."""
+    path, _ = _make(family, out, seed=seed, overwrite=overwrite, build={
+        "dtype": dtype, "device": device, "config_overrides": config_overrides}, **size)
+    return path
+
+
 def make_tiny(family: str, out: str | os.PathLike[str], *, seed: int = 0, overwrite: bool = False,
               **size: Any) -> Path:
     """Build a tiny random-weight model of ``family`` into ``out`` and return its path.
@@ -677,7 +699,7 @@ def make_tiny(family: str, out: str | os.PathLike[str], *, seed: int = 0, overwr
 
 
 def _make(family: str, out: str | os.PathLike[str], *, seed: int = 0, overwrite: bool = False,
-          **size: Any) -> tuple[Path, dict[str, Any]]:
+          build: dict[str, Any] | None = None, **size: Any) -> tuple[Path, dict[str, Any]]:
     check_family(family)
     resolved = resolve_size(family, **size)
     settings(family, seed, **dataclasses.asdict(resolved))  # validates the seed
@@ -687,7 +709,7 @@ def _make(family: str, out: str | os.PathLike[str], *, seed: int = 0, overwrite:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        info = _write(family, seed, resolved, tmp)
+        info = _write(family, seed, resolved, tmp, **(build or {}))
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}")
             os.rename(out, old)

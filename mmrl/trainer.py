@@ -101,6 +101,7 @@ class GRPOTrainer:
         self.skipped_samples = 0  # over every rank
         self._bad_in_a_row = 0  # this rank's unreadable samples since its last good one
         self.skipped_updates = 0
+        self.save_seconds: list[float] = []  # each checkpoint written in this session
         policy.share_vision_features = cfg.model.share_vision_features
         self.preparer = MediaPreparer(cfg.data.media, family=policy.family)
         self.backend = backend_from_config(cfg, policy)
@@ -272,6 +273,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         self._draws = 0
         vision0 = self.policy.media.vision_calls
+        sync0 = float(getattr(self.backend, "sync_seconds", 0.0))
         with self.rollout_session():
             batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
         if len(drawn):
@@ -280,11 +282,18 @@ class GRPOTrainer:
         stats.update(self.reward_metrics(drawn))
         stats["curriculum_stage"] = self.stage["name"]  # the stage this step ran in
         stats["time/rollout_s"] = time.perf_counter() - t0
+        # the weight push to a separate engine (vLLM) happens as the rollout session opens: its share
+        stats["time/sync_s"] = float(getattr(self.backend, "sync_seconds", 0.0)) - sync0
         if batch is not None:
+            t1 = time.perf_counter()
             self.reference_pass(batch)
+            t2 = time.perf_counter()
+            stats["time/reference_s"] = t2 - t1
             self.compute_advantages(batch)
             self.shape_tokens(batch)
             stats.update(self.update(batch))
+            stats["time/update_s"] = time.perf_counter() - t2
+            stats["tokens/trained"] = int(sum(len(s) for s in batch.seqs))
             self._sync_backend()  # a separate rollout engine (vLLM) gets the new weights
             self._hook("after_update", batch, stats)
         else:
@@ -834,7 +843,9 @@ class GRPOTrainer:
             if t.log_every and self.step % t.log_every == 0 and self.show_progress:
                 tqdm.write(self._summary_line(stats))
             if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
+                t0 = time.perf_counter()
                 self.save()
+                self.save_seconds.append(round(time.perf_counter() - t0, 3))
         bar.close()
 
 

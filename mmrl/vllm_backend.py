@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,7 @@ class VLLMBackend:
         # checkpoint, adapters): it serves the policy's own from the first session on
         self.stale = True
         self.pushes = 0  # weight pushes made (tests, logs)
+        self.sync_seconds = 0.0  # spent pushing them
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
@@ -416,6 +418,7 @@ class VLLMBackend:
         calls it together), then clear its encoder and prefix caches (computed with the old weights)."""
         from mmrl.weights import stream_weights
 
+        t0 = time.perf_counter()
         model = self.policy.model if model is None else model
         gather = getattr(self.policy, "gather_params", None)
         copy = gather is not None  # gathered tensors are released when the stream moves on: vLLM keeps copies
@@ -429,6 +432,7 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.stale = False
         self.pushes += 1
+        self.sync_seconds += time.perf_counter() - t0
 
     def after_update(self, policy: Policy) -> None:
         """Called by the trainer after each optimizer step (and after a resume replaced the weights): the
