@@ -363,7 +363,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
     held-out split through the agent loop (:func:`evaluate_agent`) beside the plain single answer."""
     from mmrl.media import MediaPreparer
     from mmrl.policy import load_policy
-    from mmrl.rollout import make_backend
+    from mmrl.rollout import backend_from_config
     from mmrl.run import load_split, resolve_model, set_cpu_threads
 
     spec = AGENTS.get(args.agent)
@@ -393,7 +393,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
     samples = samples[:args.limit] if args.limit else samples
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     preparer = MediaPreparer(cfg.data.media, family=policy.family)
-    backend = make_backend(cfg.rollout.backend, policy)
+    backend = backend_from_config(cfg, policy)
     common = {"max_new_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, "stop": cfg.rollout.stop,
               "batch_size": args.batch_size or cfg.eval.batch_size}
     agent, preds = evaluate_agent(policy, backend, preparer, cfg.prompt, samples, environment=spec["environment"],

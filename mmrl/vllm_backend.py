@@ -98,15 +98,19 @@ def default_max_model_len(cfg: Any, policy: Policy) -> int:
     return int(min(total, limit)) if limit else int(total)
 
 
-def settings_from_config(cfg: Any, policy: Policy) -> dict[str, Any]:
-    """The :class:`VLLMBackend` keyword arguments of a run configuration (``rollout.vllm``, ``train.seed``,
-    ``model.dtype``)."""
-    v = cfg.rollout.vllm
-    return {"max_model_len": v.max_model_len or default_max_model_len(cfg, policy),
-            "gpu_memory_utilization": v.gpu_memory_utilization, "kv_cache_gb": v.kv_cache_gb,
-            "max_media_per_prompt": v.max_media_per_prompt, "seed": cfg.train.seed,
-            "tensor_parallel_size": v.tensor_parallel_size, "enforce_eager": v.enforce_eager,
-            "max_num_seqs": v.max_num_seqs, "enable_sleep_mode": v.enable_sleep_mode, "sleep_level": v.sleep_level}
+def settings_from_config(cfg: Any, policy: Policy | None = None) -> dict[str, Any]:
+    """The :class:`VLLMBackend` keyword arguments of a run configuration (``rollout.vllm`` and ``train.seed``).
+    An unset ``max_model_len`` becomes :func:`default_max_model_len` when ``policy`` is given, else it is left
+    out (for a caller with its own bound: the benchmark protocols)."""
+    from mmrl.config_io import to_dict
+
+    settings = {**to_dict(cfg.rollout.vllm), "seed": cfg.train.seed}
+    if settings["max_model_len"] is None:
+        if policy is not None:
+            settings["max_model_len"] = default_max_model_len(cfg, policy)
+        else:
+            del settings["max_model_len"]
+    return settings
 
 
 class VLLMBackend:

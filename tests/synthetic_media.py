@@ -53,6 +53,15 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def model_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """A model folder's weights under the model's own parameter names (``from_pretrained`` maps a checkpoint
+    saved with the original names, ``model.layers.*``, and one saved with the current names alike)."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
 class RopeProbe:
     """The position ids the language model's rotary embedding receives, call by call."""
 

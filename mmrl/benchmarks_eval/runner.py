@@ -183,12 +183,14 @@ def run_benchmark(
     max_pixels: int | None = None, prompt_template: str | None = None, max_new_tokens: int | None = None,
     batch_size: int = 8, limit: int | None = None, workers: int = 2, split: str | None = None,
     subtitles: bool = False, dtype: str = "fp32", policy: Any = None, show_progress: bool = True,
-    on_batch: Callable[[int], None] | None = None,
+    on_batch: Callable[[int], None] | None = None, backend: str = "hf", vllm: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a Hugging Face Qwen-VL folder, or an already loaded ``policy``) on ``benchmark``.
 
     Returns the metrics written to ``out/metrics.json``. ``on_batch(n_written)`` is called after each batch
-    is on disk (for progress hooks and tests).
+    is on disk (for progress hooks and tests). ``backend``: ``hf`` or ``vllm`` (``vllm``: the engine's
+    settings, :class:`mmrl.vllm_backend.VLLMBackend`'s keywords; its ``max_model_len`` defaults to a bound
+    from the protocol's frames and pixels).
     """
     from tqdm import tqdm
 
@@ -215,7 +217,12 @@ def run_benchmark(
     todo = [s for s in samples if s.id not in done]
     resumed = len(wanted & done.keys())
     batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
-    backend = HFBackend(policy, max_batch=batch_size)
+    if backend == "vllm":
+        from mmrl.rollout import make_backend
+
+        engine = make_backend("vllm", policy, **{"max_model_len": protocol_max_len(proto, policy), **(vllm or {})})
+    else:
+        engine = HFBackend(policy, max_batch=batch_size)
     params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
     bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q", disable=not show_progress,
                dynamic_ncols=True)
@@ -247,7 +254,7 @@ def run_benchmark(
                         except MmrlError as exc:
                             p.error = str(exc)
                 t0 = time.perf_counter()
-                gens = backend.generate(seqs, n=1, params=params) if seqs else []
+                gens = engine.generate(seqs, n=1, params=params) if seqs else []
                 gen_s += time.perf_counter() - t0
                 texts = {id(p): g[0].text for p, g in zip(ready, gens)}
                 policy.media.clear()
@@ -289,6 +296,20 @@ def run_benchmark(
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     (out / "results.md").write_text(markdown(metrics) + "\n")
     return metrics
+
+
+def protocol_max_len(proto: Protocol, policy: Any) -> int:
+    """A vLLM ``max_model_len`` for a protocol: its most video tokens (frames and pixels per frame, or the
+    total-pixel cap), one image at its pixel cap, 4,096 tokens of text (subtitles included) and the answer."""
+    import math
+
+    vc = policy.base.visual.config
+    px = (int(vc.patch_size) * int(getattr(vc, "spatial_merge_size", 2))) ** 2
+    frames = proto.nframes or proto.max_frames
+    video = math.ceil(frames / int(vc.temporal_patch_size)) * math.ceil(proto.video_max_pixels / px)
+    if proto.total_pixels:
+        video = min(video, math.ceil(proto.total_pixels / px))
+    return 4096 + video + math.ceil(proto.image_max_pixels / px) + proto.max_new_tokens
 
 
 def headline(metrics: dict[str, Any]) -> str:
