@@ -49,6 +49,12 @@ class World:
         start = r * base + min(r, extra)
         return range(start, start + base + (1 if r < extra else 0))
 
+    def block(self, size: int = 1) -> tuple[int, int, int]:
+        """``(index, count, member)`` of this rank among blocks of ``size`` consecutive ranks (a vLLM engine
+        spanning ``size`` GPUs): the ranks of a block roll out the same prompts, as one data-parallel rank."""
+        size = max(1, int(size))
+        return self.rank // size, max(1, self.size // size), self.rank % size
+
     # -------------------------------------------------------------------------------------- collectives
     def gather(self, obj: T) -> list[T]:
         """Every rank's ``obj``, in rank order, on every rank (pickled; for small or CPU-side objects)."""

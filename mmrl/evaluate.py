@@ -56,22 +56,24 @@ def evaluate(
     if shuffled_frames is True:
         shuffled_frames = {}
 
-    from mmrl.distributed import world
+    from mmrl.distributed import World, world
     from mmrl.rollout import rollout_session
 
     w = world()
     accuracy = get_reward("accuracy")
     predictions: list[dict[str, Any]] = []
     unreadable: list[dict[str, Any]] = []
-    mine = w.share(len(samples))
+    tp = int(getattr(service.backend, "tensor_parallel_size", 1))  # a block of ranks shares one engine
+    index, count, _ = w.block(tp)
+    mine = World(rank=index, size=count).share(len(samples))
     share = list(samples)[mine.start:mine.stop]
     bar = tqdm(total=len(share), desc=desc, unit="q", disable=not show_progress, leave=False)
     with rollout_session(service.backend):  # ZeRO-3: the weights gathered once; vLLM: the engine awake
         _answer(service, share, accuracy, predictions, unreadable, bar, max_new_tokens=max_new_tokens,
                 batch_size=batch_size, skip_bad=skip_bad, consistency=consistency, shuffled_frames=shuffled_frames)
     bar.close()
-    if w.active:  # every rank's share, in the order of ``samples``
-        parts = w.gather((predictions, unreadable))
+    if w.active:  # every block's share, in the order of ``samples``
+        parts = w.gather((predictions, unreadable))[::tp]
         predictions = [p for part, _ in parts for p in part]
         unreadable = [u for _, part in parts for u in part]
     metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)

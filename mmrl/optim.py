@@ -4,13 +4,18 @@ Two updaters with one interface (:class:`Updater`), chosen by ``train.deepspeed`
 
 * :class:`LocalUpdater` (default): torch AdamW (the fused kernel where torch has one for the device). Under
   ``model.dtype=bf16`` the model holds bf16 weights for the forward and backward passes while the optimizer
-  steps **fp32 master weights** (and fp32 moments): the bf16 gradients are copied into the master's, the
-  master is updated and copied back, rounded, into the model. A 1e-6 update is far below bf16's resolution
-  near 1 (2^-8): without the master most weights would never move. With several ranks (``torchrun``, no
-  DeepSpeed) the gradients are summed over ranks before clipping: plain data parallelism.
+  steps **fp32 master weights** (and fp32 moments): the bf16 gradients are cast into the masters'
+  :data:`MASTER_CHUNK_ELEMENTS` at a time (each bf16 gradient freed once cast), those masters stepped and
+  copied back, rounded, into the model, so the update's peak is about 16 bytes a parameter, not 20. A 1e-6
+  update is far below bf16's resolution near 1 (2^-8): without the masters most weights would never move.
+  With several ranks (``torchrun``, no DeepSpeed) the gradients are summed over ranks in buckets before
+  clipping: plain data parallelism.
 * :class:`DeepSpeedUpdater`: DeepSpeed ZeRO stage 2 or 3 (``configs/deepspeed/zero2.json``, ``zero3.json``,
-  or the user's own file) over the same torch AdamW; bf16 with DeepSpeed's own fp32 master weights when
-  ``model.dtype=bf16``. ZeRO-3 shards the parameters, and the KL reference with them.
+  or the user's own file) over the same torch AdamW (DeepSpeed's CPU Adam with ``train.offload``); bf16 with
+  DeepSpeed's own fp32 master weights when ``model.dtype=bf16``. ZeRO-3 shards the parameters, and the KL
+  reference with them; :meth:`Updater.gather_params` reads them whole one module at a time (checkpoints, the
+  vLLM weight push) and :meth:`Updater.gathered_for_generation` once for a whole rollout session (HF
+  generation), and :func:`zero3_sharded_loading` makes ``from_pretrained`` build a model already partitioned.
 
 The trainer's loss for a micro-batch is already its share of the step's loss summed over every rank
 (token and sequence counts are global), so gradients are **summed** over ranks: the local updater

@@ -42,6 +42,7 @@ from mmrl.checkpoint import (
 )
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
+from mmrl.distributed import World
 from mmrl.distributed import world as current_world
 from mmrl.evaluate import evaluate, rollout_reward_columns
 from mmrl.grpo import GroupAccumulator, compute_advantages, compute_policy_loss, global_counts
@@ -111,6 +112,7 @@ class GRPOTrainer:
                                      top_k=r.top_k, stop=list(r.stop), logprobs=r.record_logprobs,
                                      entropies=r.record_entropies)
         self.env_cls = get_environment(r.environment) if r.environment else None
+        self._tp = int(getattr(self.backend, "tensor_parallel_size", 1))  # ranks per rollout engine
         self._base_grpo = cfg.grpo
         self._base_rewards = [to_dict(spec) for spec in cfg.rewards]
         self.rewards = CombinedReward(self._base_rewards)
@@ -157,9 +159,10 @@ class GRPOTrainer:
         w, t = self.world, self.cfg.train
         if not w.active:
             return
-        if t.prompts_per_step < w.size:
-            raise ConfigError(f"train.prompts_per_step={t.prompts_per_step} is below the {w.size} ranks: every rank "
-                              f"rolls out whole prompts; use at least {w.size}")
+        _, blocks, _ = w.block(self._tp)
+        if t.prompts_per_step < blocks:
+            raise ConfigError(f"train.prompts_per_step={t.prompts_per_step} is below the {blocks} rollout ranks: each "
+                              f"rolls out whole prompts; use at least {blocks}")
 
     # ------------------------------------------------------------------------------------ stages
     def _make_sampler(self):
@@ -355,7 +358,11 @@ class GRPOTrainer:
         (variance-aware sampling) call this with ``hooks=False``: no plug-in sees those rollouts."""
         n = n or self.cfg.rollout.group_size
         indices = list(indices)
-        mine = self.world.share(len(indices))  # this rank's contiguous share of the prompts (may be empty)
+        # this rank's contiguous share of the prompts (may be empty); the ranks of a tensor-parallel engine's
+        # block (rollout.vllm.tensor_parallel_size) share one share, so they call the engine in lockstep
+        tp = self._tp
+        index, count, _ = self.world.block(tp)
+        mine = World(rank=index, size=count).share(len(indices))
         with self.rollout_session():
             prompts, skipped = self.prepare([indices[i] for i in mine], first_slot=mine.start)
             draw, self._draws = self._draws, self._draws + 1
@@ -368,12 +375,14 @@ class GRPOTrainer:
             else:
                 episodes = self._episodes(prompts, n) if prompts else []
             batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], n)
-            batch.extra["rank"] = torch.full((len(batch),), self.world.rank, dtype=torch.long)
+            # who trains each row: its rank, or in a block, the member the row's group falls to (contiguous)
+            groups = max(1, batch.n_groups)
+            batch.extra["rank"] = index * tp + batch.group_index * tp // groups
             if hooks and len(batch):
                 self._hook("after_rollout", batch)
             self.score(batch)
-        if self.world.active:  # every rank gets the whole scored batch, in draw order
-            parts = self.world.gather((batch, skipped))
+        if self.world.active:  # every rank gets the whole scored batch, in draw order (one copy per block)
+            parts = self.world.gather((batch, skipped))[::tp]
             skipped = sum(k for _, k in parts)
             shares = [b for b, _ in parts if len(b)]
             batch = RolloutBatch.concat(shares) if shares else batch

