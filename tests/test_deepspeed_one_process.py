@@ -1,6 +1,7 @@
 """DeepSpeed in one process (``train.deepspeed`` without torchrun: a world of one): every checkpoint holds the
 real weights (under ZeRO-3 gathered one module at a time, not the empty shards) and DeepSpeed's optimizer
-state (``deepspeed/``), and ``--resume`` from a checkpoint ends where the uninterrupted run ends."""
+state (``deepspeed/``), and ``--resume`` from a checkpoint ends where the uninterrupted run ends; with CPU
+offload (``train.offload=all``, DeepSpeed's CPU Adam) too."""
 
 from __future__ import annotations
 
@@ -47,11 +48,16 @@ def plain(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+# ZeRO-3 with every state in host memory: DeepSpeed's CPU Adam (built on first use) steps the optimizer
+SETTINGS = {"zero2": ["train.deepspeed=zero2"], "zero3": ["train.deepspeed=zero3"],
+            "zero3-offload": ["train.deepspeed=zero3", "train.offload=all"]}
+
+
+@pytest.mark.parametrize("stage", list(SETTINGS))
 def test_checkpoints_hold_the_weights_and_resume(stage: str, plain: Path, env: dict[str, str],
                                                  tmp_path: Path) -> None:
     straight = tmp_path / "straight"
-    train(straight, env, f"train.deepspeed={stage}")
+    train(straight, env, *SETTINGS[stage])
     for step in (2, 4):
         ckpt = straight / f"checkpoint-{step}"
         assert (ckpt / "deepspeed").is_dir(), f"{ckpt}: no DeepSpeed optimizer state"
@@ -72,5 +78,12 @@ def test_checkpoints_hold_the_weights_and_resume(stage: str, plain: Path, env: d
     (resumed / "run_state.json").write_text(json.dumps(state))
     train(resumed, env, "--resume")
     a, b = weights(straight / "final"), weights(resumed / "final")
+    if "train.offload=all" in SETTINGS[stage]:
+        # DeepSpeed's CPU Adam carries its bias-correction powers as a running product in its C++ state, which a
+        # resumed run starts afresh (from the step count): the first update after the resume differs in the
+        # last bits (seen: 9e-7 at lr 1e-3), not by a step
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5, msg=k)
+        return
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"{len(differ)} tensors differ after the resume, e.g. {differ[:3]}"
