@@ -135,6 +135,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from mmrl.distributed import launched
+
+    if launched() and (getattr(args, "agent", None) or getattr(args, "benchmark", None)):
+        from mmrl_common.errors import MmrlError
+
+        raise MmrlError("mmrl eval --benchmark / --agent runs in one process (their runners do not split the "
+                        "questions across ranks yet): run it without torchrun (rollout.backend=vllm for speed); "
+                        "the held-out evaluation (--eval-data) does run on several ranks")
     if getattr(args, "agent", None):  # EARL's agent loop (mmrl.agent): held-out split or --benchmark
         from mmrl.agent import cli_eval
 

@@ -240,10 +240,8 @@ class GRPOTrainer:
             return copy.deepcopy(model)
         args = self.policy.load_args
         with zero3_sharded_loading(self.cfg.train, self.world, bf16=self.cfg.model.dtype == "bf16"):
-            ref = load_policy(args["path"], dtype=args["dtype"], attn_implementation=args["attn_implementation"],
-                              device=args["device"]).model
-        ref.requires_grad_(False)
-        return ref
+            return load_policy(args["path"], dtype=args["dtype"], attn_implementation=args["attn_implementation"],
+                               device=args["device"]).model
 
     def reset_reference(self) -> None:
         """Make the KL reference a copy of the current policy, creating it when there is none. With LoRA
