@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("torchrun")]
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SETTINGS = ["rollout.top_k=1", "rollout.record_logprobs=true", "grpo.entropy_coef=0.01",
-            "grpo.dynamic_sampling=false", "train.steps=3", "train.save_every=0"]
+            "grpo.dynamic_sampling=false", "train.steps=2", "train.save_every=0"]
 LORA = ["model.lora={r: 4, dropout: 0.0}"]
 ARMS = {"plain": [], "zero2": ["train.deepspeed=zero2"], "zero3": ["train.deepspeed=zero3"],
         "lora-zero3": ["train.deepspeed=zero3", *LORA],
@@ -64,7 +64,7 @@ def test_vllm_on_every_rank_matches_hf(arm: str, setup: tuple[dict[str, str], li
     env, run, _ = setup
     rows = train(tmp_path / "run", env, run, "rollout.backend=vllm", *ARMS[arm])
     base = hf_runs["lora" if "lora" in arm else "full"]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2]  # step 2's rollouts come from the weights step 1 pushed
     for r in rows:  # every step, every rank's own engine
         assert r["rollout_logprob_gap/worst_rank"] < 1e-4, (r["step"], r["rollout_logprob_gap/worst_rank"])
     for a, b in zip(base, rows):
