@@ -1,21 +1,57 @@
-"""Built-in multi-turn environments.
+"""Multi-turn environments: the :class:`Environment` interface, its registry (``rollout.environment``), and the
+built-in ``zoom``.
+
+An environment reads the policy's last turn (:meth:`Environment.step`) and returns what the policy sees next
+(an :class:`Observation`: text and media, a user turn masked out of the loss) or ``None`` to end the episode;
+:func:`mmrl.rollout.run_episodes` drives it. Methods register their own (EARL's ``select_frames``:
+:mod:`mmrl.methods.earl`).
 
 ``zoom``: the policy may ask for a closer look before answering. Its action is
 ``<zoom>x0,y0,x1,y1</zoom>`` (a normalised box on the image, or on a video frame: append ``@SECONDS``, e.g.
 ``<zoom>0.2,0.2,0.7,0.7@1.5</zoom>``; without it the middle of the shown clip is used). The environment
 answers with the zoomed crop as a new image. An answer (``<answer>``) or the zoom budget ends the episode;
 a malformed action gets a short text reminder of the format, so the loop always makes progress.
-
-``select_frames``: EARL's key-frame selection with local re-sampling (:mod:`mmrl.frame_selection`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from mmrl.policy import MediaInput
-from mmrl.rollout import Environment, Observation, register_environment
+from mmrl_common.registry import Registry
+
+
+@dataclass
+class Observation:
+    """What the environment shows the policy next: text with ``{image}``/``{video}`` slots, and media."""
+
+    text: str
+    media: list[MediaInput] = field(default_factory=list)
+
+
+class Environment:
+    """Base class for multi-turn environments; one instance per episode."""
+
+    def __init__(self, sample: Any, media: list[MediaInput], **kwargs: Any):
+        self.sample = sample
+        self.media = media
+        self.info: dict[str, Any] = {}
+
+    def step(self, action: str) -> Observation | None:
+        """Read the policy's last turn; return the next observation or ``None`` to end the episode."""
+        raise NotImplementedError
+
+
+ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", "rollout.environment")
+register_environment = ENVIRONMENTS.register
+
+
+def get_environment(name: str) -> type[Environment]:
+    """The environment class registered under ``name`` (a method's module registers its own on import)."""
+    return ENVIRONMENTS.get(name)
+
 
 _NUM = r"(\d*\.?\d+)"
 _ZOOM = re.compile(
@@ -73,6 +109,3 @@ class ZoomEnvironment(Environment):
             return Image.fromarray(frames[0])
         i = min(range(len(stamps)), key=lambda j: abs(stamps[j] - target))
         return Image.fromarray(video.frames[i].permute(1, 2, 0).numpy())
-
-
-from mmrl import frame_selection as _frame_selection  # noqa: F401  (registers select_frames)

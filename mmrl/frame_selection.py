@@ -56,9 +56,9 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
+from mmrl.environments import Environment, Observation, register_environment
 from mmrl.policy import MediaInput
 from mmrl.prompts import media_parts
-from mmrl.rollout import Environment, Observation, register_environment
 from mmrl_common.errors import ConfigError, MmrlError
 
 ACTION_NAME = "select_frames"

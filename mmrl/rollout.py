@@ -4,9 +4,10 @@ A backend turns token sequences into sampled continuations (:class:`~mmrl.policy
 backend is built in; the vLLM backend (``vllm``, :mod:`mmrl.vllm_backend`) implements the same
 :class:`RolloutBackend` protocol.
 
-Multi-turn episodes (frame selection, zoom-in) run through an :class:`Environment`: after each assistant
-turn the environment reads the action text and returns an :class:`Observation` (text and media, appended
-as a user turn whose tokens are masked out of the loss) or ``None`` to end the episode.
+Multi-turn episodes (frame selection, zoom-in) run through an :class:`~mmrl.environments.Environment`: after
+each assistant turn the environment reads the action text and returns an
+:class:`~mmrl.environments.Observation` (text and media, appended as a user turn whose tokens are masked out
+of the loss) or ``None`` to end the episode.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mmrl.policy import Generation, MediaInput, Policy, TokenSeq
+from mmrl.environments import (  # noqa: F401  (get_environment, register_environment: re-exported)
+    Environment,
+    Observation,
+    get_environment,
+    register_environment,
+)
+from mmrl.policy import Generation, Policy, TokenSeq
 from mmrl_common.registry import Registry
 
 
@@ -112,38 +119,6 @@ def backend_from_config(cfg: Any, policy: Policy) -> RolloutBackend:
 
         return make_backend("vllm", policy, **settings_from_config(cfg, policy))
     return make_backend(r.backend, policy)
-
-
-# ------------------------------------------------------------------------------------------ environments
-@dataclass
-class Observation:
-    """What the environment shows the policy next: text with ``{image}``/``{video}`` slots, and media."""
-
-    text: str
-    media: list[MediaInput] = field(default_factory=list)
-
-
-class Environment:
-    """Base class for multi-turn environments; one instance per episode."""
-
-    def __init__(self, sample: Any, media: list[MediaInput], **kwargs: Any):
-        self.sample = sample
-        self.media = media
-        self.info: dict[str, Any] = {}
-
-    def step(self, action: str) -> Observation | None:
-        """Read the policy's last turn; return the next observation or ``None`` to end the episode."""
-        raise NotImplementedError
-
-
-ENVIRONMENTS: Registry[type[Environment]] = Registry("environment", "rollout.environment")
-register_environment = ENVIRONMENTS.register
-
-
-def get_environment(name: str) -> type[Environment]:
-    import mmrl.environments  # noqa: F401  (built-in environments register on import)
-
-    return ENVIRONMENTS.get(name)
 
 
 # ------------------------------------------------------------------------------------------ episodes
