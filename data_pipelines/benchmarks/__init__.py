@@ -22,43 +22,19 @@ Register more with :func:`register_benchmark`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from data_pipelines.benchmarks._common import BenchmarkData, LayoutError
-from mmrl_common.errors import ConfigError
-from mmrl_common.registry import Registry
+from data_pipelines.benchmarks._common import (
+    READERS,
+    BenchmarkData,
+    BenchmarkReader,
+    LayoutError,
+    read_with,
+    register_benchmark,
+)
 
 __all__ = ["BenchmarkData", "LayoutError", "available_benchmarks", "get_benchmark", "load_benchmark",
            "register_benchmark"]
-
-
-@dataclass
-class BenchmarkReader:
-    name: str
-    fn: Callable[..., BenchmarkData]
-    title: str
-    kind: str  # "video_mc" | "medical" | "toy"
-    splits: tuple[str, ...] = ("test",)
-
-
-def _spelling(name: str) -> str:
-    return name.strip().lower().replace("_", "-")
-
-
-READERS: Registry[BenchmarkReader] = Registry("benchmark", duplicates="replace", normalize=_spelling)
-"""Every benchmark reader by name; case, ``_`` vs ``-`` and the aliases below do not matter."""
-
-
-def register_benchmark(name: str, *, title: str, kind: str, splits: tuple[str, ...] = ("test",),
-                       aliases: tuple[str, ...] = ()) -> Callable:
-    """Decorator registering a reader ``fn(root, *, split, media_cache, **options) -> BenchmarkData``."""
-    def deco(fn: Callable[..., BenchmarkData]) -> Callable[..., BenchmarkData]:
-        READERS.add(name, BenchmarkReader(name, fn, title, kind, splits), aliases=aliases)
-        return fn
-    return deco
 
 
 def _builtins() -> None:
@@ -87,12 +63,4 @@ def load_benchmark(name: str, root: str | os.PathLike[str], *, split: str | None
                    media_cache: str | os.PathLike[str] | None = None, **options: Any) -> BenchmarkData:
     """Read benchmark ``name`` from ``root``. ``split`` defaults to the benchmark's evaluation split;
     ``media_cache`` is where images embedded in Parquet files are written (default: the mmrl cache)."""
-    reader = get_benchmark(name)
-    split = split or reader.splits[0]
-    if split not in reader.splits:
-        raise ConfigError(f"{reader.title} has no split '{split}' with answers; use one of {', '.join(reader.splits)}")
-    if media_cache is None:
-        from mmrl_common.paths import cache_dir
-
-        media_cache = cache_dir() / "benchmark-images"
-    return reader.fn(Path(root), split=split, media_cache=Path(media_cache), **options)
+    return read_with(get_benchmark(name), root, split=split, media_cache=media_cache, **options)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from data_pipelines.schema import Sample
 from mmrl_common.errors import DataError
+from mmrl_common.registry import Registry
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".avi", ".mkv", ".mov", ".m4v")
 
@@ -113,3 +114,43 @@ def save_embedded_image(value: Any, cache: Path, where: str) -> Path:
     return out
 
 
+# ---------------------------------------------------------------------------------------------- the registry
+@dataclass
+class BenchmarkReader:
+    name: str
+    fn: Callable[..., BenchmarkData]
+    title: str
+    kind: str  # "video_mc" | "medical" | "toy"
+    splits: tuple[str, ...] = ("test",)
+
+
+def _spelling(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+READERS: Registry[BenchmarkReader] = Registry("benchmark", duplicates="replace", normalize=_spelling)
+"""Every benchmark reader by name; case, ``_`` vs ``-`` and the aliases below do not matter."""
+
+
+def register_benchmark(name: str, *, title: str, kind: str, splits: tuple[str, ...] = ("test",),
+                       aliases: tuple[str, ...] = ()) -> Callable:
+    """Decorator registering a reader ``fn(root, *, split, media_cache, **options) -> BenchmarkData``."""
+    def deco(fn: Callable[..., BenchmarkData]) -> Callable[..., BenchmarkData]:
+        READERS.add(name, BenchmarkReader(name, fn, title, kind, splits), aliases=aliases)
+        return fn
+    return deco
+
+
+def read_with(reader: BenchmarkReader, root: str | os.PathLike[str], *, split: str | None = None,
+              media_cache: str | os.PathLike[str] | None = None, **options: Any) -> BenchmarkData:
+    """Read ``reader``'s benchmark from ``root`` (:func:`data_pipelines.benchmarks.load_benchmark` does, by name)."""
+    from mmrl_common.errors import ConfigError
+
+    split = split or reader.splits[0]
+    if split not in reader.splits:
+        raise ConfigError(f"{reader.title} has no split '{split}' with answers; use one of {', '.join(reader.splits)}")
+    if media_cache is None:
+        from mmrl_common.paths import cache_dir
+
+        media_cache = cache_dir() / "benchmark-images"
+    return reader.fn(Path(root), split=split, media_cache=Path(media_cache), **options)

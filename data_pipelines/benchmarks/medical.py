@@ -28,14 +28,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from data_pipelines.benchmarks import register_benchmark
 from data_pipelines.benchmarks._common import (
+    READERS,
     BenchmarkData,
     check_root,
     first_existing,
     layout_error,
     read_json,
     read_parquet,
+    read_with,
+    register_benchmark,
     save_embedded_image,
 )
 from data_pipelines.schema import MediaItem, Sample, option_letters
@@ -361,10 +363,9 @@ def export_training_file(name: str, root: str | Path, out: str | Path, *, split:
                          **options: Any) -> Path:
     """Write benchmark ``name``'s ``split`` as native JSONL records (absolute image paths; closed/open in
     ``meta.answer_type``), loadable by ``mmrl train --data OUT``; returns ``OUT``."""
-    from data_pipelines.benchmarks import load_benchmark
     from data_pipelines.loaders import write_jsonl
 
-    data = load_benchmark(name, root, split=split, **options)
+    data = read_with(READERS.get(name), root, split=split, **options)  # this module's readers (registered above)
     return write_jsonl(out, data.samples)
 
 

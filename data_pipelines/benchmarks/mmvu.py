@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_pipelines.benchmarks import register_benchmark
 from data_pipelines.benchmarks._common import (
     BenchmarkData,
     check_root,
@@ -19,6 +18,7 @@ from data_pipelines.benchmarks._common import (
     first_existing,
     layout_error,
     read_json,
+    register_benchmark,
 )
 from data_pipelines.schema import MediaItem, Sample
 from mmrl_common.errors import DataError

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from data_pipelines.benchmarks import register_benchmark
-from data_pipelines.benchmarks._common import BenchmarkData, check_root, layout_error
+from data_pipelines.benchmarks._common import BenchmarkData, check_root, layout_error, register_benchmark
 
 EXPECTED = ("test.jsonl, val.jsonl              records of the split (mmrl data make-toy --out DIR)",
             "media/<split>/<task>/...           the videos and scans")

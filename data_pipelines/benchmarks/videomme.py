@@ -13,13 +13,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from data_pipelines.benchmarks import register_benchmark
 from data_pipelines.benchmarks._common import (
     BenchmarkData,
     check_root,
     find_media,
     layout_error,
     read_parquet,
+    register_benchmark,
 )
 from data_pipelines.schema import MediaItem, Sample
 from mmrl_common.errors import DataError
