@@ -26,7 +26,10 @@ from typing import Any
 
 from mmrl.plugins import Callback, register_plugin
 from mmrl.policy import Policy, TokenSeq
+from mmrl.report import register_curve
 from mmrl_common.errors import ConfigError, DataError, MmrlError
+
+register_curve("agent_eval/accuracy", "Held-out accuracy through the agent loop (agent_eval)", "agent_eval.png")
 
 AGENTS: dict[str, dict[str, Any]] = {
     "earl": {"environment": "select_frames", "environment_kwargs": {}, "max_turns": 4},

@@ -53,13 +53,20 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import Any
 
 from mmrl.environments import Environment, Observation, register_environment
 from mmrl.policy import MediaInput
 from mmrl.prompts import media_parts
+from mmrl.report import register_curve
 from mmrl_common.errors import ConfigError, MmrlError
+from video.resample import cell_of, cells, frames_on_spans  # noqa: F401  (cells: re-exported)
+
+# the report's plots of the evidence rewards' metrics (rewards.evidence logs them)
+register_curve("reward_metric/evidence/iou*", "EARL: selection IoU with the gold frames (all episodes / those that "
+               "selected)", "earl_iou.png")
+register_curve("reward_metric/evidence/selected", "EARL: share of episodes that select frames", "earl_selected.png")
+register_curve("reward_metric/evidence/frames_shown", "EARL: frames shown per episode", "earl_frames.png")
 
 ACTION_NAME = "select_frames"
 _CALL = re.compile(r"select_frames\s*\(\s*(?:target_frames\s*=\s*)?\[([^\]]*)\]\s*\)")
@@ -108,30 +115,6 @@ def instructions(max_rounds: int = 2, max_select: int = 8) -> str:
     return (f"The video frames are numbered 1, 2, ... in time order. To look closer, reply only "
             f"{ACTION_NAME}([i, j]) with up to {max_select} frame numbers: you get new frames around them, "
             f"numbered again from 1 (at most {max_rounds} times). Otherwise give the answer.")
-
-
-def cells(timestamps: Sequence[float]) -> list[tuple[float, float]]:
-    """Each frame's time cell: from the midpoint with its previous frame to the midpoint with its next one
-    (the first and last reach -inf and +inf). A time belongs to the cell of its nearest frame."""
-    ts = [float(t) for t in timestamps]
-    mids = [(a + b) / 2 for a, b in pairwise(ts)]
-    lows = [float("-inf"), *mids]
-    highs = [*mids, float("inf")]
-    return list(zip(lows, highs))
-
-
-def cell_of(t: float, timestamps: Sequence[float]) -> int:
-    """0-based index of the frame nearest to time ``t`` (ties go to the earlier frame)."""
-    return min(range(len(timestamps)), key=lambda k: (abs(float(timestamps[k]) - t), k))
-
-
-def frames_on_spans(timestamps: Sequence[float], spans: Sequence[Sequence[float]]) -> list[int]:
-    """0-based indices of the frames whose cell overlaps any ``[start, end]`` span (seconds)."""
-    out = []
-    for k, (lo, hi) in enumerate(cells(timestamps)):
-        if any(lo <= float(b) and float(a) <= hi for a, b in spans):
-            out.append(k)
-    return out
 
 
 class _ResampleCache:

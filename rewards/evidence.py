@@ -50,15 +50,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from mmrl.report import register_curve
 from mmrl_common.errors import ConfigError, DataError
 from rewards.registry import register_reward
-
-register_curve("reward_metric/evidence/iou*", "EARL: selection IoU with the gold frames (all episodes / those that "
-               "selected)", "earl_iou.png")
-register_curve("reward_metric/evidence/selected", "EARL: share of episodes that select frames", "earl_selected.png")
-register_curve("reward_metric/evidence/frames_shown", "EARL: frames shown per episode", "earl_frames.png")
-register_curve("agent_eval/accuracy", "Held-out accuracy through the agent loop (agent_eval)", "agent_eval.png")
+from video.resample import cell_of, frames_on_spans
 
 
 @dataclass(frozen=True)
@@ -144,8 +138,6 @@ def gold_time_spans(meta: Mapping[str, Any], initial: Sequence[float],
 
 def gold_cells(meta: Mapping[str, Any], initial: Sequence[float], settings: EvidenceSettings) -> set[int] | None:
     """0-based round-0 frames that hold gold evidence (None: the record has no gold)."""
-    from mmrl.frame_selection import cell_of, frames_on_spans
-
     if not initial:
         return None
     spans = _spans(meta) if settings.gold in ("auto", "spans") else None
@@ -171,8 +163,6 @@ def gold_cells(meta: Mapping[str, Any], initial: Sequence[float], settings: Evid
 def selected_cells(info: Mapping[str, Any]) -> set[int]:
     """0-based round-0 frames of every selection in the episode (each selected frame maps to the round-0
     frame nearest in time)."""
-    from mmrl.frame_selection import cell_of
-
     initial = info.get("initial_timestamps") or []
     if not initial:
         return set()

@@ -170,3 +170,28 @@ def resample_video(
     video = decode_indices(reader, res.indices, window_frames=span, policy="resample",
                            options={"max_frames": max_frames, "allocation": allocation, "edge": edge}, **resize)
     return res, video
+
+
+# ---------------------------------------------------------------------------------------- frame cells
+def cells(timestamps: Sequence[float]) -> list[tuple[float, float]]:
+    """Each frame's time cell: from the midpoint with its previous frame to the midpoint with its next one
+    (the first and last reach -inf and +inf). A time belongs to the cell of its nearest frame."""
+    ts = [float(t) for t in timestamps]
+    mids = [(a + b) / 2 for a, b in pairwise(ts)]
+    lows = [float("-inf"), *mids]
+    highs = [*mids, float("inf")]
+    return list(zip(lows, highs))
+
+
+def cell_of(t: float, timestamps: Sequence[float]) -> int:
+    """0-based index of the frame nearest to time ``t`` (ties go to the earlier frame)."""
+    return min(range(len(timestamps)), key=lambda k: (abs(float(timestamps[k]) - t), k))
+
+
+def frames_on_spans(timestamps: Sequence[float], spans: Sequence[Sequence[float]]) -> list[int]:
+    """0-based indices of the frames whose cell overlaps any ``[start, end]`` span (seconds)."""
+    out = []
+    for k, (lo, hi) in enumerate(cells(timestamps)):
+        if any(lo <= float(b) and float(a) <= hi for a, b in spans):
+            out.append(k)
+    return out
