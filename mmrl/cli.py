@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("mmrl.commands:add_sft_parser", "supervised fine-tuning (cold start)"),
     "eval": ("mmrl.commands:add_eval_parser", "evaluate a model on a held-out split"),
     "data": ("data_pipelines.cli:add_parser", "validate, inspect, and generate datasets (make-toy)"),
-    "models": ("mmrl.tiny_models:add_parser", "build tiny Qwen-VL models offline (random weights or the toy base)"),
+    "models": ("mmrl.toy_base:add_models_parser", "build tiny Qwen-VL models offline (random weights or the toy base)"),
     "compare": ("mmrl.compare:add_parser", "measure methods against plain GRPO: arms x seeds, intervals"),
     "config": ("mmrl.commands:add_config_parser", "print the resolved configuration: every key, value, meaning"),
 }

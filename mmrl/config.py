@@ -107,7 +107,7 @@ class ModelConfig:
             except ConfigError as exc:
                 raise ConfigError(f"model.tiny_size: {exc}") from None
         if self.toy_base:
-            from mmrl.toy_base import check_overrides
+            from mmrl.toy_recipe import check_overrides
 
             check_overrides(self.toy_base, prefix="model.toy_base")
 

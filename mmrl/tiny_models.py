@@ -785,8 +785,9 @@ chat template. Defaults give about 1-2M parameters. Nothing is downloaded.
 """
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``mmrl models`` with its ``make-tiny`` and ``make-toy-base`` sub-commands."""
+def add_parser(subparsers: Any) -> tuple[argparse.ArgumentParser, Any]:
+    """Add ``mmrl models`` with its ``make-tiny`` sub-command; returns the parser and its sub-commands (where
+    :func:`mmrl.toy_base.add_models_parser` adds ``make-toy-base``)."""
     parser = subparsers.add_parser(
         "models",
         help="build tiny random-weight Qwen-VL models offline",
@@ -804,36 +805,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     make.add_argument("--out", required=True, metavar="DIR", help="output directory (must be empty or new)")
     make.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     make.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
-    _add_size_options(make)
+    addsize_options(make)
     make.set_defaults(func=_cmd_make_tiny)
-    base = sub.add_parser(
-        "make-toy-base", help="build (or find) the toy base model: the tiny model pre-trained to name what it "
-                              "sees in the toy world",
-        description="Pre-train the tiny model on the toy world's description split (never the RL/test "
-                    "questions, options or answer letters) and cache it; `model.init: toy_base` runs use it.")
-    base.add_argument("--family", default="qwen2_5_vl", help=f"one of {', '.join(FAMILIES)} [qwen2_5_vl]")
-    base.add_argument("--seed", type=int, default=0, help="weight and data seed [0]")
-    base.add_argument("--letter-share", type=float, default=0.0, metavar="P",
-                      help="share of word-list requests posed as lettered options, answered with the letter "
-                           "(model.toy_base: {letter_share: P}) [0]")
-    base.add_argument("--pointer-steps", type=int, default=None, metavar="N",
-                      help="steps of a text-only pointer phase first (\"Pick the option red.\" with lettered options; "
-                           "model.toy_base: {pointer_steps: N}) [0]")
-    base.add_argument("--tasks", default=None, metavar="A,B",
-                      help="toy tasks to pre-train on (model.toy_base: {tasks: [...]}) [all described tasks]")
-    base.add_argument("--per-task", type=int, default=None, metavar="N",
-                      help="pictures or videos per task (model.toy_base: {per_task: N}) [200]")
-    base.add_argument("--steps", type=int, default=None, metavar="N",
-                      help="pre-training steps (model.toy_base: {steps: N}) [2000]")
-    base.add_argument("--out", default=None, metavar="DIR", help="write here instead of the cache")
-    base.add_argument("--quiet", action="store_true", help="no progress output")
-    _add_size_options(base, "size of the tiny model it starts from (model.tiny_size; each size is its own base)")
-    base.set_defaults(func=_cmd_make_toy_base)
     parser.set_defaults(func=lambda args: _print_help(parser))
-    return parser
+    return parser, sub
 
 
-def _add_size_options(parser: argparse.ArgumentParser,
+def addsize_options(parser: argparse.ArgumentParser,
                       title: str = "size options (defaults in brackets; pixel budgets 0 = family default)") -> None:
     """One ``--kebab-case`` option per :class:`TinySize` field (None when not given)."""
     defaults = TinySize()
@@ -847,7 +825,7 @@ def _add_size_options(parser: argparse.ArgumentParser,
                            help=f"{_SIZE_HELP[field.name]} [{getattr(defaults, field.name)}]")
 
 
-def _size_options(args: argparse.Namespace) -> dict[str, Any]:
+def size_options(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`TinySize` options given on the command line."""
     size = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TinySize)}
     return {k: v for k, v in size.items() if v is not None}
@@ -858,36 +836,8 @@ def _print_help(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _cmd_make_toy_base(args: argparse.Namespace) -> int:
-    from mmrl.toy_base import (
-        COUNTS,
-        BaseRecipe,
-        check_count,
-        check_letter_share,
-        check_tasks,
-        ensure_toy_base,
-        make_toy_base,
-    )
-
-    check_family(args.family)
-    check_letter_share(args.letter_share, "--letter-share")
-    given: dict[str, Any] = {"letter_share": args.letter_share}
-    for key in ("pointer_steps", "per_task", "steps"):
-        if getattr(args, key, None) is not None:
-            check_count(getattr(args, key), "--" + key.replace("_", "-"), COUNTS[key])
-            given[key] = getattr(args, key)
-    if getattr(args, "tasks", None):
-        given["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-        check_tasks(given["tasks"], "--tasks")
-    recipe = BaseRecipe(family=args.family, seed=args.seed, size=tuple(_size_options(args).items()), **given)
-    path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
-        ensure_toy_base(recipe, progress=not args.quiet)
-    print(path)
-    return 0
-
-
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    path, info = _make(args.family, args.out, seed=args.seed, overwrite=args.force, **_size_options(args))
+    path, info = _make(args.family, args.out, seed=args.seed, overwrite=args.force, **size_options(args))
     ids = info["special_tokens"]
     print(
         f"built {args.family} in {path} ({info['parameters']:,} parameters, "

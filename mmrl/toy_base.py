@@ -15,8 +15,8 @@ make-toy-base`` builds it by hand, and a run with ``model.init: toy_base`` build
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -25,134 +25,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-# 2: video positions by the pre-training rule (mmrl.rope): a base pre-trained under transformers' rule would see
-# text after a video at other positions in every later run
-# 3: question-form requests and candidate words in half of them (the v2 base answered every RL question with a
-# colour: it had never seen a prompt that lists options)
-PRETRAIN_VERSION = 3
-INFO_FILE = "toy_base.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseRecipe:
-    """How the toy base model is made (every field enters the cache key)."""
-
-    family: str = "qwen2_5_vl"
-    seed: int = 0
-    tasks: tuple[str, ...] = ("color", "shape", "count", "motion", "order", "needle", "color_image", "scan")
-    per_task: int = 200
-    """Pictures or videos per task in the pre-training split (1-2 requests each)."""
-    steps: int = 2000
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    max_frames: int = 4
-    video_pixels: int = 3136
-    image_pixels: int = 12544
-    letter_share: float = 0.0
-    """Share of the requests whose answer comes from a word list that are posed as a multiple-choice question
-    instead: 3-5 of the words as lettered options in a random order, answered with the letter (a real base
-    model has seen exam-style questions; the default base never sees a letter and answers in words)."""
-    pointer_steps: int = 0
-    """Steps of a text-only pointer phase before the pre-training (``data_pipelines.toy.pretrain.pointer_drill``:
-    "Pick the option red." with lettered options, answered with the letter; batch 32). The 2-layer tiny model
-    needs thousands of such steps before it maps a word to its option's letter at all, far more lettered
-    requests than ``letter_share`` gives it; a quarter of the pre-training's items are then drill items too
-    (``POINTER_MIX``), so that it keeps the pointer. 0: no pointer phase."""
-    size: tuple[tuple[str, int], ...] = ()
-    """Size overrides of the tiny model it starts from, as ``(field, value)`` pairs of
-    :class:`mmrl.tiny_models.TinySize` (a run's ``model.tiny_size``; empty: the default tiny size)."""
-
-    def __post_init__(self) -> None:
-        from mmrl.tiny_models import TinySize, resolve_size
-
-        given = dict(self.size)
-        resolve_size(self.family, **given)  # ConfigError on an unknown field or a bad value
-        default = dataclasses.asdict(TinySize())  # an explicit default is no change: the same base
-        object.__setattr__(self, "size", tuple(sorted((k, v) for k, v in given.items() if v != default[k])))
-
-
-# fields added after PRETRAIN_VERSION 3: they enter the cache key only when set, so the default base (and every
-# result measured on it) keeps its key
-LATER_FIELDS = ("letter_share", "pointer_steps", "size")
-POINTER_ITEMS = 4096
-POINTER_BATCH = 32
-POINTER_MIX = 0.25
-"""Share of pointer-drill items among the pre-training's descriptions (with ``pointer_steps``)."""
-# family, seed and size come from model.tiny_family, model.tiny_seed and model.tiny_size (as for a random tiny model)
-OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed", "size"))
-
-
-def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> None:
-    """Raise :class:`ConfigError` for an override of :class:`BaseRecipe` that does not exist or is out of range."""
-    from mmrl_common.errors import ConfigError
-
-    for key, value in given.items():
-        if key not in OVERRIDABLE:
-            raise ConfigError(f"{prefix}.{key}: not a setting of the toy base model; settable: {', '.join(OVERRIDABLE)}"
-                              " (model.tiny_family, model.tiny_seed and model.tiny_size choose the family, the seed and"
-                              " the size)")
-        if key == "letter_share":
-            check_letter_share(value, f"{prefix}.letter_share")
-        if key in COUNTS:
-            check_count(value, f"{prefix}.{key}", COUNTS[key])
-        if key == "tasks":
-            check_tasks(value, f"{prefix}.tasks")
-
-
-# whole-number settings and their least value
-COUNTS = {"steps": 1, "per_task": 1, "batch_size": 1, "warmup_steps": 0, "max_frames": 1, "pointer_steps": 0}
-
-
-def check_count(value: Any, name: str, least: int) -> None:
-    """Raise :class:`ConfigError` naming ``name`` unless ``value`` is a whole number >= ``least``."""
-    from mmrl_common.errors import ConfigError
-
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
-        raise ConfigError(f"{name}={value!r}: a whole number, {least} or more")
-
-
-def check_tasks(names: Any, name: str) -> None:
-    """Raise :class:`ConfigError` naming ``name`` unless ``names`` are toy tasks the pre-training describes."""
-    from data_pipelines.toy.pretrain import pretrain_tasks
-    from mmrl_common.errors import ConfigError
-
-    if isinstance(names, str) or not names:
-        raise ConfigError(f"{name}={names!r}: a non-empty list of toy tasks; described: {', '.join(pretrain_tasks())}")
-    if unknown := [t for t in names if t not in pretrain_tasks()]:
-        raise ConfigError(f"{name}: no pre-training descriptions for {', '.join(map(str, unknown))}; "
-                          f"described: {', '.join(pretrain_tasks())}")
-
-
-def check_letter_share(value: Any, name: str) -> None:
-    """Raise :class:`ConfigError` naming ``name`` unless ``value`` is a share in [0, 1]."""
-    from mmrl_common.errors import ConfigError
-
-    if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
-        raise ConfigError(f"{name}={value!r}: a share, in [0, 1]")
-
-
-def base_key(recipe: BaseRecipe) -> str:
-    from data_pipelines.toy.build import GENERATOR_VERSION
-    from data_pipelines.toy.registry import task_versions
-
-    fields = dataclasses.asdict(recipe)
-    defaults = dataclasses.asdict(BaseRecipe())
-    for name in LATER_FIELDS:
-        if fields[name] == defaults[name]:
-            del fields[name]
-        elif name == "size":
-            fields[name] = dict(recipe.size)
-    if versions := task_versions(recipe.tasks):  # a toy task whose pictures changed since (e.g. scan v2) moves it
-        fields["task_versions"] = versions
-    blob = json.dumps({**fields, "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION}, sort_keys=True)
-    return hashlib.sha1(blob.encode()).hexdigest()[:12]
-
-
-def base_dir(recipe: BaseRecipe) -> Path:
-    from mmrl_common.paths import cache_dir
-
-    return cache_dir() / "toy-base" / f"{recipe.family}-{base_key(recipe)}"
+# the recipe, its checks and keys (re-exported: they were defined here)
+from mmrl.toy_recipe import (  # noqa: F401
+    COUNTS,
+    INFO_FILE,
+    LATER_FIELDS,
+    OVERRIDABLE,
+    POINTER_BATCH,
+    POINTER_ITEMS,
+    POINTER_MIX,
+    PRETRAIN_VERSION,
+    BaseRecipe,
+    base_dir,
+    base_key,
+    check_count,
+    check_letter_share,
+    check_overrides,
+    check_tasks,
+)
 
 
 def pretrain_config(recipe: BaseRecipe) -> Any:
@@ -170,8 +60,10 @@ def pretrain_config(recipe: BaseRecipe) -> Any:
     return cfg
 
 
-def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True) -> Path:
-    """Build the toy base model into ``out`` (a Hugging Face folder with ``toy_base.json``)."""
+def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress: bool = True) -> Path:
+    """Build the toy base model into ``out`` (a Hugging Face folder with ``toy_base.json``; ``recipe``: the
+    default base when None)."""
+    recipe = recipe or BaseRecipe()
     import torch
 
     from data_pipelines.loaders import load_samples
@@ -229,12 +121,13 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe = BaseRecipe(), *, progres
     return out
 
 
-def ensure_toy_base(recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True) -> Path:
+def ensure_toy_base(recipe: BaseRecipe | None = None, *, progress: bool = True) -> Path:
     """The cached toy base model for ``recipe``, built first if needed (atomically: build, then rename). One
     process builds it; others that need it at the same time (the runs of a parallel ``mmrl compare``, test
     workers) wait for that build on a lock file beside the cache instead of building it again."""
     import fcntl
 
+    recipe = recipe or BaseRecipe()
     final = base_dir(recipe)
     if (final / INFO_FILE).is_file():
         return final
@@ -256,3 +149,55 @@ def ensure_toy_base(recipe: BaseRecipe = BaseRecipe(), *, progress: bool = True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+def add_models_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """``mmrl models``: ``make-tiny`` (:mod:`mmrl.tiny_models`) and ``make-toy-base``."""
+    from mmrl.tiny_models import FAMILIES, add_parser, add_size_options
+
+    parser, sub = add_parser(subparsers)
+    base = sub.add_parser(
+        "make-toy-base", help="build (or find) the toy base model: the tiny model pre-trained to name what it "
+                              "sees in the toy world",
+        description="Pre-train the tiny model on the toy world's description split (never the RL/test "
+                    "questions, options or answer letters) and cache it; `model.init: toy_base` runs use it.")
+    base.add_argument("--family", default="qwen2_5_vl", help=f"one of {', '.join(FAMILIES)} [qwen2_5_vl]")
+    base.add_argument("--seed", type=int, default=0, help="weight and data seed [0]")
+    base.add_argument("--letter-share", type=float, default=0.0, metavar="P",
+                      help="share of word-list requests posed as lettered options, answered with the letter "
+                           "(model.toy_base: {letter_share: P}) [0]")
+    base.add_argument("--pointer-steps", type=int, default=None, metavar="N",
+                      help="steps of a text-only pointer phase first (\"Pick the option red.\" with lettered options; "
+                           "model.toy_base: {pointer_steps: N}) [0]")
+    base.add_argument("--tasks", default=None, metavar="A,B",
+                      help="toy tasks to pre-train on (model.toy_base: {tasks: [...]}) [all described tasks]")
+    base.add_argument("--per-task", type=int, default=None, metavar="N",
+                      help="pictures or videos per task (model.toy_base: {per_task: N}) [200]")
+    base.add_argument("--steps", type=int, default=None, metavar="N",
+                      help="pre-training steps (model.toy_base: {steps: N}) [2000]")
+    base.add_argument("--out", default=None, metavar="DIR", help="write here instead of the cache")
+    base.add_argument("--quiet", action="store_true", help="no progress output")
+    add_size_options(base, "size of the tiny model it starts from (model.tiny_size; each size is its own base)")
+    base.set_defaults(func=_cmd_make_toy_base)
+    return parser
+
+
+def _cmd_make_toy_base(args: argparse.Namespace) -> int:
+    from mmrl.tiny_models import check_family, size_options
+
+    check_family(args.family)
+    check_letter_share(args.letter_share, "--letter-share")
+    given: dict[str, Any] = {"letter_share": args.letter_share}
+    for key in ("pointer_steps", "per_task", "steps"):
+        if getattr(args, key, None) is not None:
+            check_count(getattr(args, key), "--" + key.replace("_", "-"), COUNTS[key])
+            given[key] = getattr(args, key)
+    if getattr(args, "tasks", None):
+        given["tasks"] = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+        check_tasks(given["tasks"], "--tasks")
+    recipe = BaseRecipe(family=args.family, seed=args.seed, size=tuple(size_options(args).items()), **given)
+    path = make_toy_base(Path(args.out), recipe, progress=not args.quiet) if args.out else \
+        ensure_toy_base(recipe, progress=not args.quiet)
+    print(path)
+    return 0

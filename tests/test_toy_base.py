@@ -135,7 +135,7 @@ def test_toy_base_overrides_key_and_validation() -> None:
         ModelConfig(toy_base={"letter_share": 1.5})
     import argparse
 
-    from mmrl.tiny_models import _cmd_make_toy_base
+    from mmrl.toy_base import _cmd_make_toy_base
 
     args = argparse.Namespace(family="qwen2_5_vl", seed=0, letter_share=2.0, out="unused", quiet=True)
     with pytest.raises(ConfigError, match="^--letter-share=2.0: a share"):  # the CLI names its flag
@@ -231,13 +231,14 @@ def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: p
 def test_make_toy_base_takes_the_size_options(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from mmrl.tiny_models import _size_options, add_parser
+    from mmrl.tiny_models import size_options
+    from mmrl.toy_base import add_models_parser
 
     sub = argparse.ArgumentParser().add_subparsers()
-    add_parser(sub)
+    add_models_parser(sub)
     parser = sub.choices["models"]
     args = parser.parse_args(["make-toy-base", "--layers", "4", "--hidden-size", "256"])
-    assert _size_options(args) == {"layers": 4, "hidden_size": 256}
+    assert size_options(args) == {"layers": 4, "hidden_size": 256}
     with pytest.raises(SystemExit):
         parser.parse_args(["make-toy-base", "--help"])
     assert "--vision-depth" in capsys.readouterr().out
