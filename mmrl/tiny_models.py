@@ -805,13 +805,13 @@ def add_parser(subparsers: Any) -> tuple[argparse.ArgumentParser, Any]:
     make.add_argument("--out", required=True, metavar="DIR", help="output directory (must be empty or new)")
     make.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     make.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
-    addsize_options(make)
+    add_size_options(make)
     make.set_defaults(func=_cmd_make_tiny)
     parser.set_defaults(func=lambda args: _print_help(parser))
     return parser, sub
 
 
-def addsize_options(parser: argparse.ArgumentParser,
+def add_size_options(parser: argparse.ArgumentParser,
                       title: str = "size options (defaults in brackets; pixel budgets 0 = family default)") -> None:
     """One ``--kebab-case`` option per :class:`TinySize` field (None when not given)."""
     defaults = TinySize()
