@@ -166,8 +166,8 @@ class Curriculum(Callback):
 
     SETTINGS = SETTINGS
 
-    def __init__(self, trainer: Any, **settings: Any):
-        super().__init__(trainer, **settings)
+    def __init__(self, ctx: Any, **settings: Any):
+        super().__init__(ctx, **settings)
         stages = settings.get("stages")
         if not isinstance(stages, list) or not stages:
             raise ConfigError("plugins.curriculum.stages: a list of stages is needed (each {name, select, "
@@ -204,7 +204,7 @@ class Curriculum(Callback):
                 "reset_reference": bool(raw.get("reset_reference", i > 0)),
                 "switch": _switch(raw.get("switch"), where) if i < len(stages) - 1 else None,
             })
-            if not any(self.stages[-1]["keep"](s) for s in trainer.train_samples):
+            if not any(self.stages[-1]["keep"](s) for s in ctx.train_samples):
                 raise ConfigError(f"{where}: select {raw.get('select')!r} keeps no training sample")
         self.current = -1  # no stage entered yet
         self.stage_step = 0
@@ -219,14 +219,14 @@ class Curriculum(Callback):
     # ----------------------------------------------------------------------------------------- stages
     def _pool(self, k: int) -> tuple[list[str], float]:
         stage = self.stages[k]
-        samples = self.trainer.train_samples
+        samples = self.ctx.train_samples
         own = [s.id for s in samples if stage["keep"](s)]
         if not stage["replay"]:
             return own, 0.0
         mine = set(own)
         earlier = sorted({s.id for s in samples for e in self.stages[:k] if e["keep"](s)} - mine)
         want = round(len(own) * stage["replay"] / (1 - stage["replay"]))
-        rng = random.Random(self.trainer.cfg.train.seed * 7919 + k)
+        rng = random.Random(self.ctx.cfg.train.seed * 7919 + k)
         picked = rng.sample(earlier, min(want, len(earlier)))
         if len(picked) < want:
             tqdm.write(f"curriculum: stage {stage['name']!r} asks for {want} replayed samples, the earlier stages "
@@ -236,16 +236,16 @@ class Curriculum(Callback):
     def _enter(self, k: int, reason: str) -> None:
         stage = self.stages[k]
         pool, share = self._pool(k)
-        self.trainer.set_stage(stage["name"], pool=pool, rewards=stage["rewards"], grpo=stage["grpo"],
+        self.ctx.set_stage(stage["name"], pool=pool, rewards=stage["rewards"], grpo=stage["grpo"],
                                reset_reference=stage["reset_reference"] and k > 0)  # carries reward state
         if self.current >= 0:
-            self.history[-1].update(end_step=self.trainer.step, steps=self.stage_step, **self._stats())
+            self.history[-1].update(end_step=self.ctx.step, steps=self.stage_step, **self._stats())
         self.current, self.stage_step, self.replay_share = k, 0, share
         self.metric_window.clear()
         self.sparsity_window.clear()
         self.best, self.since_best = -math.inf, 0
         self.stage_rewards = []
-        self.history.append({"stage": stage["name"], "index": k, "start_step": self.trainer.step, "reason": reason,
+        self.history.append({"stage": stage["name"], "index": k, "start_step": self.ctx.step, "reason": reason,
                              "pool": len(pool), "replayed": round(share * len(pool)),
                              "reference_reset": bool(stage["reset_reference"] and k > 0)})
         self._write()
@@ -258,7 +258,7 @@ class Curriculum(Callback):
                 "last_zero_variance_share": sum(z) / len(z) if z else None}
 
     def _write(self) -> None:
-        run_dir = getattr(self.trainer, "run_dir", None)
+        run_dir = self.ctx.run_dir
         if run_dir is None:
             return
         doc = {"stages": [s["name"] for s in self.stages], "current": self.stages[self.current]["name"],
@@ -331,11 +331,11 @@ class Curriculum(Callback):
             stats["curriculum/zero_variance_share"] = sum(self.sparsity_window) / len(self.sparsity_window)
         stats["curriculum/replay_share"] = self.replay_share
         reason = self._due()
-        switched = reason is not None and self.current + 1 < len(self.stages) and step < self.trainer.cfg.train.steps
+        switched = reason is not None and self.current + 1 < len(self.stages) and step < self.ctx.cfg.train.steps
         if switched:
             self._enter(self.current + 1, reason)
         stats["curriculum/switched"] = int(switched)
-        if not switched and step >= self.trainer.cfg.train.steps:
+        if not switched and step >= self.ctx.cfg.train.steps:
             self.history[-1].update(end_step=step, steps=self.stage_step, **self._stats())
             self._write()
 

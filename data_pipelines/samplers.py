@@ -51,11 +51,11 @@ class Sampler:
     def draw(self, n: int) -> list[int]:
         raise NotImplementedError
 
-    def attach(self, trainer: Any) -> None:
+    def attach(self, ctx: Any) -> None:
         """Called once by the trainer after the sampler is built (and again after a curriculum stage
-        builds a new one). Samplers that score their pool with the current policy keep
-        ``trainer.rollout_prompts(indices, n=..., hooks=False)``: it rolls out and scores the sampler's
-        own prompt indices and returns a :class:`mmrl.batch.RolloutBatch`."""
+        builds a new one) with the run's :class:`mmrl.plugins.StepContext`. Samplers that score their pool
+        with the current policy keep it: ``ctx.rescore(indices, n=..., chunk=...)`` rolls out and scores the
+        sampler's own prompt indices, a chunk at a time, as :class:`mmrl.batch.RolloutBatch` objects."""
 
     def update(self, batch: Any) -> None:
         """Rollout feedback after every step: ``batch`` is the step's :class:`mmrl.batch.RolloutBatch` with

@@ -83,26 +83,24 @@ class VarianceFilterSampler(UniformSampler):
         self.kept: list[int] | None = None
         self.scores: list[list[float]] = []
         """The ``k`` reward totals of every prompt from the selection (in the state: what was kept, and why)."""
-        self.trainer: Any = None
+        self.ctx: Any = None
         self._step: dict[str, float] = {}
 
-    def attach(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def attach(self, ctx: Any) -> None:
+        self.ctx = ctx
 
     def select(self) -> None:
         """Score every prompt ``k`` times with the current policy and keep those whose variance is above tau."""
-        if self.trainer is None:
+        if self.ctx is None:
             raise MmrlError("the variance_filter sampler scores prompts with the trainer's rollouts; it runs "
                             "inside `mmrl train` only (use `mmrl data select-variance` outside a run)")
         t0 = time.perf_counter()
         scores: list[list[float]] = [[] for _ in self.samples]
         indices = list(range(len(self.samples)))
-        for start in range(0, len(indices), self.chunk_prompts):
-            batch = self.trainer.rollout_prompts(indices[start:start + self.chunk_prompts], n=self.k, hooks=False)
+        for batch in self.ctx.rescore(indices, n=self.k, chunk=self.chunk_prompts):
             totals = [float(x) for x in batch.rewards]
             for rows in batch.groups():
                 scores[batch.prompt_index[rows[0]]] = [round(totals[r], 6) for r in rows]
-            self.trainer.policy.media.clear()
         variances = [reward_variance(v) for v in scores]
         kept = [i for i, v in enumerate(variances) if v > self.tau]
         if not kept:

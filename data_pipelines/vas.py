@@ -17,7 +17,7 @@ equal: uniform), and the rest uniformly (shuffled passes over the pool, a new or
 one (the trainer's replacement for an unreadable sample) is therefore uniform.
 
 Every ``update_every`` steps, before the step's prompts are prepared, the sampler re-scores its pool with
-``score_rollouts`` rollouts per prompt of the current policy (``trainer.rollout_prompts(..., hooks=False)``:
+``score_rollouts`` rollouts per prompt of the current policy (``ctx.rescore``, :class:`mmrl.plugins.StepContext`:
 no plug-in sees them; ``chunk_prompts`` prompts at a time, their encoded media dropped after each chunk);
 the first step scores every prompt. With ``online: true`` a prompt's scores are also replaced by those of
 its own training rollouts every step (:meth:`VarianceAwareSampler.update`), and a refresh re-scores only
@@ -123,7 +123,7 @@ class VarianceAwareSampler(Sampler):
         self.refresh_s_total = 0.0
         self.refresh_rollouts_total = 0
         # per process
-        self.trainer: Any = None
+        self.ctx: Any = None
         self._order = self._permutation(0)
         self._probs: np.ndarray | None = None
         self._refreshing = False
@@ -160,8 +160,8 @@ class VarianceAwareSampler(Sampler):
             raise ConfigError(f"{KEY}.reward={self.reward!r}: {exc.args[0]}; name the reward component that "
                               "says whether a rollout is correct") from exc
         pad_id, pad_to = 0, 0
-        if self.released_code and self.trainer is not None:
-            pad_id, pad_to = int(self.trainer.policy.pad_id), int(self.trainer.cfg.rollout.max_new_tokens)
+        if self.released_code and self.ctx is not None:
+            pad_id, pad_to = int(self.ctx.service.policy.pad_id), int(self.ctx.cfg.rollout.max_new_tokens)
         n = 0
         for rows in batch.groups():
             passed = [float(acc[r]) >= self.pass_threshold for r in rows]
@@ -226,14 +226,14 @@ class VarianceAwareSampler(Sampler):
         return out
 
     # ------------------------------------------------------------------------------------ re-scoring
-    def attach(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def attach(self, ctx: Any) -> None:
+        self.ctx = ctx
 
     def _before_step(self) -> None:
         """Once per training step (the first draw of a step): re-score the pool when it is due."""
-        if self.trainer is None:
+        if self.ctx is None:
             return
-        step = int(self.trainer.step)
+        step = int(self.ctx.step)
         if step == self._step_seen:
             return
         self._step_seen = step
@@ -252,18 +252,14 @@ class VarianceAwareSampler(Sampler):
 
     def refresh(self, step: int) -> None:
         """Re-score the due prompts with ``score_rollouts`` rollouts each of the current policy."""
-        trainer = self.trainer
         indices = self.due_for_refresh(step)
         t0 = time.perf_counter()
         rollouts = scored = 0
         self._refreshing = True
         try:
-            for start in range(0, len(indices), self.chunk_prompts):
-                batch = trainer.rollout_prompts(indices[start:start + self.chunk_prompts], n=self.score_rollouts,
-                                                hooks=False)
+            for batch in self.ctx.rescore(indices, n=self.score_rollouts, chunk=self.chunk_prompts):
                 scored += self.score_batch(batch, step)
                 rollouts += len(batch)
-                trainer.policy.media.clear()  # this chunk's encoded media (the step's own come later)
         finally:
             self._refreshing = False
         seconds = time.perf_counter() - t0
@@ -277,7 +273,7 @@ class VarianceAwareSampler(Sampler):
     def update(self, batch: Any) -> None:
         """Online mode: each drawn prompt's scores become those of its training rollouts."""
         if self.online and len(batch):
-            step = int(self.trainer.step) if self.trainer is not None else 0
+            step = int(self.ctx.step) if self.ctx is not None else 0
             self.score_batch(batch, step)
 
     # ------------------------------------------------------------------------------------ logging, state

@@ -187,9 +187,9 @@ class AgentEval(Callback):
 
     SETTINGS = ("every", "before", "uniform_frames", "limit", "environment", "max_turns")
 
-    def __init__(self, trainer: Any, **settings: Any):
-        super().__init__(trainer, **settings)
-        r = trainer.cfg.rollout
+    def __init__(self, ctx: Any, **settings: Any):
+        super().__init__(ctx, **settings)
+        r = ctx.cfg.rollout
         self.every = int(settings.get("every", 0))
         self.before = bool(settings.get("before", True))
         self.uniform = [int(n) for n in settings.get("uniform_frames", [])]
@@ -200,11 +200,11 @@ class AgentEval(Callback):
         self.pending: dict[str, Any] = {}
 
     def _evaluate(self, *, nframes: int | None = None, environment: str | None = None) -> dict[str, Any]:
-        t = self.trainer
+        t = self.ctx
         samples = t.eval_samples[:self.limit] if self.limit else t.eval_samples
         r = t.cfg.rollout
         metrics, _ = evaluate_agent(
-            t.policy, t.backend, t.preparer, t.cfg.prompt, samples, environment=environment,
+            t.service.policy, t.service.backend, t.service.preparer, t.cfg.prompt, samples, environment=environment,
             environment_kwargs=r.environment_kwargs if environment == r.environment else {},
             max_turns=self.max_turns, max_new_tokens=t.cfg.eval.max_new_tokens or r.max_new_tokens,
             stop=r.stop, batch_size=t.cfg.eval.batch_size, nframes=nframes)
@@ -223,21 +223,21 @@ class AgentEval(Callback):
         return out
 
     def _save(self, prefix: str, values: dict[str, Any]) -> None:
-        path = Path(self.trainer.run_dir) / "agent_eval.json"
+        path = self.ctx.run_dir / "agent_eval.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
-        data[f"{prefix}@{self.trainer.step}"] = values
+        data[f"{prefix}@{self.ctx.step}"] = values
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=2) + "\n")
 
     def on_train_start(self) -> None:
-        if self.before and self.trainer.step == 0 and self.trainer.eval_samples:
+        if self.before and self.ctx.step == 0 and self.ctx.eval_samples:
             self.pending = self._all("agent_eval_before")
 
     def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
         stats.update(self.pending)
         self.pending = {}
-        last = step >= self.trainer.cfg.train.steps
-        if self.trainer.eval_samples and (last or (self.every and step % self.every == 0)):
+        last = step >= self.ctx.cfg.train.steps
+        if self.ctx.eval_samples and (last or (self.every and step % self.every == 0)):
             stats.update(self._all("agent_eval"))
 
 

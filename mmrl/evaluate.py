@@ -337,9 +337,9 @@ class EvalConsistency(Callback):
 
     SETTINGS = ("seed", "exclude_identity", "reuse_trace")
 
-    def __init__(self, trainer: Any, **settings: Any):
-        super().__init__(trainer, **settings)
-        trainer.service.evaluation["consistency"] = dict(settings)
+    def __init__(self, ctx: Any, **settings: Any):
+        super().__init__(ctx, **settings)
+        ctx.service.evaluation["consistency"] = dict(settings)
 
 
 @register_plugin("eval_shuffled_frames")
@@ -352,6 +352,6 @@ class EvalShuffledFrames(Callback):
 
     SETTINGS = ("seed", "exclude_identity")
 
-    def __init__(self, trainer: Any, **settings: Any):
-        super().__init__(trainer, **settings)
-        trainer.service.evaluation["shuffled_frames"] = dict(settings)
+    def __init__(self, ctx: Any, **settings: Any):
+        super().__init__(ctx, **settings)
+        ctx.service.evaluation["shuffled_frames"] = dict(settings)

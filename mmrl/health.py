@@ -26,6 +26,7 @@ from mmrl.plugins import Callback
 
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
+    from mmrl.plugins import StepContext
     from mmrl.trainer import GRPOTrainer
 
 NOT_REWARDS = ("kl_penalty", "overlong_penalty")  # engine terms that are legitimately constant
@@ -38,8 +39,8 @@ EQUAL_GROUPS_SHARE = 0.8
 class RunHealth(Callback):
     """The warnings above; ``window`` steps wide."""
 
-    def __init__(self, trainer: GRPOTrainer, window: int):
-        super().__init__(trainer, window=window)
+    def __init__(self, ctx: StepContext, window: int):
+        super().__init__(ctx, window=window)
         self.window = window
         self.fired: list[str] = []
         self.steps: deque[dict[str, Any]] = deque(maxlen=max(1, window))
@@ -74,7 +75,7 @@ class RunHealth(Callback):
         self.steps.append({**self.current, "step": step, "entropy": stats.get("entropy"),
                            "truncated": stats.get("truncated_frac")})
         self.current = self._empty()
-        last = step >= self.trainer.cfg.train.steps
+        last = step >= self.ctx.cfg.train.steps
         if len(self.steps) < self.window and not (last and len(self.steps) >= 2):
             return
         for kind, text in self.check():
@@ -145,4 +146,4 @@ def add_health_checks(trainer: GRPOTrainer) -> None:
     """Give ``trainer`` its run-health plug-in (``train.health_window`` > 0)."""
     window = trainer.cfg.train.health_window
     if window > 0:
-        trainer.plugins.setdefault("run_health", RunHealth(trainer, window))
+        trainer.plugins.setdefault("run_health", RunHealth(trainer.context, window))

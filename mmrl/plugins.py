@@ -2,14 +2,19 @@
 
 A plug-in subclasses :class:`Callback`, registers under a name with :func:`register_plugin`, and is turned
 on by the run config (``plugins: {name: {settings}}``). The trainer calls every hook at a fixed point of
-the step, so curricula (``trainer.set_stage``: switch the data pool, the rewards, the reference), reward
+the step, so curricula (``ctx.set_stage``: switch the data pool, the rewards, the reference), reward
 shapers that need the whole group (temporal contrast, length bonuses) and loggers all plug in here. Rewards,
 samplers, environments, advantage estimators, losses and token shapers have registries of their own.
+
+Plug-ins and samplers see the run through a :class:`StepContext`, not the trainer: the configuration, the
+step, the samples, the rollout service (for extra gradient-free passes), rolling out and re-scoring prompts,
+and switching the curriculum stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmrl_common.errors import ConfigError
@@ -17,7 +22,80 @@ from mmrl_common.registry import Registry, did_you_mean
 
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
+    from mmrl.config import RunConfig
+    from mmrl.service import RolloutService
     from mmrl.trainer import GRPOTrainer
+
+
+class StepContext:
+    """What a plug-in or a sampler may use of the run (built by the trainer; one per run).
+
+    * ``cfg`` (the run configuration; a curriculum stage's GRPO settings included), ``step`` (steps done),
+      ``stage`` (the curriculum stage's name), ``run_dir``, ``train_samples``, ``eval_samples``,
+      ``reward_labels`` and ``reward_specs`` (the stage's rewards);
+    * ``service``: the rollout service (gradient-free generation with the run's prompt, media and backend;
+      ``service.policy`` for the tokenizer and the like);
+    * :meth:`rollout`: roll out and score prompts of the training pool (no plug-in sees those rollouts);
+    * :meth:`rescore`: the same over a pool, a chunk at a time, each chunk's media freed after it;
+    * :meth:`set_stage`: switch the curriculum stage (pool, rewards, GRPO settings, reference).
+    """
+
+    def __init__(self, trainer: GRPOTrainer):
+        self._trainer = trainer
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self._trainer.cfg
+
+    @property
+    def step(self) -> int:
+        return self._trainer.step
+
+    @property
+    def stage(self) -> str:
+        return str(self._trainer.stage["name"])
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self._trainer.run_dir)
+
+    @property
+    def train_samples(self) -> list[Any]:
+        return self._trainer.train_samples
+
+    @property
+    def eval_samples(self) -> list[Any]:
+        return self._trainer.eval_samples
+
+    @property
+    def reward_labels(self) -> list[str]:
+        return list(self._trainer.rewards.labels)
+
+    @property
+    def reward_specs(self) -> list[Any]:
+        """The stage's reward entries (:class:`rewards.registry.RewardSpec`)."""
+        return list(self._trainer.rewards.specs)
+
+    @property
+    def service(self) -> RolloutService:
+        return self._trainer.service
+
+    def rollout(self, indices: Sequence[int], *, n: int | None = None) -> RolloutBatch:
+        """``n`` (default: the group size) rollouts of each of the sampler's prompts ``indices`` with the current
+        policy, scored with the stage's rewards; no plug-in sees them."""
+        return self._trainer.rollout_prompts(indices, n=n, hooks=False)
+
+    def rescore(self, indices: Sequence[int], *, n: int, chunk: int) -> Iterator[RolloutBatch]:
+        """:meth:`rollout` over ``indices``, ``chunk`` prompts at a time; each chunk's encoded media are freed
+        once the caller moves on (the step's own media are encoded afterwards)."""
+        indices = list(indices)
+        for start in range(0, len(indices), max(1, int(chunk))):
+            yield self.rollout(indices[start:start + chunk], n=n)
+            self._trainer.policy.media.clear()
+
+    def set_stage(self, name: str, **changes: Any) -> None:
+        """Switch the curriculum stage at a step boundary (:meth:`mmrl.trainer.GRPOTrainer.set_stage`)."""
+        self._trainer.set_stage(name, **changes)
 
 
 class Callback:
@@ -34,7 +112,8 @@ class Callback:
        (``trainer.set_stage``), entries added to ``stats`` are logged.
 
     Hooks 1-2 run once per generation round (dynamic sampling may draw several rounds per step), 3-4 once
-    on the batch that trains. ``trainer.service`` is the rollout service for extra gradient-free passes.
+    on the batch that trains. ``self.ctx`` is the run's :class:`StepContext`; ``ctx.service`` the rollout
+    service for extra gradient-free passes.
     ``state_dict`` must return plain data (numbers, strings, lists, dicts, tensors): it is saved with
     every checkpoint and loaded without unpickling arbitrary objects.
     """
@@ -45,7 +124,7 @@ class Callback:
     plugin_name: str = ""
     """The name it is registered under (set by :func:`register_plugin`)."""
 
-    def __init__(self, trainer: GRPOTrainer, **settings: Any):
+    def __init__(self, ctx: StepContext, **settings: Any):
         known = type(self).SETTINGS
         if known is not None:
             where = f"plugins.{self.plugin_name or type(self).__name__}"
@@ -53,7 +132,7 @@ class Callback:
                 if key not in known:
                     raise ConfigError(f"{where}.{key}: unknown setting; {did_you_mean(key, known)}"
                                       f"its settings: {', '.join(known) or '(none)'}")
-        self.trainer = trainer
+        self.ctx = ctx
         self.settings = settings
 
     def on_train_start(self) -> None:
@@ -92,5 +171,5 @@ def register_plugin(name: str, **kwargs: Any) -> Callable[[type[Callback]], type
     return deco
 
 
-def build_plugins(settings: dict[str, dict[str, Any]], trainer: GRPOTrainer) -> dict[str, Callback]:
-    return {name: PLUGINS.get(name)(trainer, **(kwargs or {})) for name, kwargs in settings.items()}
+def build_plugins(settings: dict[str, dict[str, Any]], ctx: StepContext) -> dict[str, Callback]:
+    return {name: PLUGINS.get(name)(ctx, **(kwargs or {})) for name, kwargs in settings.items()}

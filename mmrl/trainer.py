@@ -53,7 +53,7 @@ from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
 from mmrl.memory import peak_gb, reset_peak
 from mmrl.optim import make_updater
-from mmrl.plugins import build_plugins
+from mmrl.plugins import StepContext, build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import SamplingParams, backend_from_config, get_environment, rollout_session, run_episodes
@@ -95,6 +95,7 @@ class GRPOTrainer:
         self.eval_samples = list(eval_samples)
         self.log = log or RunLog(run_dir)
         self.world = current_world()
+        self.context = StepContext(self)  # what plug-ins and samplers see of the run
         self.show_progress = show_progress and self.world.is_main
         self.step = 0
         self._draws = 0  # rollout calls within the step (seeds of rollout.seed_per_prompt)
@@ -148,7 +149,7 @@ class GRPOTrainer:
             policy.gather_params = self.updater.gather_params
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
-        self.plugins = build_plugins(cfg.plugins, self)
+        self.plugins = build_plugins(cfg.plugins, self.context)
         add_health_checks(self)  # warnings when the run cannot be learning (train.health_window)
 
     def _zero3(self) -> bool:
@@ -171,7 +172,7 @@ class GRPOTrainer:
         d = self.cfg.data
         seed = self.cfg.train.seed + 1000 * int(self.stage["index"])
         sampler = make_sampler(d.sampler, [self.train_samples[i] for i in self.pool], seed=seed, **d.sampler_kwargs)
-        sampler.attach(self)
+        sampler.attach(self.context)
         return sampler
 
     def set_stage(self, name: str, *, pool: Sequence[str] | Callable[[Any], bool] | None = None,

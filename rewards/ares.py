@@ -83,7 +83,7 @@ from mmrl_common.errors import ConfigError
 
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
-    from mmrl.trainer import GRPOTrainer
+    from mmrl.plugins import StepContext
 
 BUCKETS = ("easy", "medium", "hard")
 SHAPING_MODES = ("code", "paper", "none")
@@ -295,10 +295,10 @@ class AresPlugin(Callback):
 
     SETTINGS = tuple(DEFAULTS)
 
-    def __init__(self, trainer: GRPOTrainer, **settings: Any):
-        super().__init__(trainer, **settings)
+    def __init__(self, ctx: StepContext, **settings: Any):
+        super().__init__(ctx, **settings)
         s = self.s = _settings(settings)
-        cfg = trainer.cfg
+        cfg = ctx.cfg
         if not cfg.rollout.record_entropies:
             raise ConfigError("plugins.ares needs the rollouts' token entropies: set rollout.record_entropies: true")
         self.kl_on = bool(s["dynamic_kl"]) or float(s["hwe_kl_rho"]) < 1.0
@@ -327,7 +327,7 @@ class AresPlugin(Callback):
 
     # ------------------------------------------------------------------------------------ per round
     def _words(self, ids: Sequence[int]) -> list[str]:
-        tok = self.trainer.policy.tokenizer
+        tok = self.ctx.service.policy.tokenizer
         out = []
         for i in ids:
             if i not in self._words_cache:
@@ -437,7 +437,7 @@ class AresPlugin(Callback):
         logp = batch.old_logprobs if batch.old_logprobs is not None else batch.rollout_logprobs
         if logp is None:
             raise ConfigError("plugins.ares.dynamic_kl: no rollout log-probs (rollout.record_logprobs: true)")
-        est = get_kl(self.trainer.cfg.grpo.kl_estimator)(logp, batch.ref_logprobs)
+        est = get_kl(self.ctx.cfg.grpo.kl_estimator)(logp, batch.ref_logprobs)
         m = batch.loss_mask
         seq_kl = (est * m).sum(-1) / m.sum(-1).clamp(min=1)
         buckets = batch.extra["ares_bucket"]

@@ -103,13 +103,13 @@ class TGRPO(Callback):
                                 "accuracy": "accuracy", "exclude_identity": False, "seed": 0}
     SETTINGS = tuple(DEFAULTS)
 
-    def __init__(self, trainer: Any, **settings: Any):
-        super().__init__(trainer, **{**self.DEFAULTS, **settings})
+    def __init__(self, ctx: Any, **settings: Any):
+        super().__init__(ctx, **{**self.DEFAULTS, **settings})
         s = self.settings
         for key in ("alpha", "mu", "correct_threshold"):
             if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or not math.isfinite(s[key]):
                 raise ConfigError(f"plugins.t_grpo.{key} must be a number, got {s[key]!r}")
-        g = trainer.cfg.rollout.group_size
+        g = ctx.cfg.rollout.group_size
         self.n_shuffled = int(s["shuffled_size"] or max(1, g // 2))
         if self.n_shuffled < 1:
             raise ConfigError(f"plugins.t_grpo.shuffled_size must be >= 1, got {s['shuffled_size']!r}")
@@ -122,11 +122,11 @@ class TGRPO(Callback):
         from rewards.registry import CombinedReward
 
         label = self.settings["accuracy"]
-        for spec in self.trainer.rewards.specs:
+        for spec in self.ctx.reward_specs:
             if spec.display_name == label:
                 return CombinedReward([spec])
         raise ConfigError(f"plugins.t_grpo: no reward labelled {label!r} among the run's rewards "
-                          f"({', '.join(self.trainer.rewards.labels)}); set plugins.t_grpo.accuracy")
+                          f"({', '.join(self.ctx.reward_labels)}); set plugins.t_grpo.accuracy")
 
     def after_rewards(self, batch: Any) -> None:
         from mmrl.evaluate import reward_columns
@@ -138,13 +138,13 @@ class TGRPO(Callback):
         acc_reward = self._accuracy_reward()
         acc = batch.component(self.settings["accuracy"])
         samples = [batch.samples[rows[0]] for rows in groups]
-        step = self.trainer.step
-        asks = [Ask(media=shuffled_media(self.trainer.preparer, s,
+        step = self.ctx.step
+        asks = [Ask(media=shuffled_media(self.ctx.service.preparer, s,
                                          random.Random(f"tgrpo:{self.settings['seed']}:{step}:{s.id}:{k}"),
                                          exclude_identity=bool(self.settings["exclude_identity"])))
                 for k, s in enumerate(samples)]
-        r = self.trainer.cfg.rollout
-        answers = self.trainer.service.generate(samples, asks, n=self.n_shuffled, greedy=False,
+        r = self.ctx.cfg.rollout
+        answers = self.ctx.service.generate(samples, asks, n=self.n_shuffled, greedy=False,
                                                 temperature=r.temperature, max_new_tokens=r.max_new_tokens)
         flat = [s for s in samples for _ in range(self.n_shuffled)]
         texts = [a.text for group in answers for a in group]

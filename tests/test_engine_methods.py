@@ -87,8 +87,8 @@ class AccuracySampler(UniformSampler):
 class StageSwitch(Callback):
     def on_step_end(self, step, stats):
         if step == self.settings["at"]:
-            keep = sorted(s.id for s in self.trainer.train_samples)[:2]
-            self.trainer.set_stage("second", pool=keep, rewards=[{"name": "accuracy", "weight": 2.0}],
+            keep = sorted(s.id for s in self.ctx.train_samples)[:2]
+            self.ctx.set_stage("second", pool=keep, rewards=[{"name": "accuracy", "weight": 2.0}],
                                    grpo={"kl_coef": 0.05}, reset_reference=True)
             record("stage", {"step": step, "pool": keep})
 
@@ -111,7 +111,7 @@ class Crash(Callback):
     """Interrupts step 4 while a file named 'crash' lies beside this one."""
 
     def after_rollout(self, batch):
-        if self.trainer.step == 3 and Path(__file__).with_name("crash").exists():
+        if self.ctx.step == 3 and Path(__file__).with_name("crash").exists():
             raise KeyboardInterrupt
 '''
 

@@ -51,7 +51,7 @@ class LoraProbe(Callback):
     step ``reset_at``, and interrupts step ``crash_at`` + 1 (after checkpoint ``crash_at``)."""
 
     def on_train_start(self):
-        t = self.trainer
+        t = self.ctx._trainer  # the probe looks inside the trainer
         rec = PROBES.setdefault(self.settings["tag"], {})
         if t.step == 0:
             rec["start"] = {n: p.detach().clone() for n, p in t.policy.model.named_parameters()}
@@ -59,11 +59,11 @@ class LoraProbe(Callback):
         rec["trainable"] = sorted(n for n, p in t.policy.model.named_parameters() if p.requires_grad)
 
     def after_rollout(self, batch):
-        if self.trainer.step == self.settings.get("crash_at"):
+        if self.ctx.step == self.settings.get("crash_at"):
             raise KeyboardInterrupt
 
     def on_step_end(self, step, stats):
-        t = self.trainer
+        t = self.ctx._trainer  # the probe looks inside the trainer
         if step == self.settings.get("reset_at"):
             t.set_stage("fresh-reference", reset_reference=True)
         if step == t.cfg.train.steps:

@@ -48,7 +48,7 @@ class Probe(Callback):
     """After the curriculum's step end: the stage, the pool and how far the reference is from the policy."""
 
     def on_step_end(self, step, stats):
-        t = self.trainer
+        t = self.ctx._trainer  # the probe looks inside the trainer
         gap = None
         if t.ref is not None:
             gap = max(float((a - b).detach().abs().max()) for a, b in zip(t.ref.model.parameters(), t.policy.model.parameters()))
@@ -56,7 +56,7 @@ class Probe(Callback):
             {"step": step, "stage": t.stage["name"], "pool": [t.train_samples[i].id for i in t.pool], "gap": gap})
 
     def after_rollout(self, batch):
-        if self.trainer.step == self.settings.get("crash_at"):
+        if self.ctx.step == self.settings.get("crash_at"):
             raise KeyboardInterrupt
 
 

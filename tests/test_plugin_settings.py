@@ -15,10 +15,10 @@ def test_unknown_setting_is_refused_with_the_nearest_name() -> None:
 
     try:
         assert Probe.plugin_name == "t_settings_probe"
-        ok = build_plugins({"t_settings_probe": {"window": 3}}, trainer=None)
+        ok = build_plugins({"t_settings_probe": {"window": 3}}, ctx=None)
         assert ok["t_settings_probe"].settings == {"window": 3}
         with pytest.raises(ConfigError, match=r"plugins\.t_settings_probe\.windw: unknown setting; .*'window'"):
-            build_plugins({"t_settings_probe": {"windw": 3}}, trainer=None)
+            build_plugins({"t_settings_probe": {"windw": 3}}, ctx=None)
     finally:
         PLUGINS.unregister("t_settings_probe")
 

@@ -34,7 +34,7 @@ class Interrupt(Callback):
     """Ctrl-C in the middle of step ``at`` (after the checkpoint of the step before)."""
 
     def after_rollout(self, batch) -> None:
-        if self.trainer.step + 1 == self.settings["at"]:
+        if self.ctx.step + 1 == self.settings["at"]:
             raise KeyboardInterrupt
 
 

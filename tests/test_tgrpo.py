@@ -107,10 +107,10 @@ def test_plugin_settings_are_checked(trainer) -> None:
     from rewards.temporal import TGRPO
 
     with pytest.raises(ConfigError, match="unknown setting"):
-        TGRPO(trainer, beta=1)
+        TGRPO(trainer.context, beta=1)
     with pytest.raises(ConfigError, match="alpha must be a number"):
-        TGRPO(trainer, alpha="big")
-    bad = TGRPO(trainer, accuracy="acc")
+        TGRPO(trainer.context, alpha="big")
+    bad = TGRPO(trainer.context, accuracy="acc")
     with pytest.raises(ConfigError, match="no reward labelled 'acc'"):
         bad.after_rewards(trainer.rollout_prompts([0], hooks=False))
 

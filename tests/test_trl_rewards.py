@@ -35,7 +35,7 @@ class Record(Callback):
     """What every round's rewards saw: completions, generated tokens, the dataset's solutions, the values."""
 
     def after_rewards(self, batch) -> None:
-        tok = self.trainer.policy.tokenizer
+        tok = self.ctx.service.policy.tokenizer
         ids = [[t for t, m in zip(seq.ids, batch.loss_mask[i].tolist()) if m > 0] for i, seq in enumerate(batch.seqs)]
         RECORDED.append({
             "texts": list(batch.completions), "ids": ids,

@@ -44,14 +44,14 @@ class VisionCount(Callback):
         self.row: dict[str, float] = {}
 
     def _counts(self) -> tuple[int, int]:
-        t = self.trainer
+        t = self.ctx._trainer  # the probe looks inside the trainer
         runs = t.policy.vision_calls
         if isinstance(t.ref, Policy):  # a copy of the model with its own tower (LoRA: the policy's own)
             runs += t.ref.vision_calls
         return runs, t.policy.media.vision_calls
 
     def after_update(self, batch, stats) -> None:
-        t = self.trainer
+        t = self.ctx._trainer
         seqs, _ = batch.micro_batch(list(range(len(batch))))
         keys = [s.media for s in seqs]
         mini = t.cfg.grpo.ppo_mini_batch_size or len(batch)
