@@ -1,4 +1,4 @@
-"""``mmrl data``: validate, inspect, make-toy, earl-sft, select-variance."""
+"""``mmrl data``: validate, inspect, make-toy (the methods add their own data commands: ``mmrl.cli``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """``mmrl data`` with its sub-commands; returns the parser and its sub-commands (where the methods' data
+    commands are added)."""
     parser = subparsers.add_parser("data", help="validate, inspect, and generate datasets (make-toy)",
                                    description="Validate, inspect, and generate datasets.")
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
@@ -51,20 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=_make_toy)
 
-    e = sub.add_parser("earl-sft", help="EARL's action-aware SFT trajectories (0-2 frame selections, then the answer)",
-                       description="Play the select_frames environment on each record with gold evidence "
-                                   "(meta.gold_span / gold_spans / gold_frames): selections that bring the "
-                                   "evidence into view, then the gold answer; write the records with "
-                                   "meta.sft_turns for `mmrl sft --task earl --data OUT`.")
-    from .earl_sft import add_arguments, run
-
-    add_arguments(e)
-    e.set_defaults(func=run)
-
-    from .select_variance import add_select_variance_parser
-
-    add_select_variance_parser(sub)
-    return parser
+    return parser, sub
 
 
 def _validate(args: argparse.Namespace) -> int:

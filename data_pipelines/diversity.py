@@ -14,7 +14,7 @@ policy produced) and returns a number in [0, 1], higher = more diverse:
 
 A group of one completion has no diversity to measure: 0 for every measure. :func:`self_bleu` (the
 similarity itself, without ``1 -``) is what MMR1's released code weights positively; see
-:mod:`data_pipelines.vas`.
+:mod:`mmrl.methods.vas`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A sampler draws indices into the training set and may learn from the step's roll
 :meth:`Sampler.update`, which receives the step's whole rollout batch (rewards and their components,
 completions, groups), which is how variance-aware sampling plugs in. Its
 whole state (position, RNG, statistics) round-trips through ``state_dict`` so a resumed run draws exactly
-the same prompts. Register new samplers with :func:`register_sampler`.
+the same prompts. Register new samplers with :func:`register_sampler`; the methods' own (``vas``,
+``variance_filter``) register in their modules (:mod:`mmrl.methods`).
 """
 
 from __future__ import annotations
@@ -107,7 +108,3 @@ class UniformSampler(Sampler):
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._order = self._permutation(self.epoch)
-
-
-# built-in samplers kept in modules of their own register themselves on import
-from data_pipelines import select_variance, vas  # noqa: F401

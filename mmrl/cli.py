@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 from mmrl import __version__
 from mmrl_common.errors import MmrlError
@@ -19,11 +20,45 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mmrl.commands:add_train_parser", "RL fine-tuning (GRPO) of a Qwen-VL model"),
     "sft": ("mmrl.commands:add_sft_parser", "supervised fine-tuning (cold start)"),
     "eval": ("mmrl.commands:add_eval_parser", "evaluate a model on a held-out split"),
-    "data": ("data_pipelines.cli:add_parser", "validate, inspect, and generate datasets (make-toy)"),
+    "data": ("mmrl.cli:add_data_parser", "validate, inspect, and generate datasets (make-toy)"),
     "models": ("mmrl.toy_base:add_models_parser", "build tiny Qwen-VL models offline (random weights or the toy base)"),
     "compare": ("mmrl.compare:add_parser", "measure methods against plain GRPO: arms x seeds, intervals"),
     "config": ("mmrl.commands:add_config_parser", "print the resolved configuration: every key, value, meaning"),
 }
+
+
+# ``mmrl data`` sub-commands that methods provide: name -> "module:function" that adds the sub-command
+DATA_COMMANDS: dict[str, str] = {
+    "earl-sft": "mmrl.methods.earl.trajectories:add_parser",
+    "select-variance": "mmrl.methods.temporal_r1:add_select_variance_parser",
+}
+
+
+# what the CLI offers of the methods by name (``mmrl eval --agent earl``, ``--check consistency``): (kind, name)
+# -> the module that registers it, imported when asked for
+METHOD_ENTRIES: dict[tuple[str, str], str] = {
+    ("agent", "earl"): "mmrl.methods.earl",
+    ("check", "consistency"): "mmrl.methods.acre",
+    ("check", "shuffled_frames"): "mmrl.methods.tgrpo",
+}
+
+
+def load_method(kind: str, name: str) -> Any:
+    """The module of :data:`METHOD_ENTRIES` for ``(kind, name)``, imported (None when the CLI offers none)."""
+    target = METHOD_ENTRIES.get((kind, name))
+    return importlib.import_module(target) if target else None
+
+
+def add_data_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``mmrl data``: the data pipelines' own sub-commands and the methods' (:data:`DATA_COMMANDS`; the CLI is
+    where the engine and the methods meet, by name)."""
+    from data_pipelines.cli import add_parser
+
+    parser, sub = add_parser(subparsers)
+    for target in DATA_COMMANDS.values():
+        mod, func = target.split(":")
+        getattr(importlib.import_module(mod), func)(sub)
+    return parser
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

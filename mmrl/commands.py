@@ -143,19 +143,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise MmrlError("mmrl eval --benchmark / --agent runs in one process (their runners do not split the "
                         "questions across ranks yet): run it without torchrun (rollout.backend=vllm for speed); "
                         "the held-out evaluation (--eval-data) does run on several ranks")
-    if getattr(args, "agent", None):  # EARL's agent loop (mmrl.agent): held-out split or --benchmark
-        from mmrl.agent import cli_eval
+    if getattr(args, "agent", None):  # a method's agent loop (EARL's): held-out split or --benchmark
+        from mmrl.cli import load_method
 
-        return cli_eval(args, _load(args))
+        return load_method("agent", args.agent).cli_eval(args, _load(args))
     if getattr(args, "benchmark", None):
         from mmrl.benchmarks_eval import cli_run
 
-        if args.consistency:
+        if args.consistency or args.shuffled_frames or args.check:
             from mmrl_common.errors import MmrlError
 
-            raise MmrlError("--consistency with --benchmark is not supported yet: the benchmark runner has its "
-                            "own prompts and scoring; export the benchmark's multiple-choice questions as an "
-                            "mmrl data file and run `mmrl eval --eval-data FILE --consistency`")
+            raise MmrlError("--check with --benchmark is not supported yet: the benchmark runner has its own "
+                            "prompts and scoring; export the benchmark's questions as an mmrl data file and run "
+                            "`mmrl eval --eval-data FILE --check NAME`")
 
         return cli_run(args, _load(args))
     from mmrl.distributed import device_for
@@ -187,9 +187,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics, preds = evaluate(
         RolloutService.from_config(policy, cfg), samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main,
-        consistency={"seed": args.consistency_seed} if args.consistency else None,
-        shuffled_frames={"seed": args.consistency_seed} if args.shuffled_frames else None)
+        min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main, checks=_checks(args))
     if not w.is_main:
         return 0
     out = Path(cfg.out) if cfg.out else None
@@ -201,6 +199,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f.write(json.dumps(p, default=str) + "\n")
     print(_table(metrics))
     return 0
+
+
+def _checks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The evaluation checks asked for (``--check NAME``, and the old flags ``--consistency`` and
+    ``--shuffled-frames``), each with ``--consistency-seed``; a method's check is loaded by name
+    (:func:`mmrl.cli.load_method`), and one no loaded method registers is an error naming the known ones."""
+    from mmrl.cli import load_method
+    from mmrl.evaluate import CHECKS
+
+    names = list(dict.fromkeys([*(args.check or []), *(["consistency"] if args.consistency else []),
+                                *(["shuffled_frames"] if args.shuffled_frames else [])]))
+    for name in names:
+        if name not in CHECKS:
+            load_method("check", name)
+        CHECKS.get(name)  # ConfigError naming the nearest and the known checks
+    return {name: {"seed": args.consistency_seed} for name in names}
 
 
 def _with_training_settings(args: argparse.Namespace, cfg):
@@ -225,30 +239,17 @@ def _with_training_settings(args: argparse.Namespace, cfg):
 
 
 def _table(m: dict[str, Any]) -> str:
-    from mmrl.evaluate import describe_exclusions
+    from mmrl.evaluate import CHECKS, describe_exclusions, score_text
 
-    def f(v: Any) -> str:
-        return f"{v:.3f}" if isinstance(v, float) else "–"
-
+    f = score_text
     rows = [f"accuracy {f(m['accuracy'])} on {m['n']} questions ({m['n_total']} evaluated, {m['skipped']} skipped)"]
     for k, v in m["by_problem_type"].items():
         rows.append(f"  {k:<22} {f(v)}")
     for k, v in m["by_task"].items():
         rows.append(f"  task {k:<17} {f(v)}")
-    c = m.get("consistency")
-    if c:
-        rows.append(f"option-shuffling consistency (OSCR) {f(c['oscr'])} on {c['n']} multiple-choice questions; "
-                    f"accuracy with shuffled options {f(c['shuffled_accuracy'])}")
-        rows.append("  " + "  ".join(f"{k} {f(v)}" for k, v in c["cases"].items()))
-        if c.get("top_letter"):
-            rows.append(f"  most frequent answer letter {c['top_letter']}: {f(c['top_letter_share'])} of the answers "
-                        f"(gold {f(c['top_letter_gold_share'])}, gap {f(c['top_letter_gap'])})")
-    sf = m.get("shuffled_frames")
-    if sf and sf["n"]:
-        rows.append(f"video questions with shuffled frames: accuracy {f(sf['accuracy'])} (ordered {f(sf['ordered_accuracy'])}, "
-                    f"gap {f(sf['gap'])}) on {sf['n']} questions")
-        for k, v in sf["gap_by_task"].items():
-            rows.append(f"  task {k:<17} shuffled {f(sf['by_task'][k])}  gap {f(v)}")
+    for name, check in CHECKS.items():  # each check's section, in its own words
+        if m.get(name) and check.describe is not None:
+            rows.extend(check.describe(m[name]))
     return "\n".join(rows + describe_exclusions(m))
 
 
@@ -310,15 +311,17 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe-settings", action="store_true",
                    help="use the recipe's prompt, generation and media settings instead of those the model was "
                         "trained with (its mmrl_eval.json, used by default)")
-    p.add_argument("--consistency", action="store_true",
-                   help="also ask every multiple-choice question again with its options shuffled, continuing "
-                        "the model's own reasoning (ACRE's check): option-shuffling consistency rate (OSCR), "
-                        "the five answer cases, accuracy with shuffled options, answer-letter balance")
-    p.add_argument("--shuffled-frames", action="store_true",
-                   help="also answer every video question from its frames in a random order (Video-R1's temporal "
-                        "contrast): accuracy with shuffled frames and the gap to the ordered accuracy, per task")
+    p.add_argument("--check", action="append", default=None, metavar="NAME",
+                   help="also run a method's evaluation check (repeatable): consistency (ACRE: every "
+                        "multiple-choice question asked again with its options shuffled, continuing the model's own "
+                        "reasoning: OSCR, the five answer cases, accuracy with shuffled options, letter balance), "
+                        "shuffled_frames (T-GRPO: every video question answered again from its frames in a random "
+                        "order: accuracy with shuffled frames and the gap, per task), or one a loaded module "
+                        "registers (mmrl.evaluate.register_check)")
+    p.add_argument("--consistency", action="store_true", help="the same as --check consistency")
+    p.add_argument("--shuffled-frames", action="store_true", help="the same as --check shuffled_frames")
     p.add_argument("--consistency-seed", type=int, default=0,
-                   help="seed of the permutations of --consistency and --shuffled-frames (default 0)")
+                   help="seed of the checks' permutations (default 0)")
     b = p.add_argument_group("public benchmarks (with --benchmark)")
     b.add_argument("--benchmark", default=None, metavar="NAME",
                    help="mvbench, videomme, longvideobench, mmvu, vqa-rad, slake, pathvqa or toy")

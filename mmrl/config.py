@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
 from mmrl.grpo.config import GRPOConfig
+from mmrl.prompts import resolve_template
+from mmrl.tiny_models import resolve_size
+from mmrl.toy_recipe import check_overrides
 from mmrl_common.errors import ConfigError
 from rewards.registry import RewardSpec
 
@@ -100,15 +103,11 @@ class ModelConfig:
         if isinstance(self.lora, dict):  # a mapping LoraSettings refused: its own error names the key
             self.lora = from_dict(LoraSettings, self.lora, prefix="model.lora")
         if self.tiny_size:
-            from mmrl.tiny_models import resolve_size
-
             try:
                 resolve_size(self.tiny_family, **self.tiny_size)
             except ConfigError as exc:
                 raise ConfigError(f"model.tiny_size: {exc}") from None
         if self.toy_base:
-            from mmrl.toy_recipe import check_overrides
-
             check_overrides(self.toy_base, prefix="model.toy_base")
 
 
@@ -196,8 +195,6 @@ class PromptConfig:
     shows its new frames the same way)."""
 
     def __post_init__(self) -> None:
-        from mmrl.prompts import resolve_template
-
         resolve_template(self.template)  # a typo of a template name fails when the config loads
 
 
@@ -364,11 +361,12 @@ class SFTConfig:
     """Sequences per cold-start step."""
     warmup_steps: int = 0
     """Cold-start warm-up steps."""
-    target: Literal["gold", "random_answer", "reasoning"] = "random_answer"
+    target: str = "random_answer"
     """gold: train on the reference answers. reasoning: a reasoning trace, then the reference answer (the
     record's meta.rationale; the toy world's records get random-length traces of true observations; mmrl.sft).
     random_answer teaches the answer format only (the answer inside the tags is drawn at random), for the toy
-    demo's random-weight model: it never runs on a model given with --model / model.path."""
+    demo's random-weight model: it never runs on a model given with --model / model.path. Methods register
+    more (mmrl.sft.register_target)."""
     mc_answer: Literal["letter", "option"] = "letter"
     """How gold and reasoning targets answer a multiple-choice question: the option letter (``B``), or the
     option's text (``green``; for a model that answers in words, such as the toy base model). The rewards

@@ -6,33 +6,60 @@ to multiple-choice questions with at least that many options; the rest still cou
 Every question left out of the headline, and every one skipped for unreadable media, is named with its
 reason in ``metrics["excluded"]`` (and on the console: :func:`describe_exclusions`).
 
-``consistency`` (``mmrl eval --consistency``, or the ``eval_consistency`` plug-in for the evaluations of a
-training run) adds ACRE's option-shuffling check on the multiple-choice questions: each question is asked
-again with its options shuffled (one permutation per question, never the identity by default), the policy
-continuing its own first reasoning trace, and ``metrics["consistency"]`` holds the option-shuffling
-consistency rate (``oscr``), the share of each case of :mod:`rewards.consistency`, the accuracy under the
-shuffled order, and the answer-letter balance (``top_letter_share`` of the most frequent predicted letter,
-its share among the gold answers, and the gap between the two).
+**Checks** (:func:`register_check`): extra passes a method runs over the same questions, each adding fields
+to the prediction rows and a section ``metrics[name]`` (ACRE's ``consistency``: :mod:`mmrl.methods.acre`;
+T-GRPO's ``shuffled_frames``: :mod:`mmrl.methods.tgrpo`). ``mmrl eval --check NAME`` runs one; a method's
+plug-in turns one on for every evaluation of a training run (``service.evaluation["checks"]``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
 from transformers import TrainerState
 
-from mmrl.plugins import Callback, register_plugin
 from mmrl.service import RolloutService
 from mmrl_common.errors import MediaError
+from mmrl_common.registry import Registry
+
+
+@dataclass(frozen=True)
+class EvalCheck:
+    """``run(service, samples, rows, *, max_new_tokens, **settings)`` adds its fields to the prediction
+    ``rows`` of a batch of ``samples``; ``summarize(predictions)`` is its section of the metrics;
+    ``describe(section)`` its lines of the console table (``mmrl eval``)."""
+
+    run: Callable[..., None]
+    summarize: Callable[[Sequence[dict[str, Any]]], dict[str, Any]]
+    describe: Callable[[dict[str, Any]], list[str]] | None = None
+
+
+CHECKS: Registry[EvalCheck] = Registry("evaluation check", "--check")
+
+
+def score_text(v: Any) -> str:
+    """A score as the console tables print it: three decimals, ``–`` for none."""
+    return f"{v:.3f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+
+
+def register_check(name: str, *, summarize: Callable[[Sequence[dict[str, Any]]], dict[str, Any]],
+                   describe: Callable[[dict[str, Any]], list[str]] | None = None,
+                   ) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator: register ``run`` (see :class:`EvalCheck`) as the evaluation check ``name``."""
+    def deco(run: Callable[..., None]) -> Callable[..., None]:
+        CHECKS.add(name, EvalCheck(run, summarize, describe))
+        return run
+    return deco
 
 
 def evaluate(
     service: RolloutService, samples: Sequence[Any], *, max_new_tokens: int = 64, batch_size: int = 16,
     min_options: int = 0, desc: str = "eval", skip_bad: bool = True, show_progress: bool = True,
-    consistency: Mapping[str, Any] | bool | None = None, shuffled_frames: Mapping[str, Any] | bool | None = None,
+    checks: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
     evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``.
@@ -41,24 +68,15 @@ def evaluate(
     in the order of ``samples``, so every rank returns the same metrics and predictions (every question
     answered exactly once); every rank must call it with the same samples.
 
-    ``consistency``: ``True`` or the settings of :func:`consistency_check` (``seed``, ``exclude_identity``,
-    ``reuse_trace``) to add the option-shuffling check; ``shuffled_frames``: ``True`` or the settings of
-    :func:`shuffled_frames_check` (``seed``) to also answer every video question from its frames in a random
-    order; ``None``: as ``service.evaluation`` says (off)."""
-    from rewards import get_reward
-
-    if consistency is None:
-        consistency = service.evaluation.get("consistency")
-    if consistency is True:
-        consistency = {}
-    if shuffled_frames is None:
-        shuffled_frames = service.evaluation.get("shuffled_frames")
-    if shuffled_frames is True:
-        shuffled_frames = {}
-
+    ``checks``: ``{name: settings}`` of registered checks to run too (None: ``service.evaluation["checks"]``,
+    what the run's plug-ins turned on)."""
     from mmrl.distributed import World, world
     from mmrl.rollout import rollout_session
+    from rewards import get_reward
 
+    if checks is None:
+        checks = service.evaluation.get("checks", {})
+    runs = {name: (CHECKS.get(name), dict(settings or {})) for name, settings in checks.items()}
     w = world()
     accuracy = get_reward("accuracy")
     predictions: list[dict[str, Any]] = []
@@ -70,23 +88,21 @@ def evaluate(
     bar = tqdm(total=len(share), desc=desc, unit="q", disable=not show_progress, leave=False)
     with rollout_session(service.backend):  # ZeRO-3: the weights gathered once; vLLM: the engine awake
         _answer(service, share, accuracy, predictions, unreadable, bar, max_new_tokens=max_new_tokens,
-                batch_size=batch_size, skip_bad=skip_bad, consistency=consistency, shuffled_frames=shuffled_frames)
+                batch_size=batch_size, skip_bad=skip_bad, runs=runs)
     bar.close()
     if w.active:  # every block's share, in the order of ``samples``
         parts = w.gather((predictions, unreadable))[::tp]
         predictions = [p for part, _ in parts for p in part]
         unreadable = [u for _, part in parts for u in part]
     metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)
-    if consistency not in (None, False):
-        metrics["consistency"] = summarize_consistency(predictions)
-    if shuffled_frames not in (None, False):
-        metrics["shuffled_frames"] = summarize_shuffled_frames(predictions)
+    for name, (check, _) in runs.items():
+        metrics[name] = check.summarize(predictions)
     return metrics, predictions
 
 
 def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, predictions: list[dict[str, Any]],
             unreadable: list[dict[str, Any]], bar: Any, *, max_new_tokens: int, batch_size: int, skip_bad: bool,
-            consistency: Any, shuffled_frames: Any) -> None:
+            runs: Mapping[str, tuple[EvalCheck, dict[str, Any]]]) -> None:
     """Answer ``samples`` in batches, appending their prediction rows (and the unreadable ones)."""
     for start in range(0, len(samples), batch_size):
         chunk = list(samples[start:start + batch_size])
@@ -105,102 +121,10 @@ def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, pred
             rows = [{"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
                      "n_options": len(s.options or []), "answer": s.answer, "completion": text,
                      "score": float(score or 0.0)} for s, text, score in zip(kept, texts, scores)]
-            if consistency not in (None, False):
-                consistency_check(service, kept, rows, max_new_tokens=max_new_tokens, **dict(consistency))
-            if shuffled_frames not in (None, False):
-                shuffled_frames_check(service, kept, rows, max_new_tokens=max_new_tokens, **dict(shuffled_frames))
+            for check, settings in runs.values():
+                check.run(service, kept, rows, max_new_tokens=max_new_tokens, **settings)
             predictions.extend(rows)
         bar.update(len(chunk))
-
-
-def shuffled_frames_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,
-                          max_new_tokens: int = 64, seed: int = 0, exclude_identity: bool = True) -> None:
-    """Video-R1's temporal contrast on held-out questions: every question with a video is answered again,
-    greedy, from the same frames in a random order (one permutation per question, from ``seed`` and the id;
-    never the original order unless ``exclude_identity=False``); its prediction row gains
-    ``shuffled_frames_score``."""
-    import random
-
-    from mmrl.service import Ask
-    from rewards import get_reward
-    from rewards.temporal import has_video, shuffled_media
-
-    todo = [i for i, s in enumerate(samples) if has_video(s)]
-    if not todo:
-        return
-    asks = [Ask(media=shuffled_media(service.preparer, samples[i], random.Random(f"frames:{seed}:{samples[i].id}"),
-                                     exclude_identity=exclude_identity)) for i in todo]
-    answers = service.generate([samples[i] for i in todo], asks, max_new_tokens=max_new_tokens)
-    texts = [a[0].text for a in answers]
-    scores = get_reward("accuracy")(texts, **reward_columns([samples[i] for i in todo]))
-    for i, text, score in zip(todo, texts, scores):
-        rows[i]["shuffled_frames_completion"] = text
-        rows[i]["shuffled_frames_score"] = float(score or 0.0)
-
-
-def summarize_shuffled_frames(predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy with ordered and with shuffled frames on the video questions, overall and per task, and the
-    gap (ordered - shuffled): how much the answers depend on the order of the frames."""
-    rows = [p for p in predictions if "shuffled_frames_score" in p]
-
-    def acc(key: str, rs: Sequence[dict[str, Any]]) -> float | None:
-        return sum(r[key] for r in rs) / len(rs) if rs else None
-
-    tasks = sorted({str(r["task"]) for r in rows if r["task"] is not None})
-    by = {t: [r for r in rows if str(r["task"]) == t] for t in tasks}
-    ordered, shuffled = acc("score", rows), acc("shuffled_frames_score", rows)
-    return {"n": len(rows), "ordered_accuracy": ordered, "accuracy": shuffled,
-            "gap": None if ordered is None else ordered - shuffled,
-            "by_task": {t: acc("shuffled_frames_score", rs) for t, rs in by.items()},
-            "gap_by_task": {t: acc("score", rs) - acc("shuffled_frames_score", rs) for t, rs in by.items()}}
-
-
-def consistency_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,
-                      max_new_tokens: int = 64, seed: int = 0, exclude_identity: bool = True,
-                      reuse_trace: bool = True) -> None:
-    """ACRE's option-shuffling check on the multiple-choice questions among ``samples`` (their prediction
-    ``rows`` gain ``letter``, ``gold_letter``, ``permutation``, ``shuffled_letter`` and ``case``): each is
-    asked again, greedy, with its options shuffled (one permutation per question, drawn from ``seed`` and the
-    question id; never the unshuffled order unless ``exclude_identity=False``), continuing its first reasoning
-    trace (``reuse_trace``); the second answer is mapped back to the original lettering."""
-    from rewards.answers import normalize_gold_choice
-    from rewards.consistency import (
-        consistency_case,
-        draw_permutation,
-        first_answer,
-        is_multiple_choice,
-        reask_shuffled,
-        rollout_rng,
-    )
-
-    perms: list[list[int] | None] = []
-    for s, row in zip(samples, rows):
-        if not is_multiple_choice(s):
-            perms.append(None)
-            continue
-        row["gold_letter"] = normalize_gold_choice(s.answer, s.options)
-        row["letter"] = first_answer(row["completion"], s.options)
-        perm = draw_permutation(len(s.options), rollout_rng(seed, 0, s.id, 0), exclude_identity=exclude_identity)
-        row["permutation"] = perm
-        perms.append(perm if row["letter"] is not None else None)
-    seconds = reask_shuffled(service, samples, [r["completion"] for r in rows], perms, reuse_trace=reuse_trace,
-                             max_new_tokens=max_new_tokens)
-    for row, second in zip(rows, seconds):
-        if "gold_letter" in row:
-            row["shuffled_letter"] = second
-            row["case"] = consistency_case(row["letter"], second, row["gold_letter"])
-
-
-def summarize_consistency(predictions: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The option-shuffling metrics over the predictions that went through :func:`consistency_check`."""
-    from rewards.consistency import case_shares, letter_balance, oscr
-
-    rows = [p for p in predictions if "case" in p]
-    cases = [p["case"] for p in rows]
-    return {"n": len(rows), "oscr": oscr(cases), "cases": case_shares(cases),
-            "shuffled_accuracy": sum(p["shuffled_letter"] == p["gold_letter"] for p in rows) / len(rows)
-            if rows else None,
-            **letter_balance([p["letter"] for p in rows], [p["gold_letter"] for p in rows])}
 
 
 def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
@@ -325,33 +249,3 @@ def describe_exclusions(metrics: dict[str, Any], shown: int = 10) -> list[str]:
         hint = " (eval.min_options=0 counts them)" if "eval.min_options" in reason else ""
         lines.append(f"  not counted: {len(ids)} question(s), {reason}{hint}: {', '.join(ids[:shown])}{more}")
     return lines
-
-
-
-@register_plugin("eval_consistency")
-class EvalConsistency(Callback):
-    """``plugins: {eval_consistency: {}}``: every held-out evaluation of the run (before, during and after RL)
-    also runs the option-shuffling check (:func:`consistency_check`; settings ``seed`` (0),
-    ``exclude_identity`` (true), ``reuse_trace`` (true)); its numbers land in ``metrics["consistency"]``, so
-    ``summary.json`` and ``mmrl compare`` read e.g. ``eval_after_rl.consistency.oscr``."""
-
-    SETTINGS = ("seed", "exclude_identity", "reuse_trace")
-
-    def __init__(self, ctx: Any, **settings: Any):
-        super().__init__(ctx, **settings)
-        ctx.service.evaluation["consistency"] = dict(settings)
-
-
-@register_plugin("eval_shuffled_frames")
-class EvalShuffledFrames(Callback):
-    """``plugins: {eval_shuffled_frames: {}}``: every held-out evaluation of the run also answers each video
-    question from its frames in a random order (:func:`shuffled_frames_check`; settings ``seed`` (0),
-    ``exclude_identity`` (true)); ``metrics["shuffled_frames"]`` holds the accuracy with shuffled frames, the
-    ordered accuracy on the same questions and the gap, overall and per task
-    (``eval_after_rl.shuffled_frames.gap`` in summary.json)."""
-
-    SETTINGS = ("seed", "exclude_identity")
-
-    def __init__(self, ctx: Any, **settings: Any):
-        super().__init__(ctx, **settings)
-        ctx.service.evaluation["shuffled_frames"] = dict(settings)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,16 @@ from mmrl.distributed import World
 from mmrl_common.errors import ConfigError, MmrlError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Linear warm-up, then cosine decay to ``min_ratio`` of the peak at the last step."""
+    def fn(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return fn
 
 
 def adamw(params: list[torch.nn.Parameter], train: Any, device: torch.device) -> torch.optim.AdamW:

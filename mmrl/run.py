@@ -344,7 +344,7 @@ def _rl_seconds(run_dir: Path) -> float:
 def _note_schedule_change(saved: Path, cfg: RunConfig, run_dir: Path) -> None:
     """Say how a resume with other ``train.steps`` / warm-up / final LR settings reshapes the LR schedule."""
     from mmrl.checkpoint import latest_checkpoint
-    from mmrl.trainer import lr_lambda
+    from mmrl.optim import lr_lambda
 
     if not saved.is_file():
         return

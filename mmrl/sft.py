@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,11 +24,12 @@ from tqdm import tqdm
 
 from mmrl.config import RunConfig
 from mmrl.media import MediaPreparer
+from mmrl.optim import lr_lambda
 from mmrl.policy import Policy
 from mmrl.prompts import encode_prompt
 from mmrl.run_log import RunLog
-from mmrl.trainer import lr_lambda
 from mmrl_common.errors import MediaError, MmrlError
+from mmrl_common.registry import Registry
 
 THINK = "<think>I look at the media and compare it with the question.</think>"
 
@@ -76,17 +78,75 @@ def target_text(sample: Any, answer: str, answer_format: str) -> str:
     return body if answer_format == "answer" else THINK + body
 
 
+@dataclass
+class TargetContext:
+    """What an SFT target sees besides the sample: the run configuration, the training samples (the pool a
+    random answer is drawn from) and the cold start's random stream."""
+
+    cfg: RunConfig
+    pool: Sequence[Any]
+    rng: random.Random
+
+
+SFT_TARGETS: Registry[Callable[[Any, TargetContext], str]] = Registry("SFT target", "sft.target")
+"""``sft.target`` names: ``fn(sample, ctx) -> the assistant text to train on`` (its end of turn is added)."""
+register_target = SFT_TARGETS.register
+
+
+@register_target("gold")
+def gold_target(sample: Any, ctx: TargetContext) -> str:
+    """The reference answer in the run's answer format."""
+    return target_text(sample, answer_text(sample, ctx.cfg.sft.mc_answer), ctx.cfg.prompt.answer_format)
+
+
+@register_target("random_answer")
+def random_answer_target(sample: Any, ctx: TargetContext) -> str:
+    """An answer of the right form drawn without looking at the reference (teaches the format only)."""
+    return target_text(sample, random_answer(sample, ctx.pool, ctx.rng), ctx.cfg.prompt.answer_format)
+
+
+@register_target("reasoning")
+def reasoning(sample: Any, ctx: TargetContext) -> str:
+    """A reasoning trace, then the reference answer (:func:`reasoning_target`)."""
+    return reasoning_target(sample, ctx.rng, ctx.cfg.sft.mc_answer)
+
+
+EpisodeBuilder = Callable[[RunConfig, Policy, Any, Any, list[Any]], Any]
+SFT_EPISODES: list[EpisodeBuilder] = []
+"""Multi-turn cold starts: ``fn(cfg, policy, sample, prompt, media) -> TokenSeq | None``, tried in order for
+every sample (None: the sample trains a single answer). A method registers its own with
+:func:`register_sft_episode` (EARL's frame-selection trajectories: :mod:`mmrl.methods.earl`)."""
+
+
+def register_sft_episode(fn: EpisodeBuilder) -> EpisodeBuilder:
+    if fn not in SFT_EPISODES:
+        SFT_EPISODES.append(fn)
+    return fn
+
+
+def _episode(cfg: RunConfig, policy: Policy, sample: Any, prompt: Any, media: list[Any]) -> Any:
+    for build in SFT_EPISODES:
+        episode = build(cfg, policy, sample, prompt, media)
+        if episode is not None:
+            return episode
+    if (sample.meta or {}).get("sft_turns") is not None:
+        raise MmrlError(f"sample {sample.id}: the record has meta.sft_turns (a multi-turn trajectory) but no "
+                        "method that trains on them is loaded; add imports=[mmrl.methods.earl] (or the method "
+                        "whose tool wrote them)")
+    return None
+
+
 def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunLog | None = None,
             show_progress: bool = True, keep_encoded: bool = False, desc: str = "sft") -> dict[str, float]:
     """``keep_encoded``: encode each sample's prompt and media once and keep them for the next epochs (fast
     when a small dataset is seen many times, e.g. the toy base model's pre-training; memory grows with the
     dataset's pixels)."""
-    from mmrl.agent import sft_sequence
-
     s = cfg.sft
     if s.steps <= 0:
         return {}
+    target = SFT_TARGETS.get(s.target)
     rng = random.Random(cfg.train.seed + 7)
+    ctx = TargetContext(cfg, samples, rng)
     preparer = MediaPreparer(cfg.data.media, family=policy.family)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     if not params:
@@ -121,16 +181,11 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
                 if bad > 10 * max(1, s.batch_size) + len(samples):
                     raise MmrlError("sft: too many unreadable samples; run `mmrl data validate` on the data") from exc
                 continue
-            episode = sft_sequence(cfg, policy, sample, prompt, media)  # multi-turn records (mmrl.agent)
+            episode = _episode(cfg, policy, sample, prompt, media)  # a method's multi-turn cold start
             if episode is not None:
                 seqs.append(episode)
                 continue
-            if s.target == "reasoning":
-                text = reasoning_target(sample, rng, s.mc_answer)
-            else:
-                answer = (answer_text(sample, s.mc_answer) if s.target == "gold"
-                          else random_answer(sample, samples, rng))
-                text = target_text(sample, answer, cfg.prompt.answer_format)
+            text = target(sample, ctx)
             ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
             seqs.append(prompt.extend(ids, trained=True))
         logp, _, mask = policy.forward_logprobs(seqs)

@@ -15,7 +15,6 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
-import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -52,7 +51,7 @@ from mmrl.grpo.shaping import ShapingInput
 from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
 from mmrl.memory import peak_gb, reset_peak
-from mmrl.optim import make_updater
+from mmrl.optim import lr_lambda, make_updater
 from mmrl.plugins import StepContext, build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
@@ -71,16 +70,6 @@ class PreparedPrompt:
     seq: TokenSeq
     media: list[Any]
     slot: int = 0  # its place in the round's draw (rollout.seed_per_prompt seeds by it)
-
-
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warm-up, then cosine decay to ``min_ratio`` of the peak at the last step."""
-    def fn(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return fn
 
 
 class GRPOTrainer:

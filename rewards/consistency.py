@@ -1,4 +1,6 @@
-"""ACRE's answer-consistency reward (arXiv 2510.10104) and the option-shuffling consistency it measures.
+"""ACRE's answer consistency (arXiv 2510.10104): the cases, their values and the option-shuffling consistency,
+as pure formulas. The reward ``acre`` and the evaluation check that ask the policy again live in
+:mod:`mmrl.methods.acre` (they need the rollout service); what follows describes them.
 
 After the policy answers a multiple-choice question (with its reasoning, when the prompt asks for one), the
 options are shuffled and the **current policy answers again from the same reasoning trace**: the second
@@ -50,9 +52,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmrl_common.errors import ConfigError
-from rewards.accuracy import score_answer
-from rewards.answers import choice_letters, extract_answer, extract_choice, normalize_gold_choice
-from rewards.registry import normalize_completions, register_reward
+from rewards.answers import choice_letters, extract_answer, extract_choice
 
 __all__ = [
     "CASES",
@@ -62,7 +62,6 @@ __all__ = [
     "draw_permutation",
     "from_shuffled_letter",
     "inverse_permutation",
-    "reask_shuffled",
     "reasoning_trace",
     "resolve_values",
     "shuffle_options",
@@ -206,112 +205,9 @@ def first_answer(text: str, options: Sequence[Any], *, answer_tag: str = "answer
     return extract_choice(extract_answer(text, tag=answer_tag, think_tag=think_tag), list(options))
 
 
-def reask_shuffled(service: Any, samples: Sequence[Any], completions: Sequence[str],
-                   perms: Sequence[Sequence[int] | None], *, reuse_trace: bool = True, greedy: bool = True,
-                   max_new_tokens: int | None = None, think_tag: str = "think", answer_tag: str = "answer",
-                   ) -> list[str | None]:
-    """The second answers, in the **original** lettering: for each ``perms[i]`` that is not None, the policy
-    (through ``service``: eval mode, no gradient) sees ``samples[i]`` with its options shuffled by
-    ``perms[i]`` and continues ``completions[i]``'s reasoning trace; None where no pass was asked or the
-    answer names no option. One generate call for the whole list."""
-    from mmrl.service import Ask
-
-    todo = [i for i, p in enumerate(perms) if p is not None]
-    out: list[str | None] = [None] * len(samples)
-    if not todo:
-        return out
-    asks = [Ask(options=shuffle_options(samples[i].options, perms[i]),
-                prefix=second_pass_prefix(completions[i], reuse_trace=reuse_trace, think_tag=think_tag,
-                                          answer_tag=answer_tag)) for i in todo]
-    answers = service.generate([samples[i] for i in todo], asks, greedy=greedy, max_new_tokens=max_new_tokens)
-    for i, group in zip(todo, answers):
-        out[i] = from_shuffled_letter(group[0].answer, perms[i])
-    return out
-
-
 def rollout_rng(seed: int, step: int, sample_id: Any, index: int) -> random.Random:
     """The random stream of one rollout's permutation (a string seed hashes the same in every process)."""
     return random.Random(f"acre:{seed}:{step}:{sample_id}:{index}")
-
-
-# --------------------------------------------------------------------------------------------------------
-# The reward
-# --------------------------------------------------------------------------------------------------------
-
-
-def _setting(kwargs: Mapping[str, Any], key: str, default: Any, n: int) -> Any:
-    """A reward setting; a per-sample list of that name is a dataset column, not the setting."""
-    value = kwargs.get(key, default)
-    if value is None or (isinstance(value, (list, tuple)) and len(value) == n):
-        return default
-    return value
-
-
-@register_reward("acre", locate_errors=False)
-def acre_reward(completions: list[Any], **columns: Any) -> list[float | None]:
-    """ACRE's consistency reward (see the module docstring for the cases and settings)."""
-    texts = normalize_completions(completions)
-    n = len(texts)
-    service, batch = columns.get("rollout_service"), columns.get("rollout_batch")
-    if service is None or batch is None:
-        raise ConfigError("the 'acre' reward re-asks the policy through the rollout service; it runs inside "
-                          "`mmrl train` (the rollout_service and rollout_batch columns are missing)")
-    values = resolve_values(_setting(columns, "values", None, n))
-    mode = _setting(columns, "mode", "replace", n)
-    if mode not in MODES:
-        raise ConfigError(f"acre reward: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    exclude_identity = bool(_setting(columns, "exclude_identity", False, n))
-    seed = int(_setting(columns, "shuffle_seed", 0, n))
-    think_tag, answer_tag = _setting(columns, "think_tag", "think", n), _setting(columns, "answer_tag", "answer", n)
-    state = columns.get("trainer_state")
-    step = int(getattr(state, "global_step", 0) or 0)
-    samples = list(batch.samples)
-    if len(samples) != n:
-        raise ConfigError(f"acre reward: {n} completions but the rollout batch holds {len(samples)} samples")
-
-    firsts: list[str | None] = [None] * n
-    golds: list[str | None] = [None] * n
-    perms: list[list[int] | None] = [None] * n
-    for i, (text, sample) in enumerate(zip(texts, samples)):
-        if not is_multiple_choice(sample):
-            continue
-        golds[i] = normalize_gold_choice(sample.answer, sample.options)
-        firsts[i] = first_answer(text, sample.options, answer_tag=answer_tag, think_tag=think_tag)
-        if firsts[i] is not None:
-            perms[i] = draw_permutation(len(sample.options), rollout_rng(seed, step, sample.id, i),
-                                        exclude_identity=exclude_identity)
-    seconds = reask_shuffled(service, samples, texts, perms, reuse_trace=bool(_setting(columns, "reuse_trace", True, n)),
-                             greedy=bool(_setting(columns, "greedy", True, n)),
-                             max_new_tokens=_setting(columns, "max_new_tokens", None, n), think_tag=think_tag,
-                             answer_tag=answer_tag)
-
-    out: list[float | None] = []
-    cases: list[str] = []
-    for i, (text, sample) in enumerate(zip(texts, samples)):
-        if golds[i] is None:  # not multiple choice: the plain accuracy
-            row = {"problem_type": sample.problem_type, "answer": sample.answer, "options": sample.options,
-                   "meta": sample.meta, "id": sample.id}
-            out.append(score_answer(extract_answer(text, tag=answer_tag, think_tag=think_tag), row))
-            continue
-        case = consistency_case(firsts[i], seconds[i], golds[i])
-        cases.append(case)
-        value = values[case]
-        if mode == "add":
-            value += float(firsts[i] == golds[i])
-        out.append(value)
-
-    log = columns.get("log_metric")
-    if callable(log) and cases:
-        rate = oscr(cases)
-        if rate is not None:
-            log("acre/oscr", rate)
-        for case, share in case_shares(cases).items():
-            log(f"acre/{case}", share)
-        asked = [i for i in range(n) if perms[i] is not None]
-        if asked:
-            log("acre/shuffled_accuracy", sum(seconds[i] == golds[i] for i in asked) / len(asked))
-            log("acre/identity_share", sum(perms[i] == sorted(perms[i]) for i in asked) / len(asked))
-    return out
 
 
 def letter_balance(predicted: Sequence[str | None], gold: Sequence[str]) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Temporal rewards: Video-R1's T-GRPO bonus and length bonus, and Temporal-R1's dual reward.
+"""Temporal rewards: Video-R1's T-GRPO bonus and length bonus, and Temporal-R1's dual reward, as pure formulas
+(the ``t_grpo`` plug-in that draws the shuffled rollouts is :mod:`mmrl.methods.tgrpo`; Temporal-R1's data
+selection :mod:`mmrl.methods.temporal_r1`).
 
 **T-GRPO** (Video-R1, arXiv 2503.21776; the plug-in ``t_grpo``). For every group whose prompt shows a video,
 a second group of ``G/2`` rollouts is drawn through the rollout service from the **same frames in a random
@@ -38,14 +40,10 @@ reward's ``mode`` (default ``think_answer``). Logged: ``temporal_r1/format``, ``
 from __future__ import annotations
 
 import math
-import random
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
-
-from mmrl.plugins import Callback, register_plugin
 from mmrl_common.errors import ConfigError
 from rewards.accuracy import score_answer
 from rewards.answers import extract_answer, normalize_gold_span, parse_span
@@ -53,7 +51,7 @@ from rewards.format import check_format
 from rewards.metrics import temporal_iou
 from rewards.registry import normalize_completions, register_reward
 
-__all__ = ["TGRPO", "clip_window", "length_bonus", "shown_window", "temporal_bonus", "temporal_r1_reward"]
+__all__ = ["clip_window", "length_bonus", "shown_window", "temporal_bonus", "temporal_r1_reward"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -76,100 +74,6 @@ def temporal_bonus(ordered: Sequence[float], shuffled: Sequence[float], *, alpha
 
 def has_video(sample: Any) -> bool:
     return any(getattr(m, "type", None) == "video" for m in getattr(sample, "media", None) or [])
-
-
-def shuffled_media(preparer: Any, sample: Any, rng: random.Random, *, exclude_identity: bool = False) -> list[Any]:
-    """The sample's decoded media with every video's frames in a random order (images unchanged)."""
-    from mmrl.policy import MediaInput
-    from rewards.consistency import draw_permutation
-    from video.shuffle import shuffle_frames
-
-    out = []
-    for m in preparer.prepare(sample):
-        if m.kind != "video":
-            out.append(m)
-            continue
-        perm = draw_permutation(int(m.data.frames.shape[0]), rng, exclude_identity=exclude_identity)
-        out.append(MediaInput(key=f"{m.key}|frames:{','.join(map(str, perm))}", kind="video",
-                              data=shuffle_frames(m.data, perm), timestamps=m.timestamps))
-    return out
-
-
-@register_plugin("t_grpo")
-class TGRPO(Callback):
-    """Video-R1's temporal contrast (see the module docstring); ``plugins: {t_grpo: {alpha: 0.3, mu: 0.8}}``."""
-
-    DEFAULTS: ClassVar[dict[str, Any]] = {"alpha": 0.3, "mu": 0.8, "correct_threshold": 0.1, "shuffled_size": None,
-                                "accuracy": "accuracy", "exclude_identity": False, "seed": 0}
-    SETTINGS = tuple(DEFAULTS)
-
-    def __init__(self, ctx: Any, **settings: Any):
-        super().__init__(ctx, **{**self.DEFAULTS, **settings})
-        s = self.settings
-        for key in ("alpha", "mu", "correct_threshold"):
-            if isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or not math.isfinite(s[key]):
-                raise ConfigError(f"plugins.t_grpo.{key} must be a number, got {s[key]!r}")
-        g = ctx.cfg.rollout.group_size
-        self.n_shuffled = int(s["shuffled_size"] or max(1, g // 2))
-        if self.n_shuffled < 1:
-            raise ConfigError(f"plugins.t_grpo.shuffled_size must be >= 1, got {s['shuffled_size']!r}")
-        self._reset()
-
-    def _reset(self) -> None:
-        self.seen: dict[str, list[float]] = {"ordered": [], "shuffled": [], "bonus": []}
-
-    def _accuracy_reward(self):
-        from rewards.registry import CombinedReward
-
-        label = self.settings["accuracy"]
-        for spec in self.ctx.reward_specs:
-            if spec.display_name == label:
-                return CombinedReward([spec])
-        raise ConfigError(f"plugins.t_grpo: no reward labelled {label!r} among the run's rewards "
-                          f"({', '.join(self.ctx.reward_labels)}); set plugins.t_grpo.accuracy")
-
-    def after_rewards(self, batch: Any) -> None:
-        from mmrl.evaluate import reward_columns
-        from mmrl.service import Ask
-
-        groups = [rows for rows in batch.groups() if has_video(batch.samples[rows[0]])]
-        if not groups:
-            return
-        acc_reward = self._accuracy_reward()
-        acc = batch.component(self.settings["accuracy"])
-        samples = [batch.samples[rows[0]] for rows in groups]
-        step = self.ctx.step
-        asks = [Ask(media=shuffled_media(self.ctx.service.preparer, s,
-                                         random.Random(f"tgrpo:{self.settings['seed']}:{step}:{s.id}:{k}"),
-                                         exclude_identity=bool(self.settings["exclude_identity"])))
-                for k, s in enumerate(samples)]
-        r = self.ctx.cfg.rollout
-        answers = self.ctx.service.generate(samples, asks, n=self.n_shuffled, greedy=False,
-                                                temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-        flat = [s for s in samples for _ in range(self.n_shuffled)]
-        texts = [a.text for group in answers for a in group]
-        scores = acc_reward.compute(texts, reward_columns(flat)).total
-        bonus = torch.zeros(len(batch))
-        for k, rows in enumerate(groups):
-            ordered = [float(acc[i]) for i in rows]
-            shuffled = scores[k * self.n_shuffled:(k + 1) * self.n_shuffled]
-            b = temporal_bonus(ordered, shuffled, alpha=float(self.settings["alpha"]), mu=float(self.settings["mu"]),
-                               correct_threshold=float(self.settings["correct_threshold"]))
-            bonus[rows] = torch.tensor(b)
-            self.seen["ordered"].append(sum(ordered) / len(ordered))
-            self.seen["shuffled"].append(sum(shuffled) / len(shuffled))
-            self.seen["bonus"].append(float(any(b)))
-        batch.rewards = batch.rewards + bonus
-        batch.reward_components["temporal_bonus"] = bonus
-
-    def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
-        if self.seen["ordered"]:
-            n = len(self.seen["ordered"])
-            stats["tgrpo/ordered_accuracy"] = sum(self.seen["ordered"]) / n
-            stats["tgrpo/shuffled_accuracy"] = sum(self.seen["shuffled"]) / n
-            stats["tgrpo/bonus_groups"] = sum(self.seen["bonus"]) / n
-            stats["tgrpo/video_groups"] = n
-        self._reset()
 
 
 # --------------------------------------------------------------------------------------------------------

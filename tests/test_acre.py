@@ -1,6 +1,6 @@
 """ACRE: the option permutation and its inverse, the five cases and their values by hand, the second pass
 (eval mode, no gradient, the training log-probs untouched), the reward inside a real trainer, and the
-option-shuffling check of `mmrl eval --consistency` / the `eval_consistency` plug-in."""
+option-shuffling check of `mmrl eval --check consistency` / the `eval_consistency` plug-in (mmrl.methods.acre)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cach
 
 from data_pipelines.schema import Sample
 from mmrl import cli
+from mmrl.methods import acre  # noqa: F401  (registers the acre reward)
 from mmrl.service import Answer
 from mmrl_common.errors import ConfigError
 from rewards import consistency as C
@@ -179,7 +180,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory):
     from mmrl.trainer import GRPOTrainer
 
     cfg = load_run_config("video-qa", overrides=[
-        *TINY_RUN, "imports=[rewards.consistency]",
+        *TINY_RUN, "imports=[mmrl.methods.acre]",
         "rewards=[{name: accuracy, weight: 0}, {name: acre, kwargs: {exclude_identity: true}}]"])
     samples, _ = load_split(cfg, "train", show_progress=False)
     policy = load_policy(resolve_model(cfg), device="cpu")
@@ -219,7 +220,7 @@ def test_second_pass_runs_in_eval_mode_without_gradient_and_leaves_logprobs_unch
 def test_train_logs_case_shares_and_eval_consistency_lands_in_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["train", "--quiet", "--out", str(out), *TINY_RUN, "train.steps=1", "eval.after_rl=true",
-            "imports=[rewards.consistency]", "plugins={eval_consistency: {}}",
+            "imports=[mmrl.methods.acre]", "plugins={eval_consistency: {}}",
             "rewards=[{name: accuracy, weight: 0}, {name: acre}]"]
     assert cli.main(args) == 0
     row = rl_rows(out)[0]
@@ -228,7 +229,7 @@ def test_train_logs_case_shares_and_eval_consistency_lands_in_the_summary(tmp_pa
     c = summary["eval_after_rl"]["consistency"]
     assert c["n"] == 2 and set(c["cases"]) == {*C.CASES, "unanswered"}
     with pytest.raises(ConfigError, match="unknown setting"):
-        from mmrl.evaluate import EvalConsistency
+        from mmrl.methods.acre import EvalConsistency
 
         EvalConsistency(SimpleNamespace(service=SimpleNamespace(evaluation={})), shuffle=True)
 
@@ -243,4 +244,6 @@ def test_eval_command_consistency_and_shuffled_frames(tmp_path: Path, capsys: py
     printed = capsys.readouterr().out
     assert "option-shuffling consistency (OSCR)" in printed and "shuffled frames" in printed
     assert cli.main(["eval", "--consistency", "--benchmark", "mvbench", "--data-root", str(tmp_path)]) == 2
-    assert "--consistency with --benchmark is not supported" in capsys.readouterr().err
+    assert "--check with --benchmark is not supported" in capsys.readouterr().err
+    assert cli.main(["eval", "--check", "consistensy", "--out", str(tmp_path / "x"), *TINY_RUN]) == 2
+    assert "unknown evaluation check 'consistensy'" in capsys.readouterr().err  # the nearest is named

@@ -1,4 +1,4 @@
-"""ARES (rewards/ares.py) against hand-computed values: difficulty buckets, each bucket's shaping value in the
+"""ARES (rewards/ares.py, mmrl/methods/ares.py) against hand-computed values: difficulty buckets, each bucket's shaping value in the
 released code's Huber/sigmoid form and in the paper's closed form, the per-bucket KL controller, the plug-in on
 a hand-made rollout batch (HWE counts, buckets, shaping in the rewards, per-sequence and per-token KL weights
 reaching the KL term of the loss), setting errors, and a tiny training run (weights in the logged loss, the
@@ -16,11 +16,11 @@ from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fix
 from mmrl.batch import RolloutBatch
 from mmrl.config import RunConfig
 from mmrl.grpo import GRPOConfig, compute_policy_loss
+from mmrl.methods.ares import AresPlugin
 from mmrl.policy import TokenSeq
 from mmrl.rollout import Episode
 from mmrl_common.errors import ConfigError
 from rewards.ares import (
-    AresPlugin,
     BucketKLController,
     bucket_of,
     code_shaping,

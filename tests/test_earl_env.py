@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from data_pipelines.schema import MediaItem, Sample
-from mmrl.agent import replay
 from mmrl.config import MediaConfig, PromptConfig
-from mmrl.frame_selection import FrameSelectionEnvironment, parse_selection
 from mmrl.media import MediaPreparer
+from mmrl.methods.earl.agent import replay
+from mmrl.methods.earl.environment import FrameSelectionEnvironment, parse_selection
 from mmrl.policy import Generation, Policy, load_policy
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import SamplingParams, get_environment, run_episodes
@@ -254,7 +254,7 @@ def test_benchmark_through_the_agent_loop(policy: Policy, tmp_path: Path) -> Non
     import json
 
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.agent import run_benchmark_agent
+    from mmrl.methods.earl.agent import run_benchmark_agent
 
     root = write_fixture("mvbench", tmp_path / "mvbench", n=3)  # one MP4 task, one bounded MP4, one frame folder
     # per batch: the agent's first turn, its second turn (after new frames), then the plain answer
@@ -293,7 +293,7 @@ def test_benchmark_agent_shows_frames_as_the_model_was_trained(policy: Policy, t
     """video_layout=frames on a benchmark: the agent's prompt and the plain answer's prompt label every initial
     frame (one one-frame video each), and the re-sampled frames come back labelled the same way."""
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.agent import run_benchmark_agent
+    from mmrl.methods.earl.agent import run_benchmark_agent
 
     root = write_fixture("mvbench", tmp_path / "mvbench", n=1)  # one MP4 question
     backend = Recording(policy, ["select_frames([2])", "<answer>A</answer>", "<answer>A</answer>"])
@@ -313,9 +313,9 @@ def test_benchmark_layout_is_the_trained_one_unless_overridden(model_dir: Path, 
     import json
     import shutil
 
-    from mmrl.agent import _trained_layout
     from mmrl.cli import build_parser
     from mmrl.commands import _load
+    from mmrl.methods.earl.agent import _trained_layout
 
     def layout(model: Path, *extra: str) -> str:
         args = build_parser().parse_args(["eval", "--benchmark", "toy", "--data-root", "x", "--model", str(model),
@@ -352,7 +352,7 @@ def test_mmrl_eval_agent_on_a_benchmark_fixture(model_dir: Path, tmp_path: Path,
 def test_a_replayed_selection_decodes_once(sample: Sample, media) -> None:
     """Two episodes that make the same selection on the same frames share one decode (the re-sample cache);
     another selection decodes its own frames."""
-    from mmrl.frame_selection import RESAMPLED
+    from mmrl.methods.earl.environment import RESAMPLED
 
     first = FrameSelectionEnvironment(sample, media, max_new_frames=4).step("select_frames([3])")
     again = FrameSelectionEnvironment(sample, media, max_new_frames=4).step("select_frames([3])")

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from tiny_runs import TINY_RUN, module_cache  # noqa: F401  (module_cache is a fixture)
 
-from data_pipelines.earl_sft import synthesize
 from data_pipelines.loaders import load_samples
 from data_pipelines.toy import make_toy
 from mmrl.cli import main
 from mmrl.config import MediaConfig, load_run_config
-from mmrl.frame_selection import FrameSelectionEnvironment, cells, parse_selection
 from mmrl.media import MediaPreparer
+from mmrl.methods.earl.environment import FrameSelectionEnvironment, cells, parse_selection
+from mmrl.methods.earl.trajectories import synthesize
 from mmrl_common.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -84,7 +84,7 @@ def test_output_trains_with_mmrl_sft(written: Path, tmp_path: Path) -> None:
 
 
 def test_mismatched_records_are_refused(written: Path) -> None:
-    from mmrl.agent import sft_sequence
+    from mmrl.methods.earl.agent import sft_sequence
     from mmrl.policy import load_policy
     from mmrl.prompts import encode_prompt
     from mmrl.run import resolve_model

@@ -12,7 +12,9 @@ import torch
 
 from mmrl.grpo import GRPOConfig, build_shaper, compute_policy_loss, get_policy_loss, global_counts
 from mmrl.grpo.cov_losses import clip_cov_loss, kl_cov_loss, token_covariance
-from mmrl.grpo.entropy import (
+from mmrl.grpo.shaping import ShapingInput
+from mmrl_common.errors import ConfigError
+from rewards.entropy import (
     EntropyThreshold,
     batch_threshold,
     entropy_from_logits,
@@ -22,8 +24,6 @@ from mmrl.grpo.entropy import (
     topk_error_bound,
     window_means,
 )
-from mmrl.grpo.shaping import ShapingInput
-from mmrl_common.errors import ConfigError
 
 D = torch.float64
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cache is a fixture)
 
-import data_pipelines.curriculum  # noqa: F401 (registers the plug-in)
+import mmrl.methods.medcco  # noqa: F401 (registers the plug-in)
 import rewards.medical  # noqa: F401 (registers the rewards)
 from mmrl.checkpoint import load_trainer_state
 from mmrl.config import load_run_config
@@ -62,7 +62,7 @@ class Probe(Callback):
 
 def config(*overrides: str):
     return load_run_config("image-qa", overrides=[
-        *TINY_RUN, *SCANS, "imports=[rewards.medical, data_pipelines.curriculum]", "grpo.kl_coef=0.05",
+        *TINY_RUN, *SCANS, "imports=[mmrl.methods.medcco]", "grpo.kl_coef=0.05",
         "train.lr=1e-2", *overrides])
 
 

@@ -133,7 +133,7 @@ def test_variance_filter_sampler_draws_only_the_prompts_whose_rollouts_disagree(
     from mmrl.run import train
 
     over = [*TINY_RUN, "data.toy_tasks=[grounding, color]", "data.toy_size={train: 4, val: 1, test: 1}",
-            "rewards=[{name: t_answer_length}]", "data.sampler=variance_filter",
+            "rewards=[{name: t_answer_length}]", "imports=[mmrl.methods.temporal_r1]", "data.sampler=variance_filter",
             "data.sampler_kwargs={k: 4, tau: 20, chunk_prompts: 3}", "train.steps=4", "train.save_every=2",
             "train.log_rollouts=100", "plugins={test-stop-at: {}}"]
     run = tmp_path / "run"

@@ -11,9 +11,10 @@ import pytest
 import torch
 from tiny_runs import TINY_RUN, module_cache  # noqa: F401 (module_cache is a fixture)
 
+from mmrl.methods.tgrpo import shuffled_media
 from mmrl_common.errors import ConfigError
 from rewards.registry import CombinedReward
-from rewards.temporal import has_video, shuffled_media, temporal_bonus
+from rewards.temporal import has_video, temporal_bonus
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 
@@ -58,7 +59,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory):
     from mmrl.run import load_split, resolve_model
     from mmrl.trainer import GRPOTrainer
 
-    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, "imports=[rewards.temporal]",
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, "imports=[mmrl.methods.tgrpo]",
                                                  "plugins={t_grpo: {}}"])
     samples, _ = load_split(cfg, "train", show_progress=False)
     policy = load_policy(resolve_model(cfg), device="cpu")
@@ -104,7 +105,7 @@ def test_plugin_scores_a_shuffled_half_group_and_adds_the_bonus(trainer) -> None
 
 
 def test_plugin_settings_are_checked(trainer) -> None:
-    from rewards.temporal import TGRPO
+    from mmrl.methods.tgrpo import TGRPO
 
     with pytest.raises(ConfigError, match="unknown setting"):
         TGRPO(trainer.context, beta=1)
@@ -133,7 +134,8 @@ def test_evaluation_with_shuffled_frames(trainer, tmp_path: Path) -> None:
     from mmrl.evaluate import evaluate
 
     samples = trainer.train_samples[:3]
-    metrics, preds = evaluate(trainer.service, samples, max_new_tokens=4, show_progress=False, shuffled_frames=True)
+    metrics, preds = evaluate(trainer.service, samples, max_new_tokens=4, show_progress=False,
+                              checks={"shuffled_frames": {}})
     sf = metrics["shuffled_frames"]
     assert sf["n"] == 3 and all("shuffled_frames_score" in p for p in preds)
     assert sf["gap"] == pytest.approx(sf["ordered_accuracy"] - sf["accuracy"])

@@ -27,8 +27,8 @@ from data_pipelines.diversity import (
     sentence_bleu,
 )
 from data_pipelines.samplers import make_sampler
-from data_pipelines.vas import VarianceAwareSampler
 from mmrl.batch import RolloutBatch
+from mmrl.methods.vas import VarianceAwareSampler
 from mmrl.policy import TokenSeq
 from mmrl_common.errors import ConfigError
 

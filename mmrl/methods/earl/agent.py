@@ -24,9 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mmrl.evaluate import reward_columns, score_text, summarize
 from mmrl.plugins import Callback, register_plugin
 from mmrl.policy import Policy, TokenSeq
 from mmrl.report import register_curve
+from mmrl.sft import register_sft_episode
 from mmrl_common.errors import ConfigError, DataError, MmrlError
 
 register_curve("agent_eval/accuracy", "Held-out accuracy through the agent loop (agent_eval)", "agent_eval.png")
@@ -111,6 +113,9 @@ def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media:
     return seq
 
 
+register_sft_episode(sft_sequence)
+
+
 # ------------------------------------------------------------------------------------------------ evaluation
 def _with_frames(sample: Any, nframes: int) -> Any:
     media = [dataclasses.replace(m, sampling={**(m.sampling or {}), "nframes": int(nframes)})
@@ -127,7 +132,6 @@ def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, sam
     :func:`mmrl.evaluate.evaluate` scores it, on the final turn), ``frames`` (frames shown per answer),
     ``rounds`` (selection rounds per answer), ``iou`` (mean selection IoU over samples with gold),
     ``invalid_actions``, per-task accuracy."""
-    from mmrl.evaluate import reward_columns, summarize
     from mmrl.prompts import encode_prompt
     from mmrl.rollout import SamplingParams, get_environment, run_episodes
     from rewards import get_reward
@@ -257,7 +261,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     from mmrl.benchmarks_eval.protocols import build_prompt
     from mmrl.benchmarks_eval.runner import media_config, open_benchmark_run
     from mmrl.benchmarks_eval.scoring import score_item, summarize
-    from mmrl.frame_selection import instructions
+    from mmrl.methods.earl.environment import instructions
     from mmrl.prompts import media_parts, with_layout
     from mmrl.rollout import HFBackend, SamplingParams, get_environment, run_episodes
 
@@ -414,9 +418,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
         with (out / "predictions.jsonl").open("w") as fh:
             fh.writelines(json.dumps(p, default=str) + "\n" for p in preds)
 
-    def f(v: Any) -> str:
-        return "–" if v is None else f"{v:.3f}"
-
+    f = score_text
     print(f"--agent {args.agent}: accuracy {f(agent['accuracy'])} on {agent['n']} questions, {agent['frames']:.1f} "
           f"frames and {agent['rounds']:.2f} selection rounds per answer, selection IoU {f(agent['iou'])}; plain "
           f"answer on the same initial frames {f(plain['accuracy'])} ({plain['frames']:.1f} frames)")

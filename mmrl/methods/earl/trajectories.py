@@ -16,7 +16,7 @@ unchanged except for its media paths (absolute, so the file can live anywhere) a
 
 ``mmrl sft --data OUT.jsonl rollout.environment=select_frames`` (or the ``earl`` recipe's cold start) trains
 on the whole episode, replaying it through the environment with the environment's turns masked
-(:func:`mmrl.agent.sft_sequence`). Records without a video or gold are left out and counted.
+(:func:`mmrl.methods.earl.agent.sft_sequence`). Records without a video or gold are left out and counted.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def synthesize(src: str | Path, out: str | Path, *, frames: int = 8, video_polic
     ``skipped`` (by reason) and ``rounds`` (how many records have 0, 1, 2 selections)."""
     from data_pipelines.loaders import load_samples
     from mmrl.config import MediaConfig
-    from mmrl.frame_selection import FrameSelectionEnvironment
     from mmrl.media import MediaPreparer
+    from mmrl.methods.earl.environment import FrameSelectionEnvironment
     from mmrl.sft import answer_text, target_text
     from mmrl_common.errors import MediaError
 
@@ -84,6 +84,17 @@ def synthesize(src: str | Path, out: str | Path, *, frames: int = 8, video_polic
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(lines), encoding="utf-8")
     return {"written": len(lines), "skipped": dict(skipped), "rounds": dict(sorted(per_rounds.items())), "out": str(out)}
+
+
+def add_parser(sub: Any) -> None:
+    """``mmrl data earl-sft`` (added to ``mmrl data`` by :data:`mmrl.cli.DATA_COMMANDS`)."""
+    e = sub.add_parser("earl-sft", help="EARL's action-aware SFT trajectories (0-2 frame selections, then the answer)",
+                       description="Play the select_frames environment on each record with gold evidence "
+                                   "(meta.gold_span / gold_spans / gold_frames): selections that bring the "
+                                   "evidence into view, then the gold answer; write the records with "
+                                   "meta.sft_turns for `mmrl sft --task earl --data OUT`.")
+    add_arguments(e)
+    e.set_defaults(func=run)
 
 
 def add_arguments(p: Any) -> None:

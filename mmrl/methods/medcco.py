@@ -1,6 +1,8 @@
-"""A staged curriculum as a plug-in (MedCCO's closed-to-open schedule; research/medical.md §1, §3, §6.3).
+"""MedCCO / ARMed: a staged curriculum as a plug-in (MedCCO's closed-to-open schedule; research/medical.md §1, §3,
+§6.3), with the medical rewards (``medical_closed``, ``lexical``, ``semantic``, ``medcco_open``, ``armed``:
+:mod:`rewards.medical`, registered by importing this module).
 
-Turn it on in a run config (``imports: [data_pipelines.curriculum]``, then)::
+Turn it on in a run config (``imports: [mmrl.methods.medcco]``, then)::
 
     plugins:
       curriculum:
@@ -61,9 +63,11 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+import rewards.medical  # noqa: F401  (registers the medical rewards the recipe names)
 from mmrl.plugins import Callback, register_plugin
 from mmrl.report import register_curve
 from mmrl_common.errors import ConfigError
+from rewards.medical import answer_type
 
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
@@ -83,8 +87,6 @@ register_curve("reward_spread/*", "Within-group spread of each reward component"
 
 def sample_answer_type(sample: Any) -> str:
     """``closed`` or ``open`` for a sample, as the medical rewards decide it."""
-    from rewards.medical import answer_type
-
     return answer_type(sample.problem_type, sample.meta)
 
 

@@ -1,4 +1,8 @@
-"""``mmrl data select-variance``: Temporal-R1's variance-aware data selection before RL (arXiv 2506.01908).
+"""Temporal-R1 (arXiv 2506.01908): its dual reward (``temporal_r1``, a pure formula in :mod:`rewards.temporal`,
+registered by importing this module) and its variance-aware data selection before RL, ``mmrl data
+select-variance`` and the ``variance_filter`` sampler (here).
+
+``mmrl data select-variance``:
 
 Every training record is answered ``K`` times (sampled, the run's temperature) by the **starting model**
 through the rollout service, each answer is scored with the run's rewards (their weighted total), and the
@@ -32,6 +36,7 @@ import numpy as np
 
 from data_pipelines.samplers import UniformSampler, register_sampler
 from mmrl_common.errors import ConfigError, MmrlError
+from rewards import temporal  # noqa: F401  (registers the temporal_r1 reward: the recipe's one import)
 
 
 def reward_variance(values: Sequence[float]) -> float:
