@@ -204,18 +204,24 @@ def test_kl_cov_penalises_the_top_covariance_tokens():
 
 
 def test_cov_losses_from_the_config():
-    cfg = GRPOConfig(policy_loss="kl_cov", kl_cov_ratio=0.5, kl_cov_coef=2.0)
+    cfg = GRPOConfig(policy_loss="kl_cov", policy_loss_kwargs={"ratio": 0.5, "coef": 2.0})
     adv = t([[4.0, 1.0, -1.0, -3.0]])
     mask = torch.ones(1, 4, dtype=D)
     out = get_policy_loss("kl_cov")(t(LOGP), t(LOGP), adv, mask, cfg)
     torch.testing.assert_close(out.loss, t([[-4.0, -1.0, 1.0, 3.0]]))  # on-policy: |logp - old| = 0
-    cfg = GRPOConfig(policy_loss="clip_cov", clip_cov_ratio=0.5, clip_cov_lb=1.0, clip_cov_ub=7.0)
+    cfg = GRPOConfig(policy_loss="clip_cov", policy_loss_kwargs={"ratio": 0.5, "lb": 1.0, "ub": 7.0})
     out = get_policy_loss("clip_cov")(t(LOGP), t(LOGP), t([[4.0, 1.0, -1.0, -4.0]]), mask, cfg)
     torch.testing.assert_close(out.loss, t([[0.0, -1.0, 1.0, 0.0]]))
-    with pytest.raises(ConfigError, match="kl_cov_ratio"):
-        GRPOConfig(kl_cov_ratio=2.0)
-    with pytest.raises(ConfigError, match="clip_cov_lb"):
-        GRPOConfig(clip_cov_lb=5.0, clip_cov_ub=1.0)
+    with pytest.raises(ConfigError, match=r"policy_loss_kwargs \(policy loss 'kl_cov'\): ratio=2.0 is a share"):
+        GRPOConfig(policy_loss="kl_cov", policy_loss_kwargs={"ratio": 2.0})
+    with pytest.raises(ConfigError, match="lb=5.0 must be below ub=1.0"):
+        GRPOConfig(policy_loss="clip_cov", policy_loss_kwargs={"lb": 5.0, "ub": 1.0})
+    # a setting the chosen loss does not have is named, with the nearest one it does have
+    with pytest.raises(ConfigError, match=r"policy_loss_kwargs.ration: policy loss 'clip_cov' has no setting "
+                                          r"'ration'.*ratio.*its settings: lb, ratio, ub"):
+        GRPOConfig(policy_loss="clip_cov", policy_loss_kwargs={"ration": 0.5})
+    with pytest.raises(ConfigError, match="policy loss 'ppo' has no setting 'ratio'.*its settings: none"):
+        GRPOConfig(policy_loss_kwargs={"ratio": 0.5})
 
 
 # ------------------------------------------------------------------------------------------ 80/20 rule

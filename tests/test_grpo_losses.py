@@ -286,6 +286,24 @@ def test_compute_policy_loss_gspo_and_aggregation_from_config():
     close(loss, 0.25)
 
 
+def test_gspo_clip_range_comes_from_policy_loss_kwargs():
+    # one sequence whose ratio is exp(0.05) with A = 1: GSPO's default range (4e-4 above 1) clips it (no
+    # gradient); policy_loss_kwargs={clip_high: 0.1} leaves it inside (gradient -A * s = -exp(0.05) per token)
+    mask = t([[1, 1]])
+    old = torch.zeros(1, 2, dtype=D)
+    grads = []
+    for kwargs in ({}, {"clip_high": 0.1}):
+        logp = torch.full((1, 2), 0.05, dtype=D, requires_grad=True)
+        cfg = GRPOConfig(policy_loss="gspo", loss_agg="token-mean", policy_loss_kwargs=kwargs)
+        loss, _ = compute_policy_loss(logp, old, t([1.0]), mask, cfg)
+        loss.backward()
+        grads.append(logp.grad)
+    close(grads[0], [[0.0, 0.0]])
+    close(grads[1], [[-math.exp(0.05) / 2] * 2])
+    with pytest.raises(ConfigError, match="clip_low=1.5 must be in"):
+        GRPOConfig(policy_loss="gspo", policy_loss_kwargs={"clip_low": 1.5})
+
+
 # ---------------------------------------------------------------- registries and config
 
 @pytest.mark.parametrize(

@@ -8,7 +8,11 @@ Defaults and why:
   the Lite PPO study on aligned 8B models use 0.28; the research notes' suggested preset). Set
   ``clip_high=0.2`` for vanilla symmetric PPO/GRPO.
 * ``dual_clip_c=None`` -- off, as in TRL and vanilla GRPO; verl/ARES use 3.0, DAPO scripts 10.
-* ``gspo_clip_low=3e-4``, ``gspo_clip_high=4e-4`` -- GSPO paper v2 §5.1 (sequence ratios are near 1).
+* ``policy_loss_kwargs={}`` -- the chosen loss's own settings, with defaults declared where the loss is
+  registered: ``gspo`` ``{clip_low: 3e-4, clip_high: 4e-4}`` (GSPO paper v2 §5.1: sequence ratios are near 1);
+  ``clip_cov`` ``{ratio: 2e-4, lb: 1, ub: 5}`` and ``kl_cov`` ``{ratio: 2e-4, coef: 1}`` (the Clip-Cov / KL-Cov
+  losses of :mod:`mmrl.grpo.cov_losses`, the authors' defaults, arXiv 2505.22617; KL-Cov's ratio as a
+  fraction, verl's units).
 * ``loss_agg="token-mean"`` -- DAPO / Lite PPO token-level loss; no length bias between long and short
   answers of a group. ``seq-mean-token-sum-norm`` uses ``loss_norm_const`` or else
   ``max_response_length`` as its constant.
@@ -21,9 +25,6 @@ Defaults and why:
 * ``overlong_filter=False``, ``overlong_penalty=False`` -- off as in most DAPO runs; the penalty needs
   ``max_response_length`` (L_max) and ``overlong_cache`` (L_cache; DAPO 4096 of 20480).
 * ``shaper="none"`` -- no per-token shaping.
-* ``clip_cov_ratio=2e-4``, ``clip_cov_lb=1``, ``clip_cov_ub=5``, ``kl_cov_ratio=2e-4``, ``kl_cov_coef=1`` -- the
-  Clip-Cov / KL-Cov losses (``policy_loss: clip_cov | kl_cov``, :mod:`mmrl.grpo.cov_losses`) with the
-  authors' defaults (arXiv 2505.22617; KL-Cov's ratio as a fraction, verl's units).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from mmrl_common.errors import ConfigError
 from .advantages import get_advantage
 from .aggregate import get_aggregation
 from .kl import get_kl
-from .losses import get_policy_loss
+from .losses import policy_loss_settings
 from .shaping import TokenShaper, build_shaper, get_shaper
 
 
@@ -51,18 +52,9 @@ class GRPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip_c: float | None = None
-    gspo_clip_low: float = 3e-4
-    gspo_clip_high: float = 4e-4
-    clip_cov_ratio: float = 2e-4
-    """Clip-Cov (policy_loss: clip_cov): share of the valid tokens whose gradient is cut."""
-    clip_cov_lb: float = 1.0
-    """Clip-Cov: tokens are drawn among those with covariance above this ..."""
-    clip_cov_ub: float = 5.0
-    """... and below this."""
-    kl_cov_ratio: float = 2e-4
-    """KL-Cov (policy_loss: kl_cov): share of the valid tokens (largest covariance) that get the penalty."""
-    kl_cov_coef: float = 1.0
-    """KL-Cov: coefficient of |logp - old_logp| on those tokens."""
+    policy_loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    """The policy loss's own settings over its registered defaults (gspo: {clip_low, clip_high}; clip_cov:
+    {ratio, lb, ub}; kl_cov: {ratio, coef}); the loss reads them merged as ``loss_settings``."""
     # aggregation
     loss_agg: str = "token-mean"
     loss_norm_const: float | None = None
@@ -102,7 +94,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         get_advantage(self.advantage_estimator)
-        get_policy_loss(self.policy_loss)
+        policy_loss_settings(self.policy_loss, self.policy_loss_kwargs)  # the name, then its settings
         get_aggregation(self.loss_agg)
         get_kl(self.kl_estimator)
         get_kl(self.kl_reward_estimator)
@@ -111,18 +103,12 @@ class GRPOConfig:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"grpo.{key}={getattr(self, key)!r}: {why}")
 
-        for key in ("clip_low", "clip_high", "gspo_clip_low", "gspo_clip_high", "kl_coef", "adv_eps",
-                    "dynamic_sampling_tol", "overlong_penalty_factor", "clip_cov_ratio", "kl_cov_ratio",
-                    "kl_cov_coef"):
+        for key in ("clip_low", "clip_high", "kl_coef", "adv_eps", "dynamic_sampling_tol",
+                    "overlong_penalty_factor"):
             if getattr(self, key) < 0:
                 raise bad(key, "must be >= 0")
-        if self.clip_low >= 1 or self.gspo_clip_low >= 1:
-            raise bad("clip_low" if self.clip_low >= 1 else "gspo_clip_low", "must be < 1")
-        for key in ("clip_cov_ratio", "kl_cov_ratio"):
-            if getattr(self, key) > 1:
-                raise bad(key, "is a share of the tokens: must be in [0, 1] (2e-4 is the authors' default)")
-        if self.clip_cov_lb >= self.clip_cov_ub:
-            raise bad("clip_cov_lb", f"must be below clip_cov_ub={self.clip_cov_ub}")
+        if self.clip_low >= 1:
+            raise bad("clip_low", "must be < 1")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise bad("dual_clip_c", "must be > 1 (e.g. 3.0) or null")
         if self.kl_clamp is not None and self.kl_clamp <= 0:
@@ -148,6 +134,11 @@ class GRPOConfig:
             raise bad("loss_norm_const", "must be > 0")
         if not isinstance(self.shaper_kwargs, dict) or not isinstance(self.extra, dict):
             raise ConfigError("grpo.shaper_kwargs and grpo.extra must be mappings")
+
+    @property
+    def loss_settings(self) -> dict[str, Any]:
+        """The policy loss's settings: its registered defaults updated by ``policy_loss_kwargs``."""
+        return policy_loss_settings(self.policy_loss, self.policy_loss_kwargs)
 
     @property
     def norm_const(self) -> float | None:

@@ -7,25 +7,28 @@ under policy gradient. Over the valid tokens of the (micro-)batch, as the author
 
 ``clip_cov`` (``policy_loss: clip_cov``): the ordinary PPO clipped loss (``clip_low``/``clip_high``/
 ``dual_clip_c``); among the tokens that clipping left alone and whose covariance lies strictly inside
-``(clip_cov_lb, clip_cov_ub)``, ``max(1, floor(clip_cov_ratio * N))`` drawn uniformly at random (N = valid
+``(lb, ub)``, ``max(1, floor(ratio * N))`` drawn uniformly at random (N = valid
 tokens; none when no token qualifies) have their loss set to 0, i.e. no gradient. Defaults r = 2e-4,
 bounds 1 and 5 (the authors' recipes, which also set the PPO clip to 1 -- here the recipe decides).
 
 ``kl_cov`` (``policy_loss: kl_cov``): no ratio clipping, ``-A*r`` on every token, plus
-``kl_cov_coef * |logp - old_logp|`` on the ``max(1, floor(kl_cov_ratio * N))`` tokens with the largest
+``coef * |logp - old_logp|`` on the ``max(1, floor(ratio * N))`` tokens with the largest
 covariance. Defaults coefficient 1, ratio 2e-4 as a fraction (verl's units; the authors' repo stores
 ``k_percent`` = 0.2 for 7B models, i.e. 2e-3 here).
 
 Both log ``cov_frac`` (share of valid tokens selected) and ``cov_mean`` (mean covariance). On-policy with one
 optimizer step per batch the ratio is 1 and ``|logp - old_logp|`` is 0 in value (its gradient is not): the
-KL-Cov penalty acts through its gradient ``kl_cov_coef * sign(logp - old_logp)``, which is 0 at equality, so
+KL-Cov penalty acts through its gradient ``coef * sign(logp - old_logp)``, which is 0 at equality, so
 these losses matter when updates are off-policy (several mini-batches or PPO epochs), as in the authors' runs.
+
+Their settings go in ``grpo.policy_loss_kwargs``: ``{ratio: 2e-4, lb: 1, ub: 5}`` for ``clip_cov``,
+``{ratio: 2e-4, coef: 1}`` for ``kl_cov`` (the authors' defaults; the ratio is a share of the valid tokens).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -101,12 +104,32 @@ def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     return PolicyLossOutput(loss=loss * m, stats=stats)
 
 
-@register_policy_loss("clip_cov")
+def _check_ratio(s: dict[str, Any]) -> None:
+    if not 0 <= s["ratio"] <= 1:
+        raise ValueError(f"ratio={s['ratio']!r} is a share of the tokens: must be in [0, 1] (2e-4 is the "
+                         "authors' default)")
+
+
+def _check_clip_cov(s: dict[str, Any]) -> None:
+    _check_ratio(s)
+    if s["lb"] >= s["ub"]:
+        raise ValueError(f"lb={s['lb']!r} must be below ub={s['ub']!r}")
+
+
+def _check_kl_cov(s: dict[str, Any]) -> None:
+    _check_ratio(s)
+    if s["coef"] < 0:
+        raise ValueError(f"coef={s['coef']!r} must be >= 0")
+
+
+@register_policy_loss("clip_cov", settings={"ratio": 2e-4, "lb": 1.0, "ub": 5.0}, check=_check_clip_cov)
 def _clip_cov_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOConfig):
-    return clip_cov_loss(logp, old_logp, advantages, mask, ratio=cfg.clip_cov_ratio, lb=cfg.clip_cov_lb,
-                         ub=cfg.clip_cov_ub, clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.dual_clip_c)
+    s = cfg.loss_settings
+    return clip_cov_loss(logp, old_logp, advantages, mask, ratio=s["ratio"], lb=s["lb"], ub=s["ub"],
+                         clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.dual_clip_c)
 
 
-@register_policy_loss("kl_cov")
+@register_policy_loss("kl_cov", settings={"ratio": 2e-4, "coef": 1.0}, check=_check_kl_cov)
 def _kl_cov_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOConfig):
-    return kl_cov_loss(logp, old_logp, advantages, mask, ratio=cfg.kl_cov_ratio, coef=cfg.kl_cov_coef)
+    s = cfg.loss_settings
+    return kl_cov_loss(logp, old_logp, advantages, mask, ratio=s["ratio"], coef=s["coef"])

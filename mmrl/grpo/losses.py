@@ -23,21 +23,25 @@ With ``seq-mean-token-mean`` aggregation and a per-sequence A the gradient equal
 objective ``-mean_i A_i * s_i``; other aggregations are allowed (per-token advantages flow, as in GSPO-token).
 
 Register a new loss with :func:`register_policy_loss`; it receives the same tensors plus the
-:class:`~mmrl.grpo.config.GRPOConfig` (put custom knobs in ``cfg.extra``). Called from
+:class:`~mmrl.grpo.config.GRPOConfig`. A loss's own knobs are its ``settings`` (declared with their defaults
+at registration, optionally with a ``check``): the run sets them in ``grpo.policy_loss_kwargs`` (as
+``grpo.shaper_kwargs`` for a shaper), and the loss reads them merged with the defaults from
+``cfg.loss_settings``; an unknown key or a value the check refuses fails when the configuration loads. Called from
 :func:`~mmrl.grpo.config.compute_policy_loss`, ``advantages`` are always per-token ``(B, T)`` (after shaping)
 and the returned ``loss`` must be ``(B, T)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
 
-from mmrl_common.registry import Registry
+from mmrl_common.errors import ConfigError
+from mmrl_common.registry import Registry, did_you_mean
 
 from ._util import masked_max, masked_mean
 
@@ -63,9 +67,38 @@ class PolicyLoss(Protocol):
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "policy_loss")
 
 
-def register_policy_loss(name: str, *, overwrite: bool = False) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register ``fn(logp, old_logp, advantages, mask, cfg) -> PolicyLossOutput`` under ``name``."""
-    return POLICY_LOSSES.register(name, overwrite=overwrite)
+def register_policy_loss(name: str, *, overwrite: bool = False, settings: Mapping[str, Any] | None = None,
+                         check: Callable[[dict[str, Any]], None] | None = None,
+                         ) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register ``fn(logp, old_logp, advantages, mask, cfg) -> PolicyLossOutput`` under ``name``.
+
+    ``settings``: the loss's own knobs and their defaults (set in ``grpo.policy_loss_kwargs``, read by the loss
+    from ``cfg.loss_settings``); ``check(settings)`` raises :class:`ValueError` (its message says what is
+    wrong) for values the loss cannot use."""
+    return POLICY_LOSSES.register(name, overwrite=overwrite, meta={"settings": dict(settings or {}),
+                                                                   "check": check})
+
+
+def policy_loss_settings(name: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The settings of the loss ``name``: its declared defaults updated by ``given``
+    (``grpo.policy_loss_kwargs``); :class:`~mmrl_common.errors.ConfigError` for a key the loss does not
+    declare or a value its check refuses."""
+    meta = POLICY_LOSSES.meta(name)
+    defaults = meta["settings"]
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"grpo.policy_loss_kwargs must be a mapping, got {given!r}")
+    for key in given:
+        if key not in defaults:
+            valid = ", ".join(sorted(defaults)) or "none"
+            raise ConfigError(f"grpo.policy_loss_kwargs.{key}: policy loss {name!r} has no setting {key!r}"
+                              f"{did_you_mean(str(key), defaults)}; its settings: {valid}")
+    out = {**defaults, **given}
+    if meta["check"] is not None:
+        try:
+            meta["check"](out)
+        except ValueError as exc:
+            raise ConfigError(f"grpo.policy_loss_kwargs (policy loss {name!r}): {exc}") from None
+    return out
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -169,7 +202,14 @@ def _ppo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
                          clip_c=cfg.dual_clip_c)
 
 
-@register_policy_loss("gspo")
+def _check_gspo(s: dict[str, Any]) -> None:
+    if not 0 <= s["clip_low"] < 1:
+        raise ValueError(f"clip_low={s['clip_low']!r} must be in [0, 1) (GSPO's sequence ratios stay near 1: 3e-4)")
+    if s["clip_high"] < 0:
+        raise ValueError(f"clip_high={s['clip_high']!r} must be >= 0 (GSPO's default: 4e-4)")
+
+
+@register_policy_loss("gspo", settings={"clip_low": 3e-4, "clip_high": 4e-4}, check=_check_gspo)
 def _gspo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOConfig):
-    return gspo_loss(logp, old_logp, advantages, mask, clip_low=cfg.gspo_clip_low,
-                     clip_high=cfg.gspo_clip_high)
+    s = cfg.loss_settings
+    return gspo_loss(logp, old_logp, advantages, mask, clip_low=s["clip_low"], clip_high=s["clip_high"])
