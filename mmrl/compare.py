@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from mmrl.config_io import load_yaml
 from mmrl_common.errors import ConfigError, MmrlError
 from mmrl_common.registry import did_you_mean, nearest
 
@@ -216,14 +215,7 @@ def check_arm(arm: Arm) -> None:
 def load_spec(path: str | Path, *, check: bool = True, out: str | None = None) -> Spec:
     """Read and check a spec; with ``check`` every arm's configuration is loaded too."""
     path = Path(path)
-    if not path.is_file():
-        raise MmrlError(f"{path}: compare spec not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"compare spec {path}: expected a mapping with {', '.join(SPEC_KEYS)}")
+    data = load_yaml(path, what="compare spec", expected=f"a mapping with {', '.join(SPEC_KEYS)}")
     for key in data:
         if key not in SPEC_KEYS:
             raise ConfigError(f"compare spec: unknown key '{key}'; {did_you_mean(str(key), SPEC_KEYS)}"

@@ -258,16 +258,19 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def load_yaml(path: str | Path, *, what: str = "config file", expected: str = "a mapping of sections"
+              ) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (empty: ``{}``); ``what`` and ``expected`` name the kind of
+    file and its top level in the errors."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"{what} not found: {path}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raise ConfigError(f"{what} {path}: the top level must be {expected}")
     return data
 
 
