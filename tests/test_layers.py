@@ -1,0 +1,163 @@
+"""The layering of the packages, checked on the source: every ``import`` statement of every module, the ones
+inside functions included, read with ``ast``.
+
+* ``mmrl_common`` <- ``vision``, ``video`` <- ``rewards``, ``data_pipelines`` <- core ``mmrl`` <-
+  ``mmrl.methods``: the leaf packages never import ``mmrl``; the core never imports ``mmrl.methods``;
+* no import cycle between modules (a package's ``__init__`` counts as a module of its own). Imports under
+  ``if TYPE_CHECKING:`` never run (annotations are strings here) and do not count for cycles; for the layers
+  they do, so a leaf package does not even name a core type.
+
+The checker itself is tested on a planted cycle and a planted upward import, so a green run means something.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("mmrl_common", "vision", "video", "rewards", "data_pipelines", "mmrl")
+LEAVES = ("mmrl_common", "vision", "video", "rewards", "data_pipelines")
+
+
+def module_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file of ``packages`` under ``root``."""
+    out: dict[str, Path] = {}
+    for pkg in packages:
+        for f in sorted((root / pkg).rglob("*.py")):
+            parts = list(f.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = f
+    return out
+
+
+def _type_only(tree: ast.AST) -> set[int]:
+    """The ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def import_graph(files: dict[str, Path], *, type_only: bool = True) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``from pkg import name`` counts as ``pkg.name`` when that is
+    a module, else as ``pkg``); ``type_only=False`` leaves out the imports under ``if TYPE_CHECKING:``."""
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        targets: set[str] = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        skip = set() if type_only else _type_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets.update(t for a in node.names if (t := known(a.name)))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: from the package, up level - 1
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                for a in node.names:  # a submodule by that name, else the module that defines it
+                    t = f"{source}.{a.name}" if f"{source}.{a.name}" in files else known(source)
+                    if t:
+                        targets.add(t)
+        targets.discard(mod)
+        graph[mod] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    component.append(m)
+                    if m == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports against the layering: a leaf package importing ``mmrl``, the core importing ``mmrl.methods``."""
+    bad = []
+    for mod, targets in graph.items():
+        top = mod.split(".")[0]
+        for t in targets:
+            if top in LEAVES and t.split(".")[0] == "mmrl" or top == "mmrl" and not mod.startswith("mmrl.methods") and t.startswith("mmrl.methods"):
+                bad.append((mod, t))
+    return sorted(bad)
+
+
+def test_no_module_imports_up_the_layers() -> None:
+    bad = upward(import_graph(module_files(ROOT)))
+    assert not bad, "imports against the layering:\n" + "\n".join(f"  {a} -> {b}" for a, b in bad)
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(import_graph(module_files(ROOT), type_only=False))
+    assert not found, "import cycles:\n" + "\n".join("  " + " <-> ".join(c) for c in found)
+
+
+def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    for pkg, files in {
+        "mmrl_common": {"__init__.py": "", "errors.py": ""},
+        "rewards": {"__init__.py": "", "a.py": "from rewards import b\n",
+                    "b.py": "def f():\n    from rewards.a import x\n    import mmrl.trainer\n",
+                    "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rewards import d\n",
+                    "d.py": "from rewards import c\n"},
+        "vision": {"__init__.py": ""}, "video": {"__init__.py": ""}, "data_pipelines": {"__init__.py": ""},
+        "mmrl": {"__init__.py": "", "trainer.py": "from mmrl.methods import acre\n",
+                 "methods/__init__.py": "", "methods/acre.py": "from mmrl import trainer\n"},
+    }.items():
+        for name, text in files.items():
+            path = tmp_path / pkg / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    graph = import_graph(module_files(tmp_path))
+    assert cycles(import_graph(module_files(tmp_path), type_only=False)) == [
+        ["mmrl.methods.acre", "mmrl.trainer"], ["rewards.a", "rewards.b"]]  # c <-> d is a type-only import
+    assert ["rewards.c", "rewards.d"] in cycles(graph)
+    assert upward(graph) == [("mmrl.trainer", "mmrl.methods.acre"), ("rewards.b", "mmrl.trainer")]
