@@ -137,12 +137,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from mmrl.distributed import launched
 
-    if launched() and (getattr(args, "agent", None) or getattr(args, "benchmark", None)):
+    if launched() and getattr(args, "agent", None):
         from mmrl_common.errors import MmrlError
 
-        raise MmrlError("mmrl eval --benchmark / --agent runs in one process (their runners do not split the "
-                        "questions across ranks yet): run it without torchrun (rollout.backend=vllm for speed); "
-                        "the held-out evaluation (--eval-data) does run on several ranks")
+        raise MmrlError("mmrl eval --agent runs in one process (the agent loop does not split the questions "
+                        "across ranks yet): run it without torchrun; --benchmark and the held-out evaluation "
+                        "(--eval-data) do run on several ranks")
     if getattr(args, "agent", None):  # a method's agent loop (EARL's): held-out split or --benchmark
         from mmrl.cli import load_method
 
@@ -157,7 +157,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                             "prompts and scoring; export the benchmark's questions as an mmrl data file and run "
                             "`mmrl eval --eval-data FILE --check NAME`")
 
-        return cli_run(args, _load(args))
+        cfg = _load(args)
+        _join_world(cfg)  # under torchrun: each rank answers its share of the questions
+        return cli_run(args, cfg)
     from mmrl.distributed import device_for
     from mmrl.evaluate import evaluate
     from mmrl.policy import load_policy
@@ -326,15 +328,19 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--benchmark", default=None, metavar="NAME",
                    help="mvbench, videomme, longvideobench, mmvu, vqa-rad, slake, pathvqa or toy")
     b.add_argument("--data-root", default=None, metavar="DIR", help="the benchmark folder as downloaded")
-    b.add_argument("--protocol", choices=["official", "qwen"], default="official",
+    b.add_argument("--protocol", choices=["official", "qwen", "lmms-eval"], default="official",
                    help="official: each benchmark's own frames/prompt/scoring (default); qwen: the Qwen2.5-VL "
-                        "report's video setting (2 fps, <=768 frames, <=24,576 video tokens)")
+                        "report's video setting (2 fps, <=768 frames, <=24,576 video tokens); lmms-eval: what "
+                        "lmms-eval runs for Qwen2.5-VL (32 of the frames decoded at 2 fps, its task prompts and "
+                        "token caps), to line a number up with a paper that used it (README: the protocols)")
     b.add_argument("--frames", type=int, default=None, help="frames per video (overrides the protocol)")
     b.add_argument("--max-pixels", type=int, default=None, help="pixel budget per frame / image")
     b.add_argument("--prompt-template", default=None, metavar="NAME|FORMAT",
                    help="official, direct, reasoning, or a format string with {question} {options} {instruction}")
     b.add_argument("--workers", type=int, default=2, help="background media-decoding threads (0: decode inline)")
-    b.add_argument("--subtitles", action="store_true", help="videomme: add the subtitles at the sampled frames")
+    b.add_argument("--subtitles", action="store_true",
+                   help="videomme: the subtitle lines at the sampled frames; longvideobench: subtitles interleaved "
+                        "with the frames (its _i protocol)")
     b.add_argument("--lmms-eval", action="store_true",
                    help="run the checkpoint through lmms-eval instead (needs pip install 'mmrl[eval]')")
     p.add_argument("--agent", choices=["earl"], default=None,

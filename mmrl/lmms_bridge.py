@@ -27,7 +27,7 @@ LMMS_TASKS = {
     "videomme": "videomme",
     "longvideobench": "longvideobench_val_v",
     "mmvu": "mmvu_val",
-    "slake": "slake",
+    "slake": "slake_en",  # the English questions, as papers report SLAKE ("slake" also runs the Chinese ones)
 }
 LMMS_MODELS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
 
@@ -45,9 +45,9 @@ def build_command(model: str | Path, benchmark: str, *, out: str | Path, frames:
     if task is None:
         raise MmrlError(f"lmms-eval has no task for '{benchmark}'; bridged: {', '.join(sorted(LMMS_TASKS))}")
     if subtitles:
-        if benchmark != "videomme":
-            raise MmrlError("--subtitles applies to videomme only")
-        task = "videomme_w_subtitle"
+        if benchmark not in ("videomme", "longvideobench"):
+            raise MmrlError("--subtitles applies to videomme and longvideobench only")
+        task = "videomme_w_subtitle" if benchmark == "videomme" else "longvideobench_val_i"
     cfg_path = model / "config.json"
     if not cfg_path.is_file():
         raise MmrlError(f"{model}: no config.json; expected a Hugging Face model folder")

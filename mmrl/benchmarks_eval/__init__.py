@@ -22,6 +22,7 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
     """``mmrl eval --benchmark ...``: ``cfg`` is the run config (model path, dtype, eval.* overrides)."""
     from pathlib import Path
 
+    from mmrl.distributed import device_for, world
     from mmrl.run import resolve_model
     from mmrl.vllm_backend import settings_from_config
     from mmrl_common.errors import MmrlError
@@ -30,7 +31,8 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
         raise MmrlError("--benchmark needs --data-root DIR (the folder the benchmark was downloaded to)")
     if cfg.model.path and not Path(cfg.model.path).exists():
         raise MmrlError(f"--model: folder not found: {cfg.model.path}")
-    model = resolve_model(cfg)
+    with world().main_first():  # rank 0 builds a cached model (the tiny one) before the others read it
+        model = resolve_model(cfg)
     if getattr(args, "lmms_eval", False):
         from mmrl.lmms_bridge import run_lmms_eval
 
@@ -41,9 +43,11 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
         max_pixels=args.max_pixels, prompt_template=args.prompt_template,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=args.batch_size or cfg.eval.batch_size,
         limit=args.limit, workers=args.workers, split=args.split, subtitles=args.subtitles, dtype=cfg.model.dtype,
-        show_progress=not args.quiet, backend=cfg.rollout.backend, vllm=settings_from_config(cfg))
-    print(headline(metrics))
-    out = metrics.get("out")
-    if out:
-        print(f"results: {out}")
+        show_progress=not args.quiet, backend=cfg.rollout.backend, vllm=settings_from_config(cfg),
+        on_bad_sample=cfg.data.on_bad_sample, seed=cfg.train.seed, device=device_for(cfg.model.device))
+    if world().is_main:
+        print(headline(metrics))
+        out = metrics.get("out")
+        if out:
+            print(f"results: {out}")
     return 0

@@ -6,6 +6,10 @@
 * :func:`mvbench_folder_indices` — the official notebook's ``get_index`` with ``first_idx=1`` for folders.
 * ``longvideobench`` frame policy — ``min(max_frames, int(duration))`` frames at a stride of
   ``int(duration·fps / n)`` (``longvideobench_dataset.py``), registered with ``video.register_policy``.
+* ``lmms-eval`` frame policy — what lmms-eval's Qwen2.5-VL wrapper (``lmms_eval/models/simple/qwen2_5_vl.py``)
+  feeds the model: qwen-vl-utils decodes at 2 fps (4 to 768 frames) and sizes the frames for that many, then
+  the wrapper keeps ``nframes`` of them (``np.linspace(0, n - 1, nframes, dtype=int)``, duplicates dropped).
+  The frames keep the size qwen-vl-utils gave them for the longer list (:meth:`BenchMediaPreparer._item`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from mmrl.media import MediaPreparer
 from mmrl.policy import MediaInput
 from mmrl_common.errors import MediaError
 from video.reader import VideoReader
-from video.sampling import decode_indices, register_policy, sample_video
+from video.sampling import decode_indices, qwen_indices, register_policy, sample_video
 
 FRAME_SUFFIXES = (".jpg", ".jpeg", ".png")
 _RESIZE = ("min_pixels", "max_pixels", "total_pixels", "image_patch_size")
@@ -72,6 +76,25 @@ def lvb_indices(num_frames: int, fps: float, /, *, start: float | None = None, e
     return [min(stride * i, num_frames - 1) for i in range(n)]
 
 
+LMMS_FPS, LMMS_MIN_FRAMES, LMMS_MAX_FRAMES = 2.0, 4, 768  # qwen-vl-utils' defaults, which lmms-eval leaves
+
+
+def lmms_eval_decoded(num_frames: int, fps: float, start: float | None = None, end: float | None = None) -> list[int]:
+    """The frames qwen-vl-utils decodes with its defaults (2 fps, 4 to 768 frames)."""
+    return qwen_indices(num_frames, fps, start=start, end=end, fps=LMMS_FPS, min_frames=LMMS_MIN_FRAMES,
+                        max_frames=LMMS_MAX_FRAMES)
+
+
+@register_policy("lmms-eval", overwrite=True)
+def lmms_eval_indices(num_frames: int, fps: float, /, *, start: float | None = None, end: float | None = None,
+                      nframes: int = 32) -> list[int]:
+    """lmms-eval's Qwen2.5-VL video frames: of the frames qwen-vl-utils decodes, ``nframes`` spread by
+    ``np.linspace(0, n - 1, nframes, dtype=int)`` with duplicates dropped (so a short video keeps fewer)."""
+    decoded = lmms_eval_decoded(num_frames, fps, start, end)
+    keep = np.unique(np.linspace(0, len(decoded) - 1, int(nframes), dtype=int))
+    return [decoded[int(k)] for k in keep]
+
+
 class BenchMediaPreparer(MediaPreparer):
     """A :class:`MediaPreparer` that also reads frame folders and adds run-wide ``extra`` sampling keys
     (e.g. ``total_pixels``). Not thread-safe (its cache); use one per worker thread."""
@@ -90,9 +113,35 @@ class BenchMediaPreparer(MediaPreparer):
             sampling = {**self.extra, **sampling}
         item = MediaItem(item.type, item.path, sampling)
         path = Path(item.path)
+        if item.type == "video" and self.cfg.video_policy == "lmms-eval" and "total_pixels" not in sampling:
+            item = MediaItem(item.type, item.path, {**sampling, "total_pixels": self._lmms_total(item, folder_fps)})
         if item.type != "video" or not path.is_dir():
             return super()._item(item)
         return self._folder(item, float(folder_fps or 3.0))
+
+    def _lmms_total(self, item: MediaItem, folder_fps: float | None) -> int:
+        """A total-pixel budget that gives the kept frames the size qwen-vl-utils chose for all the frames it
+        decoded (its per-frame cap is ``total / frames decoded * 2``; ``decode_indices`` divides by the
+        frames kept)."""
+        from qwen_vl_utils import vision_process as qvu
+
+        from video import open_video
+
+        path = Path(item.path)
+        reader = FrameFolderReader(path, float(folder_fps or 3.0)) if path.is_dir() else None
+        try:
+            reader = reader or open_video(path)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise MediaError(item.path, str(exc)) from exc
+        try:
+            start, end = item.sampling.get("start"), item.sampling.get("end")
+            decoded = len(lmms_eval_decoded(reader.num_frames, reader.fps, start, end))
+            kept = len(lmms_eval_indices(reader.num_frames, reader.fps, start=start, end=end,
+                                         nframes=int(self.cfg.nframes or 32)))
+        finally:
+            reader.close()
+        factor = self.patch * qvu.SPATIAL_MERGE_SIZE
+        return int(qvu.MODEL_SEQ_LEN * factor * factor * 0.9 * kept / decoded)
 
     def _folder(self, item: MediaItem, fps: float) -> MediaInput:
         opts = self.video_options(dict(item.sampling))

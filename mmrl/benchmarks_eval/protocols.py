@@ -2,7 +2,9 @@
 
 ``official`` (the default) follows each benchmark's own evaluation code; ``qwen`` is the setting the
 Qwen2.5-VL report gives for all its video numbers (qwen-vl-utils sampling at 2 fps, at most 768 frames, at
-most 24,576 video tokens in total) with a direct-answer prompt. Sources: research/eval.md (§1.3–1.5 MVBench,
+most 24,576 video tokens in total) with a direct-answer prompt; ``lmms-eval`` is what lmms-eval (0.7, HEAD
+75571cf) runs for its ``qwen2_5_vl`` model with the task's own prompt and token cap — the setting most
+Qwen2.5-VL RL papers used (:data:`LMMS_EVAL`). Sources: research/eval.md (§1.3–1.5 MVBench,
 §2.2–2.4 Video-MME, §2.5 Qwen, §3.1 LongVideoBench, §3.2 MMVU) and research/medical.md §5 (LLaVA-Med).
 
 Answer extraction is the same everywhere: :func:`rewards.answers.extract_answer` then
@@ -52,9 +54,6 @@ DIRECT_MC = "Answer with the option's letter from the given choices directly."
 DIRECT_SHORT = "Answer the question using a single word or phrase."
 MMVU_DIRECT = ("Do not generate any intermediate reasoning process. Answer directly with the option letter "
                "from the given choices.")
-TEMPLATES = ("official", "direct", "reasoning")
-
-
 @dataclass
 class Protocol:
     """Everything that decides what the model sees and how long it may answer."""
@@ -71,6 +70,7 @@ class Protocol:
     image_max_pixels: int = 1280 * 28 * 28
     template: str = "official"
     max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy; above 0 sampled (lmms-eval's MMVU task asks for 0.7)
     source: str = ""
 
     def settings(self) -> dict[str, Any]:
@@ -82,10 +82,13 @@ class Protocol:
                       else f"qwen-vl-utils at {self.fps:g} fps (max {self.max_frames})")
         else:
             frames = f"{self.video_policy}, {self.nframes} frames"
+        if self.video_policy == "lmms-eval":
+            frames = f"lmms-eval's Qwen2.5-VL frames (2 fps decoded, {self.nframes} kept)"
         total = f", total ≤{self.total_pixels} px" if self.total_pixels else ""
+        decoding = f", sampled at temperature {self.temperature:g}" if self.temperature > 0 else ", greedy"
         return (f"protocol {self.name}: frames {frames}, ≤{self.video_max_pixels} px/frame{total}, "
                 f"images ≤{self.image_max_pixels} px, prompt {self.template!r}, "
-                f"max_new_tokens {self.max_new_tokens}")
+                f"max_new_tokens {self.max_new_tokens}{decoding}")
 
 
 _OFFICIAL: dict[str, dict[str, Any]] = {
@@ -118,14 +121,35 @@ _OFFICIAL: dict[str, dict[str, Any]] = {
 }
 
 
+# lmms-eval's qwen2_5_vl model (lmms_eval/models/simple/qwen2_5_vl.py): min_pixels 256*28*28, max_pixels
+# 1,605,632 per image or frame, 32 frames kept of those qwen-vl-utils decodes at 2 fps, system prompt "You are a
+# helpful assistant."; each task's yaml sets the prompt and the token cap (tasks/<name>/*.yaml, utils.py).
+LMMS_EVAL: dict[str, dict[str, Any]] = {
+    "mvbench": {"max_new_tokens": 16, "source": "lmms-eval tasks/mvbench (video branch, no bound applied)"},
+    "videomme": {"max_new_tokens": 16, "source": "lmms-eval tasks/videomme (videomme / videomme_w_subtitle)"},
+    "longvideobench": {"max_new_tokens": 32, "source": "lmms-eval tasks/longvideobench (longvideobench_val_v)"},
+    "mmvu": {"max_new_tokens": 1024, "temperature": 0.7, "source": "lmms-eval tasks/mmvu (mmvu_val)"},
+}
+LMMS_SYSTEM = "You are a helpful assistant."
+PROTOCOLS = ("official", "qwen", "lmms-eval")
+
+
 def make_protocol(benchmark: str, name: str = "official", *, family: str = "qwen2_5_vl", frames: int | None = None,
                   max_pixels: int | None = None, template: str | None = None,
                   max_new_tokens: int | None = None) -> Protocol:
     """The protocol for ``benchmark``, with the user's overrides applied."""
-    if name not in ("official", "qwen"):
-        raise ConfigError(f"--protocol must be 'official' or 'qwen', got {name!r}")
+    if name not in PROTOCOLS:
+        raise ConfigError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {name!r}")
     factor = 2 * (16 if family.startswith("qwen3") else 14)
-    if name == "official" or benchmark == "toy":
+    if name == "lmms-eval":
+        if benchmark not in LMMS_EVAL:
+            raise ConfigError(f"--protocol lmms-eval is written down for {', '.join(LMMS_EVAL)}, not {benchmark}; "
+                              "use --protocol official (or the lmms-eval bridge, --lmms-eval)")
+        f2 = factor * factor
+        p = Protocol(benchmark=benchmark, name=name, video_policy="lmms-eval", nframes=32, fps=2.0, max_frames=768,
+                     video_min_pixels=256 * f2, video_max_pixels=1605632, image_max_pixels=1605632,
+                     template="lmms-eval", **LMMS_EVAL[benchmark])
+    elif name == "official" or benchmark == "toy":
         p = Protocol(benchmark=benchmark, name=name, **_OFFICIAL[benchmark])
     else:
         # Qwen2.5-VL report (eval.md §2.5): fps 2, <=768 frames, <=24,576 video tokens; qwen-vl-utils pixel
@@ -193,6 +217,8 @@ def build_prompt(sample: Any, protocol: Protocol, *, subtitles: str | None = Non
         if b in ("vqa-rad", "pathvqa", "slake"):
             return None, q, ""
         t = "reasoning"  # toy: the training prompt
+    if t == "lmms-eval":
+        return _lmms_eval_prompt(b, q, sample, opts, subtitles)
     if t == "direct":
         if mc:
             return None, f"{q}\n{_lines(opts, '{letter}. {text}')}\n{DIRECT_MC}", ""
@@ -207,6 +233,50 @@ def build_prompt(sample: Any, protocol: Protocol, *, subtitles: str | None = Non
         raise ConfigError(f"--prompt-template: unknown field {exc}; use official, direct, reasoning or a "
                           "format string with {question}, {options}, {instruction}") from exc
     return None, text, ""
+
+
+LMMS_VIDEOMME = ("Select the best answer to the following multiple-choice question based on the video and the "
+                 "subtitles. Respond with only the letter (A, B, C, or D) of the correct option.")
+
+
+def _lmms_eval_prompt(b: str, q: str, sample: Any, opts: list[str], subtitles: str | None) -> tuple[str, str, str]:
+    """lmms-eval's ``doc_to_text`` of each task with its default ``post_prompt`` (the wording differs from the
+    official prompts on purpose: this is what lmms-eval numbers were made with)."""
+    if b == "mvbench":  # mvbench/utils.py mvbench_doc_to_text + the yaml's post_prompt
+        return LMMS_SYSTEM, f"Question:{q}\nOption:\n{_lines(opts, '({letter}) {text}')}\nOnly give the best option.\n", ""
+    if b == "videomme":  # videomme/utils.py videomme_doc_to_text(_subtitle)
+        body = f"{LMMS_VIDEOMME}\n{q}\n" + "\n".join(sample.options)
+        if subtitles is not None:
+            return LMMS_SYSTEM, f"This video's subtitles are listed below: \n{subtitles}\n{body}\nThe best answer is:", ""
+        return LMMS_SYSTEM, f"{body}\n\nAnswer with the option's letter from the given choices directly.", ""
+    if b == "longvideobench":  # longvideobench/utils.py longvideobench_doc_to_text (the _v task)
+        return LMMS_SYSTEM, f"{q}\n{_lines(opts, '{letter}. {text}')}\n{DIRECT_MC}\n", ""
+    # mmvu/utils.py multiple_choice_prompt: always the letters A to E (empty text for unused ones)
+    five = list(opts) + [""] * max(0, 5 - len(opts))
+    return LMMS_SYSTEM, (f"\nQuestion:{q}\n{_lines(five, '{letter}: {text}')}\nVisual Information: processed video\n"
+                         "Do not generate any intermediate reasoning process. Answer directly with the option letter "
+                         "from the\ngiven choices.\n"), ""
+
+
+def interleave_subtitles(cues: list[tuple[float, float, str]], timestamps: list[float]) -> list[int | str]:
+    """LongVideoBench's interleaved prompt (its ``_i`` protocol; ``insert_subtitles_into_frames`` in lmms-eval's
+    ``tasks/longvideobench/utils.py``, after the benchmark's own ``longvideobench_dataset.py``): frame indices
+    and subtitle texts in order. Before each subtitle come the frames not yet placed whose time is at most the
+    subtitle's midpoint; the subtitle follows only if some frame falls strictly inside it (a cue shorter than
+    1 s is widened to 1 s around its midpoint). The frames left come last."""
+    out: list[int | str] = []
+    nxt = 0
+    for start, end, text in cues:
+        mid = (start + end) / 2
+        while nxt < len(timestamps) and timestamps[nxt] <= mid:
+            out.append(nxt)
+            nxt += 1
+        if end - start < 1:
+            start, end = mid - 0.5, mid + 0.5
+        if any(start < t < end for t in timestamps):
+            out.append(text)
+    out.extend(range(nxt, len(timestamps)))
+    return out
 
 
 def subtitle_lines(cues: list[tuple[float, float, str]], timestamps: list[float]) -> str:

@@ -9,6 +9,19 @@ def pct(v: Any) -> str:
     return "–" if v is None else f"{100 * v:.1f}"
 
 
+def _media_lines(metrics: dict[str, Any]) -> list[str]:
+    """The questions whose video was missing or unreadable, after the table."""
+    failed = metrics.get("media_failures") or []
+    if not failed:
+        return []
+    how = "left out (data.on_bad_sample=skip)" if metrics.get("on_bad_sample") == "skip" else "counted wrong"
+    out = ["", f"{len(failed)} question(s) without readable media, {how}:", ""]
+    out += [f"- `{f['id']}`: {f['error']}" for f in failed[:50]]
+    if len(failed) > 50:
+        out.append(f"- ... and {len(failed) - 50} more (metrics.json lists them all)")
+    return out
+
+
 def markdown(metrics: dict[str, Any]) -> str:
     m = metrics["scores"]
     lines = [f"# {metrics['title']} — {metrics['model']}", "",
@@ -24,7 +37,8 @@ def markdown(metrics: dict[str, Any]) -> str:
                   f"| open | {o['n']} | LLaVA-Med F1 | {pct(o['f1'])} |",
                   f"| open | {o['n']} | token F1 (SQuAD) | {pct(o['token_f1'])} |",
                   f"| open | {o['n']} | BLEU-1 | {pct(o['bleu1'])} |",
-                  f"| open | {o['n']} | exact match | {pct(o['exact'])} |", ""]
+                  f"| open | {o['n']} | exact match | {pct(o['exact'])} |"]
+        lines += _media_lines(metrics) + [""]
         for key, table in m.items():
             if key.startswith("by_"):
                 lines += [f"## {key[3:].replace('_', ' ')}", "",
@@ -33,16 +47,16 @@ def markdown(metrics: dict[str, Any]) -> str:
                           f"{pct(v['open']['recall'])} |" for g, v in table.items()]
                 lines.append("")
         return "\n".join(lines)
-    o = m["overall"]
-    lines += ["| metric | value |", "| --- | ---: |",
-              f"| **official ({m['official_metric']})** | **{pct(m['official'])}** |",
-              f"| accuracy, all questions (unparsed = wrong) | {pct(o['accuracy'])} ({o['correct']}/{o['n']}) |",
-              f"| accuracy, answered only | {pct(o['accuracy_answered'])} ({o['correct']}/{o['answered']}) |",
-              f"| unparsed answers | {o['unparsed']} |"]
+    o, h = m["overall"], m["headline"]
+    lines += [f"**{metrics['title']}: {pct(h['value'])}** — `{h['metric']}`: {h['convention']} ({h['why']}).", "",
+              "| convention | value |", "| --- | ---: |",
+              f"| **{h['metric']} (headline)**: {h['convention']} | **{pct(h['value'])}** |"]
+    lines += [f"| {k}: {v['convention']} | {pct(v['value'])} |" for k, v in m.get("beside", {}).items()]
+    lines += [f"| questions / answered / correct | {o['n']} / {o['answered']} / {o['correct']} |",
+              f"| unparsed answers (no option letter read) | {o['unparsed']} |"]
     if o.get("errors"):
-        lines.append(f"| media errors (counted wrong) | {o['errors']} |")
-    if "task_mean" in m:
-        lines.append(f"| mean of task accuracies | {pct(m['task_mean'])} |")
+        lines.append(f"| media failures (counted wrong) | {o['errors']} |")
+    lines += _media_lines(metrics)
     lines.append("")
     for key, table in m.items():
         if key.startswith("by_"):

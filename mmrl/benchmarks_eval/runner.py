@@ -27,11 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mmrl.benchmarks_eval.media import BenchMediaPreparer
-from mmrl.benchmarks_eval.protocols import Protocol, build_prompt, make_protocol, subtitle_lines
+from mmrl.benchmarks_eval.protocols import (
+    Protocol,
+    build_prompt,
+    interleave_subtitles,
+    make_protocol,
+    subtitle_lines,
+)
 from mmrl.benchmarks_eval.report import markdown
 from mmrl.benchmarks_eval.scoring import GROUPS, MEDICAL, score_item, summarize
 from mmrl.config import MediaConfig
+from mmrl.policy import MediaInput
 from mmrl_common.errors import MmrlError
 
 # settings that must match for a folder's predictions to be reused
@@ -111,27 +120,59 @@ class _Workers:
             prep = self.local.preparer = self.make_preparer()
         out = []
         for s in batch:
+            if s.meta.get("missing_media"):
+                out.append(_Prepared(s, error=f"media not found: {s.meta['missing_media']}"))
+                continue
             try:
                 media = prep.prepare(s)
-                subs = None
-                if self.subtitles:
-                    from data_pipelines.benchmarks.videomme import parse_srt
-
-                    sub_path = s.meta.get("subtitle_path")
-                    times = [t for m in media for t in (m.timestamps or [])]
-                    subs = subtitle_lines(parse_srt(Path(sub_path)) if sub_path else [], times)
-                system, text, prefill = build_prompt(s, self.protocol, subtitles=subs)
+                content, items, prefill, system = self.content(s, media)
                 messages: list[dict[str, Any]] = []
                 if system:
                     messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-                content = [{"type": m.kind} for m in media] + [{"type": "text", "text": text}]
                 messages.append({"role": "user", "content": content})
                 rendered = self.policy.render(messages) + prefill
                 frames = sum(len(m.timestamps or []) for m in media if m.kind == "video")
-                out.append(_Prepared(s, rendered, media, prefill, n_frames=frames))
+                out.append(_Prepared(s, rendered, items, prefill, n_frames=frames))
             except MmrlError as exc:
                 out.append(_Prepared(s, error=str(exc)))
         return out
+
+    def content(self, s: Any, media: list[Any]) -> tuple[list[dict[str, Any]], list[Any], str, str | None]:
+        """The user turn's parts, the media items in their order, the pre-fill and the system text. With
+        subtitles: Video-MME's lines at the frames' times (lmms-eval: at 32 frames spread over the video);
+        LongVideoBench's interleaved with the frames, each frame an image (its ``_i`` protocol)."""
+        if not self.subtitles:
+            system, text, prefill = build_prompt(s, self.protocol)
+            return [{"type": m.kind} for m in media] + [{"type": "text", "text": text}], media, prefill, system
+        if self.protocol.benchmark == "longvideobench":
+            from data_pipelines.benchmarks.lvb import lvb_subtitles
+
+            system, text, prefill = build_prompt(s, self.protocol)
+            video = next(m for m in media if m.kind == "video")
+            frames = video.data.frames
+            parts: list[dict[str, Any]] = []
+            items: list[Any] = []
+            for piece in interleave_subtitles(lvb_subtitles(s), [float(t) for t in video.timestamps]):
+                if isinstance(piece, str):
+                    parts.append({"type": "text", "text": piece})
+                    continue
+                from PIL import Image
+
+                pixels = frames[piece].permute(1, 2, 0).contiguous().numpy()
+                items.append(MediaInput(key=f"{video.key}|image{piece}", kind="image", data=Image.fromarray(pixels),
+                                        timestamps=[float(video.timestamps[piece])]))
+                parts.append({"type": "image"})
+            return parts + [{"type": "text", "text": text}], items, prefill, system
+        from data_pipelines.benchmarks.videomme import parse_srt
+
+        sub_path = s.meta.get("subtitle_path")
+        times = [t for m in media for t in (m.timestamps or [])]
+        if self.protocol.name == "lmms-eval":  # videomme/utils.py: 32 frames spread over the whole video
+            v = next(m for m in media if m.kind == "video").data
+            times = [int(i) / v.video_fps for i in np.linspace(0, v.total_frames - 1, 32, dtype=int)]
+        subs = subtitle_lines(parse_srt(Path(sub_path)) if sub_path else [], times)
+        system, text, prefill = build_prompt(s, self.protocol, subtitles=subs)
+        return [{"type": m.kind} for m in media] + [{"type": "text", "text": text}], media, prefill, system
 
     def close(self) -> None:
         if self.pool is not None:
@@ -155,7 +196,7 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
                        policy: Any, dtype: str, protocol: str, frames: int | None, max_pixels: int | None,
                        prompt_template: str | None, max_new_tokens: int | None, split: str | None,
                        limit: int | None, out: str | os.PathLike[str] | None,
-                       out_suffix: str | None = None) -> BenchmarkRun:
+                       out_suffix: str | None = None, device: str = "auto") -> BenchmarkRun:
     """Load the model (unless ``policy`` is given), make the protocol, create ``out`` (default
     ``runs/eval/<benchmark>-<out_suffix or the model folder's name>``) and read the benchmark's questions."""
     from data_pipelines.benchmarks import load_benchmark
@@ -164,7 +205,7 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
     if policy is None:
         if model is None:
             raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
-        policy = load_policy(model, dtype=dtype)
+        policy = load_policy(model, dtype=dtype, device=device)
         model_path = str(Path(model).resolve())
     else:
         model_path = str(Path(model).resolve()) if model else str(getattr(policy.model, "name_or_path", "policy"))
@@ -184,6 +225,7 @@ def run_benchmark(
     batch_size: int = 8, limit: int | None = None, workers: int = 2, split: str | None = None,
     subtitles: bool = False, dtype: str = "fp32", policy: Any = None, show_progress: bool = True,
     on_batch: Callable[[int], None] | None = None, backend: str = "hf", vllm: dict[str, Any] | None = None,
+    on_bad_sample: str = "raise", seed: int = 0, device: str = "auto",
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a Hugging Face Qwen-VL folder, or an already loaded ``policy``) on ``benchmark``.
 
@@ -191,31 +233,51 @@ def run_benchmark(
     is on disk (for progress hooks and tests). ``backend``: ``hf`` or ``vllm`` (``vllm``: the engine's
     settings, :class:`mmrl.vllm_backend.VLLMBackend`'s keywords; its ``max_model_len`` defaults to a bound
     from the protocol's frames and pixels).
+
+    A question whose video is missing or unreadable never stops the run: it is recorded with its error and
+    counted wrong (``on_bad_sample="raise"``, the default, as ``data.on_bad_sample``) or left out of the scores
+    (``"skip"``); either way ``metrics.json`` and ``results.md`` list it. Under torchrun each rank answers
+    its share of the questions into ``predictions.rank<R>.jsonl``; rank 0 merges them into
+    ``predictions.jsonl`` and scores (every rank returns the metrics).
     """
     from tqdm import tqdm
 
     from data_pipelines.benchmarks import get_benchmark
+    from mmrl.distributed import world
     from mmrl.rollout import HFBackend, SamplingParams
 
     t_start = time.perf_counter()
+    w = world()
     reader = get_benchmark(benchmark)
     name = reader.name
-    if subtitles and name != "videomme":
-        raise MmrlError("--subtitles applies to videomme only")
-    run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol, frames=frames,
-                             max_pixels=max_pixels, prompt_template=prompt_template,
-                             max_new_tokens=max_new_tokens, split=split, limit=limit, out=out)
+    if subtitles and name not in ("videomme", "longvideobench"):
+        raise MmrlError("--subtitles applies to videomme and longvideobench only")
+    if subtitles and name == "longvideobench" and protocol == "lmms-eval":
+        raise MmrlError("--protocol lmms-eval reproduces lmms-eval's longvideobench_val_v task, which has no "
+                        "subtitles; for LongVideoBench's interleaved subtitles use --protocol official --subtitles")
+    if on_bad_sample not in ("raise", "skip"):
+        raise MmrlError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
+    with w.main_first():
+        run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
+                                 frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
+                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out, device=device)
     policy, model_path, proto, out, data, samples = (run.policy, run.model_path, run.protocol, run.out, run.data,
                                                      run.samples)
     settings = {"benchmark": name, "split": data.info.get("split"), "data_root": str(Path(data_root).resolve()),
                 "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
-    _check_settings(out, settings)
+    if w.is_main:
+        _check_settings(out, settings)
+    w.barrier()
 
     pred_path = out / "predictions.jsonl"
-    done = {p["id"]: p for p in read_predictions(pred_path) if not p.get("error")}
+    part_paths = sorted(out.glob("predictions.rank*.jsonl"))
+    done = {p["id"]: p for path in [pred_path, *part_paths] for p in read_predictions(path) if not p.get("error")}
+    w.barrier()  # every rank has read the files before any appends to them
     wanted = {s.id for s in samples}
     todo = [s for s in samples if s.id not in done]
+    todo = [todo[i] for i in w.share(len(todo))]
     resumed = len(wanted & done.keys())
+    my_path = pred_path if not w.active else out / f"predictions.rank{w.rank}.jsonl"
     batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
     if backend == "vllm":
         from mmrl.rollout import make_backend
@@ -223,9 +285,9 @@ def run_benchmark(
         engine = make_backend("vllm", policy, **{"max_model_len": protocol_max_len(proto, policy), **(vllm or {})})
     else:
         engine = HFBackend(policy, max_batch=batch_size)
-    params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
-    bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q", disable=not show_progress,
-               dynamic_ncols=True)
+    sampled = proto.temperature > 0
+    bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q",
+               disable=not show_progress or not w.is_main, dynamic_ncols=True)
     workers_ = _Workers(policy, proto, subtitles, max(0, workers))
     groups = GROUPS.get(name, ())
     generated = 0
@@ -237,7 +299,7 @@ def run_benchmark(
             pending.append(workers_.submit(batch))
             if len(pending) > max(0, workers):
                 break
-        with open(pred_path, "a", encoding="utf-8") as fh:
+        with open(my_path, "a", encoding="utf-8") as fh:
             while pending:
                 t0 = time.perf_counter()
                 prepared = pending.popleft().result()
@@ -253,8 +315,14 @@ def run_benchmark(
                             ready.append(p)
                         except MmrlError as exc:
                             p.error = str(exc)
+                # a sampled protocol draws each question from its own stream (seed, question id): the answers do
+                # not depend on the batch size, the rank or what was resumed
+                params = [SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=not sampled,
+                                         temperature=proto.temperature if sampled else 1.0,
+                                         seed=_question_seed(seed, p.sample.id) if sampled else None)
+                          for p in ready]
                 t0 = time.perf_counter()
-                gens = engine.generate(seqs, n=1, params=params) if seqs else []
+                gens = _generate(engine, seqs, params, sampled)
                 gen_s += time.perf_counter() - t0
                 texts = {id(p): g[0].text for p, g in zip(ready, gens)}
                 policy.media.clear()
@@ -265,7 +333,8 @@ def run_benchmark(
                                            "group": {g: (s.problem_type if g == "problem_type" else s.meta.get(g))
                                                      for g in groups}}
                     if p.error is not None:
-                        rec.update(completion=None, pred=None, parsed=False, correct=False, error=p.error)
+                        rec.update(completion=None, pred=None, parsed=False, correct=False, error=p.error,
+                                   n_options=len(s.options or []))
                     else:
                         rec["completion"] = texts[id(p)]
                         rec.update(score_item(s, texts[id(p)], benchmark=name, prefill=p.prefill))
@@ -274,28 +343,81 @@ def run_benchmark(
                 fh.flush()
                 os.fsync(fh.fileno())
                 generated += len(ready)
-                bar.update(len(prepared))
+                bar.update(len(prepared) * w.size)
                 if on_batch is not None:
                     on_batch(generated)
     finally:
         workers_.close()
         bar.close()
 
-    final = {p["id"]: p for p in read_predictions(pred_path)}
-    preds = [final[s.id] for s in samples if s.id in final]
-    scores = summarize(name, preds)
-    metrics = {
-        "benchmark": name, "title": reader.title, "model": model_path, "out": str(out), "split": data.info.get("split"),
-        "data_root": settings["data_root"], "n": len(preds), "n_available": len(data.samples), "limit": limit,
-        "protocol": proto.settings(), "protocol_text": proto.describe(), "subtitles": subtitles,
-        "dataset_info": data.info, "scores": scores,
-        "timing": {"seconds": time.perf_counter() - t_start, "generate_s": gen_s, "decode_wait_s": wait_s,
-                   "generated_this_run": generated, "resumed": resumed, "workers": workers,
-                   "batch_size": batch_size},
-    }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    (out / "results.md").write_text(markdown(metrics) + "\n")
-    return metrics
+    w.barrier()
+    metrics: dict[str, Any] = {}
+    if w.is_main:
+        if w.active or part_paths:
+            _merge_parts(out, samples)
+        final = {p["id"]: p for p in read_predictions(pred_path)}
+        preds = [final[s.id] for s in samples if s.id in final]
+        failures = [{"id": p["id"], "error": p["error"]} for p in preds if p.get("error")]
+        scored = [p for p in preds if not (on_bad_sample == "skip" and p.get("error"))]
+        scores = summarize(name, scored)
+        metrics = {
+            "benchmark": name, "title": reader.title, "model": model_path, "out": str(out),
+            "split": data.info.get("split"), "data_root": settings["data_root"], "n": len(scored),
+            "n_available": len(data.samples), "limit": limit, "protocol": proto.settings(),
+            "protocol_text": proto.describe(), "subtitles": subtitles, "dataset_info": data.info, "scores": scores,
+            "on_bad_sample": on_bad_sample, "media_failures": failures,
+            "timing": {"seconds": time.perf_counter() - t_start, "generate_s": gen_s, "decode_wait_s": wait_s,
+                       "generated_this_run": generated, "resumed": resumed, "workers": workers,
+                       "batch_size": batch_size, "ranks": w.size},
+        }
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+        (out / "results.md").write_text(markdown(metrics) + "\n")
+    return w.broadcast(metrics)
+
+
+def _question_seed(seed: int, qid: str) -> int:
+    import zlib
+
+    return (int(seed) * 1_000_003 + zlib.crc32(str(qid).encode())) % (2**31)
+
+
+def _generate(engine: Any, seqs: list[Any], params: list[Any], sampled: bool) -> list[Any]:
+    """Greedy: one call for the batch. Sampled: one call per question under its own seed (the HF backend draws
+    from torch's generator, which is seeded here; vLLM seeds each request from ``params.seed``)."""
+    import torch
+
+    if not seqs:
+        return []
+    if not sampled:
+        return engine.generate(seqs, n=1, params=params[0])
+    out = []
+    for seq, prm in zip(seqs, params):
+        torch.manual_seed(prm.seed)
+        out.extend(engine.generate([seq], n=1, params=prm))
+    return out
+
+
+def _merge_parts(out: Path, samples: list[Any]) -> None:
+    """Fold every rank's ``predictions.rank<R>.jsonl`` into ``predictions.jsonl`` in question order (an answer
+    beats an error for the same question), then remove the parts."""
+    pred_path = out / "predictions.jsonl"
+    parts = sorted(out.glob("predictions.rank*.jsonl"))
+    by_id: dict[str, dict[str, Any]] = {}
+    for path in [pred_path, *parts]:
+        for p in read_predictions(path):
+            if p["id"] not in by_id or by_id[p["id"]].get("error"):
+                by_id[p["id"]] = p
+    order = {s.id: i for i, s in enumerate(samples)}
+    rows = sorted(by_id.values(), key=lambda p: order.get(p["id"], len(order)))
+    tmp = pred_path.with_name(".predictions.jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for p in rows:
+            fh.write(json.dumps(p, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, pred_path)
+    for path in parts:
+        path.unlink()
 
 
 def protocol_max_len(proto: Protocol, policy: Any) -> int:
@@ -319,7 +441,11 @@ def headline(metrics: dict[str, Any]) -> str:
         f = (lambda v: "–" if v is None else f"{100 * v:.1f}")
         return (f"{metrics['title']}: closed accuracy {f(c['accuracy'])} (LLaVA-Med hit {f(c['hit'])}, n={c['n']}), "
                 f"open recall {f(o['recall'])} (n={o['n']})")
-    o = s["overall"]
+    o, h = s["overall"], s["headline"]
     f = (lambda v: "–" if v is None else f"{100 * v:.1f}")
-    return (f"{metrics['title']}: {f(s['official'])} ({s['official_metric']}); all questions {f(o['accuracy'])}, "
-            f"answered only {f(o['accuracy_answered'])}, unparsed {o['unparsed']} of {o['n']}")
+    beside = "; ".join(f"{k} {f(v['value'])}" for k, v in s.get("beside", {}).items())
+    failed = metrics.get("media_failures") or []
+    media = (f"; {len(failed)} without readable media "
+             f"({'left out' if metrics.get('on_bad_sample') == 'skip' else 'counted wrong'})") if failed else ""
+    return (f"{metrics['title']}: {f(h['value'])} ({h['metric']}: {h['convention']}); {beside}; "
+            f"unparsed {o['unparsed']} of {o['n']}{media}")

@@ -1,10 +1,15 @@
 """Scoring: one prediction at a time (:func:`score_item`), then the benchmark's breakdowns (:func:`summarize`).
 
 Multiple choice: the letter :func:`rewards.answers.extract_choice` reads from the answer part of the output
-(after :func:`~rewards.answers.extract_answer`). An output with no readable letter is *unparsed*: wrong in
-``accuracy`` (all questions) and left out of ``accuracy_answered`` — the figure Video-MME's official scorer
-reports (research/eval.md §2.3). MVBench's official Avg is the micro average over all questions (§1.5);
-``task_mean`` is the mean of the per-task accuracies.
+(after :func:`~rewards.answers.extract_answer`). An output with no readable letter is *unparsed*. Each
+benchmark's **headline** is the figure its literature prints (:data:`HEADLINE`), and the other conventions
+stand beside it, each named (:data:`CONVENTIONS`; research/eval.md §1.5, §2.3-2.4, §3.1-3.2):
+
+* ``accuracy`` — every question; unparsed answers and questions whose media failed count as wrong.
+* ``accuracy_answered`` — only the questions with a readable answer (Video-MME's official scorer).
+* ``task_mean`` — the mean of the per-task accuracies (MVBench papers and leaderboard).
+* ``random_unparsed`` — lmms-eval's LongVideoBench rule, a random option for an unparsed answer, as its
+  expected value (each unparsed question adds 1/number of options), so it needs no random seed.
 
 Medical (research/medical.md §5): closed questions — ``accuracy`` (yes/no read by
 :func:`~rewards.answers.extract_yes_no`; other closed answers by normalised exact match) and LLaVA-Med's
@@ -39,12 +44,29 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "slake": ("modality",),
     "toy": ("task", "problem_type"),
 }
-OFFICIAL_METRIC = {
-    "mvbench": "accuracy",  # Avg = correct / all questions
-    "videomme": "accuracy_answered",  # unparsed answers are dropped by the official scorer
-    "longvideobench": "accuracy",  # lmms-eval guesses a random option for unparsed ones; mmrl counts them wrong
-    "mmvu": "accuracy",
-    "toy": "accuracy",
+CONVENTIONS: dict[str, str] = {
+    "accuracy": "every question; unparsed answers and failed media count as wrong",
+    "accuracy_answered": "answered questions only (unparsed answers left out, as Video-MME's official scorer does)",
+    "task_mean": "mean of the per-task accuracies (MVBench papers and leaderboard 'Avg')",
+    "overall_share": "correct / all questions over every task (MVBench notebook; equals the task mean when "
+                     "every task has the same number of questions)",
+    "random_unparsed": "lmms-eval's rule: a random option for each unparsed answer, as its expected value",
+}
+HEADLINE: dict[str, tuple[str, str]] = {
+    # benchmark -> (metric, where the literature's number comes from)
+    "mvbench": ("task_mean", "MVBench papers report the mean of the 20 task accuracies"),
+    "videomme": ("accuracy", "papers and lmms-eval count every question, an unparsed answer as wrong"),
+    "longvideobench": ("accuracy", ("every question, unparsed counted wrong; papers that used lmms-eval gave an "
+                                   "unparsed answer a random option (random_unparsed beside it)")),
+    "mmvu": ("accuracy", "MMVU (mc): the multiple-choice validation questions, every one counted"),
+    "toy": ("accuracy", "every question"),
+}
+BESIDE: dict[str, tuple[str, ...]] = {
+    "mvbench": ("overall_share", "accuracy_answered"),
+    "videomme": ("accuracy_answered",),
+    "longvideobench": ("random_unparsed", "accuracy_answered"),
+    "mmvu": ("accuracy_answered",),
+    "toy": ("accuracy_answered",),
 }
 
 
@@ -63,7 +85,8 @@ def score_item(sample: Any, completion: str, *, benchmark: str, prefill: str = "
     medical = benchmark in MEDICAL
     if pt == "multiple_choice":
         pred = extract_choice(answer, sample.options)
-        return {"pred": pred, "parsed": pred is not None, "correct": pred == str(sample.answer).upper()}
+        return {"pred": pred, "parsed": pred is not None, "correct": pred == str(sample.answer).upper(),
+                "n_options": len(sample.options or [])}
     if pt == "yes_no":
         gold = normalize_gold_yes_no(sample.answer)
         pred = extract_yes_no(answer)
@@ -98,9 +121,11 @@ def mc_stats(preds: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(preds)
     correct = sum(1 for p in preds if p.get("correct"))
     answered = sum(1 for p in preds if p.get("parsed"))
+    guess = sum(1.0 / p["n_options"] for p in preds if not p.get("parsed") and p.get("n_options"))
     return {"n": n, "correct": correct, "answered": answered, "unparsed": n - answered,
             "errors": sum(1 for p in preds if p.get("error")),
-            "accuracy": _ratio(correct, n), "accuracy_answered": _ratio(correct, answered)}
+            "accuracy": _ratio(correct, n), "accuracy_answered": _ratio(correct, answered),
+            "random_unparsed": _ratio(correct + guess, n)}
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -133,15 +158,19 @@ def summarize(benchmark: str, preds: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"by_{g}"] = {k: medical_stats(v) for k, v in sorted(by.items())}
         return out
     out = {"overall": mc_stats(preds)}
-    metric = OFFICIAL_METRIC.get(benchmark, "accuracy")
-    out["official_metric"] = metric
-    out["official"] = out["overall"][metric]
     for g in groups:
         by = defaultdict(list)
         for p in preds:
             by[str(p.get("group", {}).get(g))].append(p)
         out[f"by_{g}"] = {k: mc_stats(v) for k, v in sorted(by.items())}
+    values = dict(out["overall"])
     if benchmark == "mvbench":
         accs = [v["accuracy"] for v in out["by_task"].values() if v["accuracy"] is not None]
-        out["task_mean"] = _mean(accs)
+        values["task_mean"] = out["task_mean"] = _mean(accs)
+        values["overall_share"] = out["overall"]["accuracy"]
+    metric, why = HEADLINE.get(benchmark, ("accuracy", "every question"))
+    out["headline"] = {"metric": metric, "value": values.get(metric), "convention": CONVENTIONS[metric],
+                       "why": why}
+    out["beside"] = {k: {"value": values.get(k), "convention": CONVENTIONS[k]}
+                     for k in BESIDE.get(benchmark, ("accuracy_answered",))}
     return out
