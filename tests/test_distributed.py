@@ -242,3 +242,30 @@ def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_p
     assert [p["completion"] for p in two] == [p["completion"] for p in one]
     m1, m2 = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
     assert m2["accuracy"] == m1["accuracy"] and m2["n"] == m1["n"] == 5
+
+
+def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
+    """``mmrl eval --benchmark`` under torchrun: the ranks split the questions, rank 0 merges the predictions
+    in question order and scores them as one process does; the fixture's question without its video is
+    counted wrong and listed on both."""
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.tiny_models import make_tiny
+
+    model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
+    root = write_fixture("videomme", tmp_path / "videomme", n=4)
+    args = ["eval", "--quiet", "--benchmark", "videomme", "--data-root", str(root), "--model", str(model),
+            "--frames", "4", "--max-pixels", "3136", "--batch-size", "2", "--workers", "0",
+            "eval.max_new_tokens=6", "train.cpu_threads=1"]
+    for ranks, name in ((1, "one"), (2, "two")):
+        launch = [MMRL] if ranks == 1 else [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "mmrl"]
+        done = subprocess.run([*launch, *args, "--out", str(tmp_path / name)], env=env, check=False,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    one, two = ([json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+                for name in ("one", "two"))
+    assert [p["id"] for p in two] == [p["id"] for p in one] and len(one) >= 4
+    assert [p["completion"] for p in two] == [p["completion"] for p in one]
+    assert not list((tmp_path / "two").glob("predictions.rank*.jsonl"))  # merged, then removed
+    m1, m2 = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
+    assert m2["scores"] == m1["scores"] and m2["timing"]["ranks"] == 2
+    assert m1["media_failures"] and m2["media_failures"] == m1["media_failures"]

@@ -11,7 +11,7 @@ A missing or mis-laid-out folder raises :class:`LayoutError` saying what was exp
 | ``mvbench`` | ``json/<task>.json`` + videos under ``video/<folder>/`` (main branch) or ``<folder>/`` (video branch) |
 | ``videomme`` | ``videomme/test-*.parquet`` + ``data/<videoID>.mp4`` (+ ``subtitle/<videoID>.srt``) |
 | ``longvideobench`` | ``lvb_val.json`` + ``videos/<video_path>`` |
-| ``mmvu`` | ``validation.json`` + ``videos/<subject>/<n>.mp4`` (multiple-choice questions) |
+| ``mmvu`` | ``validation.json`` + ``videos/<subject>/<n>.mp4``, or lmms-eval's ``data/validation-*.parquet`` (``video_path``) (multiple-choice questions) |
 | ``vqa-rad``, ``pathvqa`` | ``data/<split>-*.parquet`` (image bytes, question, answer) |
 | ``slake`` | ``<split>.json`` + ``imgs/<img_name>`` |
 | ``toy`` | the toy world (``test.jsonl`` + ``media/``), as ``mmrl data make-toy`` writes it |

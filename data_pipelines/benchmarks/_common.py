@@ -51,21 +51,92 @@ def first_existing(paths: Iterable[Path]) -> Path | None:
     return None
 
 
+class MediaIndex:
+    """Directory listings read once per folder, for finding thousands of media files by name without a
+    ``stat`` per candidate spelling. Make one per benchmark read (a listing is not refreshed afterwards)."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[Path, dict[tuple[str, str], list[tuple[str, bool]]]] = {}
+
+    def _listing(self, folder: Path) -> dict[tuple[str, str], list[tuple[str, bool]]]:
+        """``(stem, lower-case suffix) -> [(name, is_dir), ...]`` for the entries of ``folder``."""
+        got = self._dirs.get(folder)
+        if got is None:
+            got = {}
+            try:
+                with os.scandir(folder) as it:
+                    for entry in it:
+                        try:
+                            is_dir = entry.is_dir()
+                        except OSError:
+                            continue
+                        stem, suffix = os.path.splitext(entry.name)
+                        got.setdefault((stem, suffix.lower()), []).append((entry.name, is_dir))
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                pass
+            self._dirs[folder] = got
+        return got
+
+    def lookup(self, folder: Path, stem: str, suffix: str, *, allow_dir: bool = False) -> Path | None:
+        """``folder/<stem><suffix>`` with the suffix in any case (the exact spelling first); a file, or a
+        folder when ``allow_dir``."""
+        entries = [(n, d) for n, d in self._listing(folder).get((stem, suffix.lower()), []) if allow_dir or not d]
+        if not entries:
+            return None
+        exact = [n for n, _ in entries if n == stem + suffix]
+        return folder / (exact[0] if exact else min(n for n, _ in entries))
+
+
 def find_media(bases: Sequence[Path], name: str, *, allow_dir: bool = False,
-               suffixes: Sequence[str] = VIDEO_SUFFIXES) -> tuple[Path | None, Path | None]:
-    """``(path, base)`` of ``name`` under the first base that has it; a different video extension is
-    accepted (MVBench's ``.webm``/``.avi`` names point to ``.mp4`` copies in the converted folders)."""
+               suffixes: Sequence[str] = VIDEO_SUFFIXES, index: MediaIndex | None = None,
+               ) -> tuple[Path | None, Path | None]:
+    """``(path, base)`` of ``name`` under the first base that has it, else ``(None, None)``.
+
+    The extension's case does not matter (``<id>.MP4`` is found for ``<id>.mp4``), and another video
+    extension is accepted (MVBench's ``.webm``/``.avi`` names point to ``.mp4`` copies in the converted
+    folders); the name as given is preferred in every base before other extensions are tried. Pass one
+    ``index`` for a whole benchmark so each folder is listed once."""
+    index = index or MediaIndex()
+    rel = Path(name)
+    stem, suffix = os.path.splitext(rel.name)
     for base in bases:
-        p = base / name
-        if p.is_file() or (allow_dir and p.is_dir()):
+        p = index.lookup((base / rel).parent, stem, suffix, allow_dir=allow_dir)
+        if p is not None:
             return p, base
     for base in bases:
-        stem = (base / name).with_suffix("")
         for suf in suffixes:
-            p = stem.with_suffix(suf)
-            if p.is_file():
+            if suf.lower() == suffix.lower():
+                continue
+            p = index.lookup((base / rel).parent, stem, suf)
+            if p is not None:
                 return p, base
     return None, None
+
+
+def expected_media_path(bases: Sequence[Path], name: str) -> Path:
+    """Where a missing ``name`` was expected: under the first of ``bases`` that exists (else the first)."""
+    base = next((b for b in bases if b.is_dir()), bases[0])
+    return base / name
+
+
+def mark_missing(meta: dict[str, Any], what: str) -> dict[str, Any]:
+    """``meta`` with ``missing_media`` set to ``what`` (what was looked for, and where)."""
+    meta["missing_media"] = what
+    return meta
+
+
+def missing_media(title: str, root: Path, samples: Sequence[Sample], expected: Sequence[str],
+                  what: str = "videos") -> list[dict[str, str]]:
+    """``[{"id", "path"}]`` of the samples whose media is missing (``meta["missing_media"]``), for
+    ``BenchmarkData.info["missing_media"]``. When every sample's media is missing the folder is surely the
+    wrong one, so that raises a :class:`LayoutError` instead."""
+    missing = [{"id": s.id, "path": s.media[0].path if s.media else ""} for s in samples
+               if s.meta.get("missing_media")]
+    if samples and len(missing) == len(samples):
+        first = next(s for s in samples if s.meta.get("missing_media")).meta["missing_media"]
+        raise layout_error(title, root, f"none of the {what} of the {len(samples)} question(s) were found under "
+                           f"{root} (e.g. {first}); is --data-root the {title} folder?", expected)
+    return missing
 
 
 def read_json(path: Path) -> Any:

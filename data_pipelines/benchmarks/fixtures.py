@@ -5,6 +5,13 @@ Episodic Reasoning, a 3-fps JPEG frame folder; for the medical sets, PNG scans e
 in an ``imgs/`` folder) so the readers and the evaluator can be exercised end to end without downloads. The
 questions are the toy world's (colour of the moving object, lesion presence and location), so a trained
 model can actually answer them.
+
+The four video benchmarks (MVBench, Video-MME, LongVideoBench, MMVU) also carry what real downloads have: one
+video stored with an upper-case ``.MP4`` extension, ``n`` answerable questions plus ONE extra question whose video
+is missing (always the last question read; ``n + 1`` in all), and subtitles where the benchmark has them (a
+Video-MME ``.srt`` with ``<font>`` / ``{\\an8}`` markup, LongVideoBench subtitle JSON files in both of its formats).
+``write_fixture("mmvu", out, layout="lmms-eval")`` writes MMVU as lmms-eval downloads it (``lmms-eval/MMVU``:
+``data/validation-00000-of-00001.parquet`` with ``video_path``) instead of the yale-nlp layout.
 """
 
 from __future__ import annotations
@@ -61,13 +68,17 @@ def _mvbench(out: Path, recs: list[dict[str, Any]]) -> None:
             target = out / "video" / folder / name
             if task == "episodic_reasoning":
                 _frame_folder(r["file"], target)
-            else:
-                _copy(r["file"], target)
+            else:  # action_sequence/0 is stored as 0.MP4 (the JSON says 0.mp4)
+                _copy(r["file"], target.with_suffix(".MP4") if (k, j) == (0, 0) else target)
             item = {"video": name, "question": r["question"],
                     "candidates": r["options"], "answer": r["options"]["ABCD".index(r["answer"])]}
             if bounded:
                 item.update(start=0.3, end=1.7)
             items.append(item)
+        if task == "episodic_reasoning":  # the extra question, read last: its frame folder is not there
+            r = recs[0]
+            items.append({"video": "clip_missing", "question": r["question"], "candidates": r["options"],
+                          "answer": r["options"]["ABCD".index(r["answer"])], "start": 0.3, "end": 1.7})
         (out / "json" / f"{task}.json").write_text(json.dumps(items, indent=1))
 
 
@@ -79,39 +90,62 @@ def _videomme(out: Path, recs: list[dict[str, Any]]) -> None:
     durations = ["short", "medium", "long"]
     for j, r in enumerate(recs):
         vid = f"vid{j // 2:03d}xyz"
-        _copy(r["file"], out / "data" / f"{vid}.mp4")
+        _copy(r["file"], out / "data" / f"{vid}.{'MP4' if j // 2 == 0 else 'mp4'}")  # vid000xyz.MP4
         rows.append({"video_id": f"{j // 2 + 1:03d}", "duration": durations[(j // 2) % 3],
                      "domain": ["Knowledge", "Sports Competition"][(j // 2) % 2], "sub_category": "Toy",
                      "url": f"https://www.youtube.com/watch?v={vid}", "videoID": vid,
                      "question_id": f"{j // 2 + 1:03d}-{j % 2 + 1}",
                      "task_type": ["Attribute Perception", "Object Recognition"][j % 2], "question": r["question"],
                      "options": [f"{'ABCD'[i]}. {o}" for i, o in enumerate(r["options"])], "answer": r["answer"]})
+    # the extra question, last: its video vidmissing.mp4 is not in data/
+    rows.append(dict(rows[0], video_id="999", videoID="vidmissing", url="https://www.youtube.com/watch?v=vidmissing",
+                     question_id="999-1"))
     (out / "videomme").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), out / "videomme" / "test-00000-of-00001.parquet")
     (out / "subtitle").mkdir(exist_ok=True)
+    # as the Video-MME .srt files are: YouTube captions in <font color="white" size=".72c">; plus other markup
     (out / "subtitle" / "vid000xyz.srt").write_text(
-        "1\n00:00:00,000 --> 00:00:00,900\nLook at the moving object.\n\n"
-        "2\n00:00:01,000 --> 00:00:01,900\nIt keeps its colour.\n")
+        '1\n00:00:00,000 --> 00:00:00,900\n<font color="white" size=".72c">Look at the moving object.</font>\n\n'
+        '2\n00:00:01,000 --> 00:00:01,900\n{\\an8}<font color="#ffffff">It keeps its</font>\n<i>colour.</i>\n',
+        encoding="utf-8")
+
+
+# LongVideoBench subtitle files (the two formats longvideobench_dataset.py reads), by video:
+# lvb0 in the clip's own clock ("timestamp" seconds, a null end = the clip's end), lvb1 cut from a source video
+# at 100 s ("start"/"end" strings, starting_timestamp_for_subtitles = 100).
+LVB_SUBTITLES: dict[str, tuple[float, list[dict[str, Any]]]] = {
+    "lvb0": (0.0, [{"timestamp": [0.0, 0.9], "text": "Look at the moving object."},
+                   {"timestamp": [1.2, None], "text": "It keeps its colour."}]),
+    "lvb1": (100.0, [{"start": "00:01:40.250", "end": "00:01:41.000", "line": "Here it comes."},
+                     {"start": "00:01:41.000", "end": "00:01:41.750", "line": "There it goes."}]),
+}
 
 
 def _lvb(out: Path, recs: list[dict[str, Any]]) -> None:
     items = []
     for j, r in enumerate(recs):
-        _copy(r["file"], out / "videos" / f"lvb{j}.mp4")
+        _copy(r["file"], out / "videos" / f"lvb{j}.{'MP4' if j == 0 else 'mp4'}")  # lvb0.MP4
         cands = list(r["options"])
+        offset, subs = LVB_SUBTITLES.get(f"lvb{j}", (0.0, None))
+        if subs is not None:
+            (out / "subtitles").mkdir(parents=True, exist_ok=True)
+            (out / "subtitles" / f"lvb{j}_en.json").write_text(json.dumps(subs))
         items.append({"id": f"lvb{j}_0", "video_id": f"lvb{j}", "video_path": f"lvb{j}.mp4",
                       "subtitle_path": f"lvb{j}_en.json", "question": r["question"], "candidates": cands,
                       "correct_choice": "ABCD".index(r["answer"]), "duration": 2.0,
                       "duration_group": [15, 60][j % 2], "question_category": ["S2E", "T3O"][j % 2],
-                      "topic_category": "TOY", "starting_timestamp_for_subtitles": 0})
+                      "topic_category": "TOY", "starting_timestamp_for_subtitles": offset})
+    # the extra question, last: its video lvbmissing.mp4 is not in videos/
+    items.append(dict(items[0], id="lvbmissing_0", video_id="lvbmissing", video_path="lvbmissing.mp4",
+                      subtitle_path="lvbmissing_en.json", starting_timestamp_for_subtitles=0.0))
     (out / "lvb_val.json").write_text(json.dumps(items, indent=1))
 
 
-def _mmvu(out: Path, recs: list[dict[str, Any]]) -> None:
+def _mmvu(out: Path, recs: list[dict[str, Any]], layout: str = "yale-nlp") -> None:
     items = []
     for j, r in enumerate(recs):
         subject = ["Art", "Chemistry"][j % 2]
-        _copy(r["file"], out / "videos" / subject / f"{j}.mp4")
+        _copy(r["file"], out / "videos" / subject / f"{j}.{'MP4' if j == 0 else 'mp4'}")  # videos/Art/0.MP4
         url = f"https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/{subject}/{j}.mp4"
         choices = {k: "" for k in "ABCDE"}
         choices.update({"ABCD"[i]: o for i, o in enumerate(r["options"])})
@@ -119,10 +153,27 @@ def _mmvu(out: Path, recs: list[dict[str, Any]]) -> None:
                       "question_type": "multiple-choice", "metadata": {"subject": subject, "textbook": "",
                                                                         "rationale": "", "knowledge": ""},
                       "question": r["question"], "choices": choices, "answer": r["answer"]})
-    items.append({"id": "validation_open", "video": items[0]["video"], "question_type": "open-ended",
-                  "metadata": {"subject": "Art"}, "question": "Describe the motion.",
-                  "choices": {k: "" for k in "ABCDE"}, "answer": "it moves"})
-    (out / "validation.json").write_text(json.dumps(items, indent=1))
+    items.append({"id": "validation_open", "video": items[0]["video"], "youtube_url": None,
+                  "question_type": "open-ended", "metadata": {"subject": "Art", "textbook": "", "rationale": "",
+                                                              "knowledge": ""},
+                  "question": "Describe the motion.", "choices": {k: "" for k in "ABCDE"}, "answer": "it moves"})
+    # the extra question, last: its video videos/Chemistry/missing.mp4 is not there
+    items.append(dict(items[0], id="validation_missing", metadata=dict(items[0]["metadata"], subject="Chemistry"),
+                      video="https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/Chemistry/missing.mp4"))
+    if layout == "yale-nlp":
+        (out / "validation.json").write_text(json.dumps(items, indent=1))
+        return
+    if layout != "lmms-eval":
+        raise ValueError(f"MMVU fixture layout must be 'yale-nlp' or 'lmms-eval', got {layout!r}")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # lmms-eval/MMVU: the Hub's Parquet export, a relative video_path, choices as a struct, no metadata column
+    rows = [{"id": it["id"], "video_path": it["video"].split("/resolve/main/", 1)[1],
+             "question_type": it["question_type"], "question": it["question"], "choices": it["choices"],
+             "answer": it["answer"]} for it in items]
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "data" / "validation-00000-of-00001.parquet")
 
 
 def _medical_rows(recs: list[dict[str, Any]]) -> list[tuple[Path, str, str]]:
@@ -247,8 +298,12 @@ def _mmmu_med(out: Path, recs: list[dict[str, Any]]) -> None:
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / subject / "validation-00000-of-00001.parquet")
 
 
-def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> Path:
-    """Write a ``n``-question copy of benchmark ``name`` in its public layout into ``out``."""
+def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4, layout: str | None = None) -> Path:
+    """Write a ``n``-question copy of benchmark ``name`` in its public layout into ``out`` (the video benchmarks:
+    ``n`` answerable questions and one more whose video is missing). ``layout="lmms-eval"`` writes MMVU as
+    lmms-eval downloads it; other benchmarks have one layout."""
+    if layout is not None and not (name == "mmvu" and layout in ("yale-nlp", "lmms-eval")):
+        raise ValueError(f"no layout {layout!r} for the {name!r} fixture (MMVU has 'yale-nlp' and 'lmms-eval')")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if name == "toy":
@@ -258,7 +313,8 @@ def write_fixture(name: str, out: str | Path, *, seed: int = 0, n: int = 4) -> P
     with tempfile.TemporaryDirectory() as tmp:
         medical = name in ("vqa-rad", "pathvqa", "slake", *MULTIPLE_CHOICE_MEDICAL)
         recs = _toy(Path(tmp), "scan" if medical else "color", n, seed)
-        writers = {"mvbench": _mvbench, "videomme": _videomme, "longvideobench": _lvb, "mmvu": _mmvu,
+        writers = {"mvbench": _mvbench, "videomme": _videomme, "longvideobench": _lvb,
+                   "mmvu": lambda o, r: _mmvu(o, r, layout or "yale-nlp"),
                    "vqa-rad": lambda o, r: _hf_parquet(o, r, "vqa-rad"),
                    "pathvqa": lambda o, r: _hf_parquet(o, r, "pathvqa"), "slake": _slake, "pmc-vqa": _pmc_vqa,
                    "omnimedvqa": _omnimedvqa, "medxpertqa-mm": _medxpertqa, "mmmu-med": _mmmu_med}

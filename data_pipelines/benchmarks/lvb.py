@@ -2,8 +2,22 @@
 
 Layout: ``lvb_val.json`` (items with ``id``, ``video_path``, ``question``, ``candidates`` — or
 ``option0..option4`` with ``"N/A"`` for unused ones, as in the Parquet copy — ``correct_choice`` (int),
-``duration``, ``duration_group``, ``question_category``, ``topic_category``, ``subtitle_path``) and the videos
-from ``videos.tar.part.*`` in ``videos/``. Research notes: research/eval.md §3.1.
+``duration``, ``duration_group``, ``question_category``, ``topic_category``, ``subtitle_path``,
+``starting_timestamp_for_subtitles``), the videos from ``videos.tar.part.*`` in ``videos/`` (any case of the
+extension) and the subtitles from ``subtitles.tar`` in ``subtitles/<subtitle_path>``. A question whose video is
+not there is kept and marked (``meta["missing_media"]``, listed in ``info["missing_media"]``); when no video at
+all is found the folder is wrong and a :class:`LayoutError` says so. Research notes: research/eval.md §3.1.
+
+Subtitle files (read by :func:`lvb_subtitles`, format from the official ``longvideobench/longvideobench_dataset.py``,
+``insert_subtitles_into_frames``): a JSON list in file order of either
+
+* ``{"timestamp": [start, end], "text": ...}`` — seconds of the source video; an ``end`` that is not a number
+  (``null``, an unfinished last caption) is replaced by the question's ``duration`` before the shift below, as
+  the official code does, or
+* ``{"start": "HH:MM:SS.fff", "end": "HH:MM:SS.fff", "line": ...}``.
+
+Both are shifted by the question's ``starting_timestamp_for_subtitles`` (the clip's start in the source video),
+which puts them on the clip's clock, the one the sampled frames' timestamps (``index / fps``) use.
 """
 
 from __future__ import annotations
@@ -13,10 +27,14 @@ from typing import Any
 
 from data_pipelines.benchmarks._common import (
     BenchmarkData,
+    MediaIndex,
     check_root,
+    expected_media_path,
     find_media,
     first_existing,
     layout_error,
+    mark_missing,
+    missing_media,
     read_json,
     register_benchmark,
 )
@@ -27,7 +45,7 @@ TITLE = "LongVideoBench"
 EXPECTED = (
     "lvb_val.json                     the validation questions (with correct_choice)",
     "videos/<video_path>              videos extracted from videos.tar.part.*",
-    "subtitles/<subtitle_path>        optional",
+    "subtitles/<subtitle_path>        subtitle JSON files extracted from subtitles.tar (for interleaved prompts)",
 )
 
 
@@ -43,6 +61,61 @@ def _options(raw: dict[str, Any]) -> list[str]:
     return out
 
 
+def _seconds(stamp: Any, where: str) -> float:
+    """``"HH:MM:SS.fff"`` (or a number) in seconds."""
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
+        return float(stamp)
+    try:
+        h, m, s = str(stamp).strip().split(":")
+        return int(h) * 3600 + int(m) * 60 + float(s)
+    except ValueError as exc:
+        raise DataError(f"{where}: timestamp {stamp!r} is not HH:MM:SS.fff") from exc
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def read_lvb_subtitles(path: str | Path, *, offset: float = 0.0, duration: float = 0.0,
+                       ) -> list[tuple[float, float, str]]:
+    """``(start, end, text)`` of every entry of a LongVideoBench subtitle file, in file order, in seconds of the
+    clip (``offset`` = ``starting_timestamp_for_subtitles`` subtracted; a ``null`` end is ``duration`` before
+    that)."""
+    path = Path(path)
+    entries = read_json(path)
+    if not isinstance(entries, list):
+        raise DataError(f"{path}: expected a JSON list of subtitle entries, got {type(entries).__name__}")
+    out = []
+    for k, e in enumerate(entries):
+        where = f"{path}: entry {k}"
+        if not isinstance(e, dict):
+            raise DataError(f"{where}: expected an object, got {type(e).__name__}")
+        if "timestamp" in e:
+            stamp = e["timestamp"]
+            if not isinstance(stamp, (list, tuple)) or len(stamp) != 2 or not _number(stamp[0]):
+                raise DataError(f"{where}: timestamp must be [start, end] seconds, got {stamp!r}")
+            start = float(stamp[0])
+            end = float(stamp[1]) if _number(stamp[1]) else float(duration)
+            text = e.get("text", "")
+        elif "start" in e and "end" in e:
+            start, end = _seconds(e["start"], where), _seconds(e["end"], where)
+            text = e.get("line", e.get("text", ""))
+        else:
+            raise DataError(f"{where}: expected 'timestamp' + 'text' or 'start', 'end' + 'line'; got {sorted(e)}")
+        out.append((start - offset, end - offset, str(text or "")))
+    return out
+
+
+def lvb_subtitles(sample: Sample) -> list[tuple[float, float, str]]:
+    """The subtitles of a LongVideoBench sample as ``(start, end, text)`` seconds of its clip, in file order
+    (``[]`` when the sample has no subtitle file); see the module docstring for the format and the offset."""
+    path = sample.meta.get("subtitle_path")
+    if not path:
+        return []
+    return read_lvb_subtitles(path, offset=float(sample.meta.get("starting_timestamp_for_subtitles") or 0.0),
+                              duration=float(sample.meta.get("duration") or 0.0))
+
+
 @register_benchmark("longvideobench", title=TITLE, kind="video_mc", splits=("val",),
                     aliases=("lvb", "long-video-bench"))
 def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
@@ -56,6 +129,8 @@ def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchmar
     if not isinstance(items, list):
         raise DataError(f"{path}: expected a JSON list of questions")
     bases = [root / "videos", root / "video", root]
+    sub_bases = [root / "subtitles", root / "subtitle", root]
+    index = MediaIndex()
     samples: list[Sample] = []
     for i, raw in enumerate(items):
         where = f"{path}: item {i}"
@@ -63,17 +138,28 @@ def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchmar
         choice = raw.get("correct_choice")
         if not isinstance(choice, int) or not 0 <= choice < len(options):
             raise DataError(f"{where}: correct_choice {choice!r} does not index one of {len(options)} options")
-        video, _ = find_media(bases, str(raw.get("video_path") or f"{raw.get('video_id')}.mp4"))
-        if video is None:
-            raise layout_error(TITLE, root, f"{where}: video '{raw.get('video_path')}' not found in "
-                               f"{', '.join(str(b) for b in bases[:2])}", EXPECTED)
+        name = str(raw.get("video_path") or f"{raw.get('video_id')}.mp4")
+        video, _ = find_media(bases, name, index=index)
+        sub_name = raw.get("subtitle_path")
+        subs = find_media(sub_bases, str(sub_name), suffixes=(".json",), index=index)[0] if sub_name else None
         duration = float(raw.get("duration") or 0.0)
+        offset = raw.get("starting_timestamp_for_subtitles")
+        meta = {"duration_group": str(raw.get("duration_group")), "question_category":
+                str(raw.get("question_category")), "topic_category": str(raw.get("topic_category")),
+                "duration": duration, "subtitle_path": str(subs) if subs else None,
+                "starting_timestamp_for_subtitles": float(offset) if _number(offset) else 0.0,
+                "source": "longvideobench"}
+        if video is None:
+            video = expected_media_path(bases, name)
+            mark_missing(meta, f"{where}: video '{name}' (any case of the extension) not found in "
+                               f"{', '.join(str(b) for b in bases[:2])}")
         samples.append(Sample(
             id=str(raw.get("id", i)), problem_type="multiple_choice", question=str(raw["question"]),
             options=options, answer=option_letter(choice),
-            media=[MediaItem("video", str(video), {"duration": duration} if duration > 0 else {})],
-            meta={"duration_group": str(raw.get("duration_group")), "question_category":
-                  str(raw.get("question_category")), "topic_category": str(raw.get("topic_category")),
-                  "duration": duration, "source": "longvideobench"},
+            media=[MediaItem("video", str(video), {"duration": duration} if duration > 0 else {})], meta=meta,
         ))
-    return BenchmarkData("longvideobench", root, samples, {"split": split, "file": str(path)})
+    return BenchmarkData("longvideobench", root, samples, {
+        "split": split, "file": str(path),
+        "with_subtitle_files": sum(1 for s in samples if s.meta["subtitle_path"]),
+        "missing_media": missing_media(TITLE, root, samples, EXPECTED, "videos (videos/<video_path>)"),
+    })

@@ -1,23 +1,43 @@
-"""MMVU (yale-nlp/MMVU), validation split, multiple-choice part.
+"""MMVU, validation split, multiple-choice part — in either of the layouts users download.
 
-Layout: ``validation.json`` (items with ``id``, ``video`` — a Hub URL ending in ``…/resolve/main/videos/<subject>/<n>.mp4``
-or a relative path —, ``question_type`` ``multiple-choice``/``open-ended``, ``metadata.subject``, ``question``,
-``choices`` ``{"A": …, "E": …}`` with empty strings for unused letters, ``answer``) and ``videos/<subject>/<n>.mp4``.
-Open-ended questions need an LLM judge and are left out (counted in the info). Research notes: research/eval.md §3.2.
+* **yale-nlp** (``yale-nlp/MMVU``, the authors' copy): ``validation.json`` (or ``data/validation.json``), items with
+  ``id``, ``video`` — a Hub URL ending in ``…/resolve/main/videos/<subject>/<n>.mp4`` or a relative path —,
+  ``question_type`` ``multiple-choice``/``open-ended``, ``metadata.subject``, ``question``, ``choices``
+  ``{"A": …, "E": …}`` with empty strings for unused letters, ``answer``; videos in ``videos/<subject>/<n>.mp4``.
+* **lmms-eval** (``lmms-eval/MMVU``, earlier ``lmms-lab/MMVU``, what lmms-eval's ``mmvu_val`` task downloads; read
+  from ``tasks/mmvu/mmvu_val.yaml`` and ``utils.py``): the folder ``huggingface-cli download lmms-eval/MMVU
+  --repo-type dataset --local-dir <root>`` fills, with ``videos.zip`` unzipped in it (lmms-eval unzips it into
+  its ``mmvu`` cache folder and joins each row's ``video_path`` to that folder). The question table is the
+  Hub's Parquet export ``data/validation-*.parquet`` (a ``validation*.jsonl`` or a JSON list is read too), rows
+  with ``id``, ``video_path`` (relative, ``…/<subject>/<n>.mp4``: lmms-eval takes the subject from its
+  folder), ``question_type``, ``question``, ``choices`` (a struct ``{"A": …, "E": …}``, a JSON string of one,
+  or a list) and ``answer``; ``metadata.subject`` is used when present.
+
+Videos are found whatever the case of their extension. A question whose video is not there is kept and marked
+(``meta["missing_media"]``, listed in ``info["missing_media"]``); when no video at all is found the folder is
+wrong and a :class:`LayoutError` says so. Open-ended questions need an LLM judge and are left out (counted in the
+info). Research notes: research/eval.md §3.2.
 """
 
 from __future__ import annotations
 
+import ast
+import json
 from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks._common import (
     BenchmarkData,
+    MediaIndex,
     check_root,
+    expected_media_path,
     find_media,
     first_existing,
     layout_error,
+    mark_missing,
+    missing_media,
     read_json,
+    read_parquet,
     register_benchmark,
 )
 from data_pipelines.schema import MediaItem, Sample
@@ -25,9 +45,11 @@ from mmrl_common.errors import DataError
 
 TITLE = "MMVU"
 EXPECTED = (
-    "validation.json                  the validation questions (or data/validation.json)",
+    "validation.json                  yale-nlp/MMVU: the validation questions (or data/validation.json)",
     "videos/<subject>/<n>.mp4         the videos, as in the dataset repository",
+    "(or, as lmms-eval downloads lmms-eval/MMVU: data/validation-*.parquet with video_path + videos.zip unzipped)",
 )
+LMMS_COLUMNS = ("id", "video_path", "question_type", "question", "choices", "answer")
 
 
 def _relative(video: str) -> str:
@@ -37,38 +59,101 @@ def _relative(video: str) -> str:
     return video
 
 
+def _parse(value: Any) -> Any:
+    """A JSON (or Python-literal) string as the object it spells; anything else unchanged."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+
+
+def _choices(raw: Any, where: str) -> dict[str, str]:
+    value = _parse(raw)
+    if value is None:
+        return {}
+    if isinstance(value, (list, tuple)):
+        value = dict(zip("ABCDEFGH", value))
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: choices must be an object {{'A': ..}}, a list or a JSON string; got {raw!r}")
+    return {str(k).strip().upper(): "" if v is None else str(v) for k, v in value.items()}
+
+
+def _read_table(root: Path) -> tuple[list[dict[str, Any]], list[Path], str] | None:
+    """The question rows, the files they came from and the layout's name, or None when there is no table."""
+    path = first_existing([root / "validation.json", root / "data" / "validation.json"])
+    if path is not None:
+        items = read_json(path)
+        if not isinstance(items, list):
+            raise DataError(f"{path}: expected a JSON list of questions")
+        lmms = bool(items) and isinstance(items[0], dict) and "video_path" in items[0] and "video" not in items[0]
+        return items, [path], "lmms-eval" if lmms else "yale-nlp"
+    tables = sorted((root / "data").glob("validation-*.parquet")) or sorted(root.glob("validation-*.parquet"))
+    if tables:
+        return read_parquet(tables, LMMS_COLUMNS), tables, "lmms-eval"
+    lines = sorted((root / "data").glob("validation*.jsonl")) or sorted(root.glob("validation*.jsonl"))
+    if lines:
+        rows = []
+        for p in lines:
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise DataError(f"{p}: line {n} is not valid JSON ({exc})") from exc
+        return rows, lines, "lmms-eval"
+    return None
+
+
 @register_benchmark("mmvu", title=TITLE, kind="video_mc", splits=("val",))
 def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
     root = check_root(TITLE, root, EXPECTED)
-    path = first_existing([root / "validation.json", root / "data" / "validation.json"])
-    if path is None:
-        raise layout_error(TITLE, root, "no validation.json", EXPECTED)
-    items = read_json(path)
-    if not isinstance(items, list):
-        raise DataError(f"{path}: expected a JSON list of questions")
+    table = _read_table(root)
+    if table is None:
+        raise layout_error(TITLE, root, "no validation.json (nor data/validation-*.parquet)", EXPECTED)
+    items, files, layout = table
+    bases = [root, root / "videos"]
+    index = MediaIndex()
     samples: list[Sample] = []
     open_ended = 0
     for i, raw in enumerate(items):
-        where = f"{path}: item {i}"
+        where = f"{files[0] if len(files) == 1 else files[0].parent}: item {i}"
+        if not isinstance(raw, dict):
+            raise DataError(f"{where}: expected an object, got {type(raw).__name__}")
         if raw.get("question_type") != "multiple-choice":
             open_ended += 1
             continue
-        choices = raw.get("choices") or {}
-        letters = sorted(k for k, v in choices.items() if str(v).strip())
+        choices = _choices(raw.get("choices"), where)
+        letters = sorted(k for k, v in choices.items() if v.strip())
         if letters != list("ABCDEFGH"[: len(letters)]) or len(letters) < 2:
             raise DataError(f"{where}: choices must fill the letters A.. in order, got {sorted(choices)}")
         answer = str(raw.get("answer", "")).strip().upper()
         if answer not in letters:
             raise DataError(f"{where}: answer {raw.get('answer')!r} is not one of {letters}")
-        rel = _relative(str(raw.get("video", "")))
-        video, _ = find_media([root, root / "videos"], rel)
+        rel = _relative(str(raw.get("video_path") or raw.get("video") or ""))
+        if not rel:
+            raise DataError(f"{where}: no video / video_path")
+        meta_raw = _parse(raw.get("metadata")) or {}
+        subject = meta_raw.get("subject") if isinstance(meta_raw, dict) else None
+        subject = str(subject) if subject else (Path(rel).parent.name or "None")
+        meta: dict[str, Any] = {"subject": subject, "source": "mmvu"}
+        video, _ = find_media(bases, rel, index=index)
         if video is None:
-            raise layout_error(TITLE, root, f"{where}: video '{rel}' not found", EXPECTED)
-        meta = raw.get("metadata") or {}
+            video = expected_media_path(bases, rel)
+            mark_missing(meta, f"{where}: video '{rel}' (any case of the extension) not found in "
+                               f"{', '.join(str(b) for b in bases)}")
         samples.append(Sample(
             id=str(raw.get("id", i)), problem_type="multiple_choice", question=str(raw["question"]),
-            options=[str(choices[k]) for k in letters], answer=answer, media=[MediaItem("video", str(video))],
-            meta={"subject": str(meta.get("subject")), "source": "mmvu"},
+            options=[choices[k] for k in letters], answer=answer, media=[MediaItem("video", str(video))],
+            meta=meta,
         ))
-    return BenchmarkData("mmvu", root, samples, {"split": split, "file": str(path),
-                                                  "open_ended_skipped": open_ended})
+    info: dict[str, Any] = {"split": split, "file": str(files[0]), "layout": layout,
+                            "open_ended_skipped": open_ended}
+    if len(files) > 1:
+        info["files"] = [str(f) for f in files]
+    info["missing_media"] = missing_media(TITLE, root, samples, EXPECTED, "videos (videos/<subject>/<n>.mp4)")
+    return BenchmarkData("mmvu", root, samples, info)

@@ -11,7 +11,9 @@ Two public layouts are read:
   The ``*_segment`` clips are already cut to the bound, so no bound is applied to them.
 
 A JSON item is ``{"video", "question", "candidates", "answer" (the candidate's text), "start"?, "end"?}``;
-the answer becomes the candidate's letter. Task table: research/eval.md §1.1.
+the answer becomes the candidate's letter. Videos are found whatever the case of their extension. A question whose
+video is not there is kept and marked (``meta["missing_media"]``, listed in ``info["missing_media"]``); when no
+video at all is found the folder is wrong and a :class:`LayoutError` says so. Task table: research/eval.md §1.1.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from typing import Any
 
 from data_pipelines.benchmarks._common import (
     BenchmarkData,
+    MediaIndex,
     check_root,
+    expected_media_path,
     find_media,
     layout_error,
+    mark_missing,
+    missing_media,
     read_json,
     register_benchmark,
 )
@@ -73,7 +79,7 @@ def _bases(root: Path, task: str) -> list[tuple[Path, bool]]:
     return out
 
 
-def _item(task: str, index: int, raw: Any, path: Path, root: Path) -> Sample:
+def _item(task: str, index: int, raw: Any, path: Path, root: Path, media: MediaIndex) -> Sample:
     where = f"{path}: item {index}"
     if not isinstance(raw, dict):
         raise DataError(f"{where}: expected an object, got {type(raw).__name__}")
@@ -86,12 +92,16 @@ def _item(task: str, index: int, raw: Any, path: Path, root: Path) -> Sample:
         raise DataError(f"{where}: answer {answer!r} is not one of the candidates {candidates}")
     bases = _bases(root, task)
     frame_folder = TASKS[task][3]
-    found, base = find_media([b for b, _ in bases], str(raw["video"]), allow_dir=frame_folder)
+    found, base = find_media([b for b, _ in bases], str(raw["video"]), allow_dir=frame_folder, index=media)
+    meta: dict[str, Any] = {"task": task, "answer_text": answer, "video": str(raw["video"]), "source": "mvbench"}
     if found is None:
-        looked = ", ".join(str(b) for b, _ in bases)
-        raise layout_error(TITLE, root, f"task {task}: video '{raw['video']}' ({where}) not found; looked in {looked}",
-                           EXPECTED)
-    trimmed = dict(bases)[base]
+        found = expected_media_path([b for b, _ in bases], str(raw["video"]))
+        mark_missing(meta, f"task {task}: video '{raw['video']}' ({where}) not found; looked in "
+                           f"{', '.join(str(b) for b, _ in bases)}")
+        trimmed = False
+    else:
+        trimmed = dict(bases)[base]
+    meta["trimmed_clip"] = trimmed
     sampling: dict[str, Any] = {}
     if TASKS[task][2] and not trimmed and "start" in raw and "end" in raw:
         sampling = {"start": float(raw["start"]), "end": float(raw["end"])}
@@ -100,9 +110,7 @@ def _item(task: str, index: int, raw: Any, path: Path, root: Path) -> Sample:
     return Sample(
         id=f"{task}/{index}", problem_type="multiple_choice", question=str(raw["question"]),
         options=candidates, answer=option_letter(candidates.index(answer)),
-        media=[MediaItem("video", str(found), sampling)],
-        meta={"task": task, "answer_text": answer, "video": str(raw["video"]), "trimmed_clip": trimmed,
-              "source": "mvbench"},
+        media=[MediaItem("video", str(found), sampling)], meta=meta,
     )
 
 
@@ -121,14 +129,16 @@ def load_mvbench(root: Path, *, split: str, media_cache: Path, tasks: list[str] 
     if not present:
         raise layout_error(TITLE, root, f"none of the task files are in {json_dir}", EXPECTED)
     samples: list[Sample] = []
+    media = MediaIndex()
     for task in present:
         path = json_dir / f"{task}.json"
         items = read_json(path)
         if not isinstance(items, list):
             raise DataError(f"{path}: expected a JSON list of questions, got {type(items).__name__}")
-        samples.extend(_item(task, i, raw, path, root) for i, raw in enumerate(items))
+        samples.extend(_item(task, i, raw, path, root, media) for i, raw in enumerate(items))
     missing = [t for t in wanted if t not in present]
     return BenchmarkData("mvbench", root, samples, {
         "split": split, "tasks": present, "tasks_missing": missing,
         "layout": "video branch" if any(s.meta["trimmed_clip"] for s in samples) else "main branch / raw videos",
+        "missing_media": missing_media(TITLE, root, samples, EXPECTED),
     })

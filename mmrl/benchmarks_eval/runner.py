@@ -4,7 +4,8 @@
 builds prompts under a :class:`~mmrl.benchmarks_eval.protocols.Protocol`, generates greedily with
 :class:`mmrl.rollout.HFBackend` and writes into ``out``:
 
-* ``predictions.jsonl`` — one line per question, appended and flushed after every batch. A re-run with the
+* ``predictions.jsonl`` — one line per question (its rendered prompt, the completion, the letter read and
+  whether it is right), appended and flushed after every batch. A re-run with the
   same settings skips every question already there (an evaluation killed midway loses at most the batch in
   flight); different settings in the same folder are refused, so one file never mixes protocols.
 * ``run.json`` — the settings; ``metrics.json`` — the scores and breakdowns; ``results.md`` — tables.
@@ -339,6 +340,7 @@ def run_benchmark(
                         rec["completion"] = texts[id(p)]
                         rec.update(score_item(s, texts[id(p)], benchmark=name, prefill=p.prefill))
                         rec["frames"] = p.n_frames
+                        rec["prompt"] = p.text  # as rendered, the media as their placeholder tokens
                     fh.write(json.dumps(rec, default=str) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -288,11 +288,14 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
         ready, seqs, plain, media_of = [], [], [], {}
         for s in chunk:
             try:
+                if s.meta.get("missing_media"):
+                    raise MmrlError(f"media not found: {s.meta['missing_media']}")
                 media = with_layout(preparer.prepare(s), video_layout)
             except MmrlError as exc:
                 for recs in records.values():
                     recs.append({"id": s.id, "error": str(exc), "correct": False, "parsed": False,
-                                          "pred": None, "problem_type": s.problem_type, "answer": s.answer})
+                                 "pred": None, "problem_type": s.problem_type, "answer": s.answer,
+                                 "n_options": len(s.options or [])})
                 continue
             system, text, prefill = build_prompt(s, proto)
             parts, items = media_parts(media)
