@@ -153,8 +153,8 @@ def _strip_prefixes(s: str) -> str:
 # --------------------------------------------------------------------------------------------------------
 
 _ALPHABET = string.ascii_uppercase
-# After an upper-case "A" or "I", these words keep it a letter ("A or B", "A is correct", "I and J");
-# any other lower-case word makes it the English article / pronoun ("A red circle", "I think").
+# After an upper-case "A", these words keep it a letter ("A or B", "A is correct", "A because ..."); any other
+# lower-case word makes it the English article ("A red circle").
 _LETTER_FOLLOWERS = frozenset(
     {
         "and",
@@ -182,6 +182,11 @@ _LETTER_FOLLOWERS = frozenset(
         "but",
         "only",
     }
+)
+# After "I" only the words that cannot follow the pronoun keep it a letter ("I is correct", "I or J"):
+# "I would say B", "I was unsure", "I then saw" are the pronoun.
+_I_FOLLOWERS = frozenset(
+    {"and", "or", "nor", "is", "vs", "versus", "seems", "appears", "looks", "fits", "matches"}
 )
 _STANDALONE = r"(?<![A-Za-z0-9'\u2019\-])([A-Z])(?![A-Za-z0-9'\u2019\-])"
 
@@ -220,7 +225,8 @@ def _word_like(letter: str, after: str) -> bool:
     if letter not in ("A", "I"):
         return False
     m = re.match(r"\s+([a-z][a-z'\u2019\-]*)", after)
-    return bool(m) and m.group(1) not in _LETTER_FOLLOWERS
+    followers = _LETTER_FOLLOWERS if letter == "A" else _I_FOLLOWERS
+    return bool(m) and m.group(1) not in followers
 
 
 def _option_text_norm(letter: str, option: Any) -> str:
@@ -255,6 +261,15 @@ def _standalone_letters(s: str) -> list[tuple[str, int]]:
 
 
 _WHOLE_RE = re.compile(r"^[\(\[]?\s*([A-Za-z])\s*[\)\]]?\s*[.:)]?$")
+# A leading option label. The opening bracket may be unmatched: MVBench's "Best option:(" pre-fill gives "(B. ...".
+_LABEL_RES = (
+    re.compile(r"^[\(\[]?\s*(?P<letter>[A-Za-z])\s*[\)\]]"),  # (B) [B] B) (b)
+    # B. B: and B, B; (the comma stays in the rest: "B, C" is a list of letters)
+    re.compile(r"^[\(\[]?\s*(?P<letter>[A-Z])(?:[.:](?=\s|$)|(?=[,;](?:\s|$)))"),
+    re.compile(r"^[\(\[]?\s*(?P<letter>[a-z])[.:](?=\s|$)"),  # b. b:
+    re.compile(r"^[\(\[]?\s*(?P<letter>[A-Z])\s+[-\u2013\u2014]+(?=\s|$)"),  # B - text
+)
+_BARE_LABEL_RE = re.compile(r"^[\(\[]?\s*(?P<letter>[A-Z])(?=\s)")  # B text, B is correct, A or B
 _ANSWER_PHRASE_RE = re.compile(
     r"(?:\banswer|\b(?:correct|right|best|final)\s+(?:option|choice))"
     r"(?:\s+(?:is|was|would\s+be|should\s+be|must\s+be|will\s+be)\s*[:=]?|\s*[:=])\s*"
@@ -267,7 +282,50 @@ _MENTION_RE = re.compile(
     re.IGNORECASE,
 )
 _BRACKET_RE = re.compile(r"[\(\[]\s*([A-Za-z])\s*[\)\]]")
-_ALTERNATIVE_RE = re.compile(r"^\s*(?:,|/|\bor\b|\band\b|&)\s*[\(\[]?\s*([A-Z])(?![A-Za-z0-9'\u2019\-])")
+# What follows a letter and makes the answer name two letters: "B or C", "(A) and (C)", "B/C", "A) but maybe B"
+_ALTERNATIVE_RE = re.compile(
+    r"^\s*(?:,\s*)?(?:/|&|\bor\b|\band\b|\bnor\b|\bvs\b\.?|\bversus\b"
+    r"|\bbut\s+(?:maybe|perhaps|possibly|probably|also)\b|\bor\s+(?:maybe|perhaps|possibly))"
+    r"\s*(?:(?:maybe|perhaps|possibly|probably|also|even)\s+)?(?:(?:option|choice)\s+)?"
+    r"[\(\[]?\s*(?P<letter>[A-Z])(?![A-Za-z0-9'\u2019\-])"
+)
+# "B, C" / "B, C or D": a comma list of letters (but not "B, A is wrong" - an explanation)
+_COMMA_LIST_RE = re.compile(
+    r"^\s*,\s*[\(\[]?\s*(?P<letter>[A-Z])\s*[\)\]]?(?=\s*(?:$|[,.;/&]|\bor\b|\band\b|\bare\b))"
+)
+# the rest after a label is nothing but more labels: "B. C.", "A) B) C)"
+_LETTER_LIST_RE = re.compile(r"^(?:[\(\[]?\s*[A-Z]\s*[\)\]]?\s*[.,;:]?\s*)+$")
+
+
+def _names_another_letter(rest: str, letter: str) -> bool:
+    """True when ``rest`` (what follows ``letter``) joins another letter to it: "or C", ", C", "and (C)"."""
+    for regex in (_ALTERNATIVE_RE, _COMMA_LIST_RE):
+        m = regex.match(rest)
+        if m and m.group("letter") != letter and not _word_like(m.group("letter"), rest[m.end() :]):
+            return True
+    others = set(re.findall(r"[A-Z]", rest)) - {letter}
+    return bool(others) and bool(_LETTER_LIST_RE.match(rest.strip()))
+
+
+def _leading_label(s: str, opts: dict[str, str]) -> tuple[str, str] | None:
+    """``(letter, rest)`` when ``s`` opens with an option label, as the official scorers read it.
+
+    ``B.``, ``B)``, ``(B)``, ``[B]``, ``B:``, ``B,``, ``B -`` and a capital letter followed by a space (``B
+    because ...``, ``B blue``). A capital "A"/"I" followed by an ordinary lower-case word is the article /
+    pronoun ("A red circle", "I think"), unless what follows is exactly that option's own text. Without a
+    delimiter, a text that is exactly one option's text ("T cell") is that option, not a label.
+    """
+    for regex in _LABEL_RES:
+        m = regex.match(s)
+        if m:
+            return m.group("letter").upper(), s[m.end() :]
+    m = _BARE_LABEL_RE.match(s)
+    if m and not _match_option_text(s, opts):  # "T cell", "B cells": an option's own text, not a label
+        letter, rest = m.group("letter"), s[m.end() :]
+        own = opts.get(letter)
+        if not _word_like(letter, rest) or (own and normalize_text(rest) == own):
+            return letter, rest
+    return None
 
 
 def _phrase_letter(m: re.Match, s: str) -> str | None:
@@ -292,28 +350,34 @@ def extract_choice(
     num_options: int | None = None,
     long_text_words: int = 10,
 ) -> str | None:
-    """The option letter a (short) answer names, or ``None`` when there is none or it is ambiguous.
+    """The option letter an answer names, or ``None`` when there is none or it is ambiguous.
 
     Letters are restricted to the sample's options (``A`` .. ``len(options)``-th letter; ``options`` may also
     be a mapping keyed by letters); a letter outside them gives ``None``. In order:
 
-    1. the whole answer is a letter: ``B``, ``(B)``, ``[b]``, ``B.``, ``B:``;
-    2. the last explicit answer phrase: ``Answer: B``, ``the answer is (B)``, ``the correct option is B``;
+    1. the whole answer, or its first line, is a letter: ``B``, ``(B)``, ``[b]``, ``B.``, ``B:``;
+    2. a leading option label, as the official scorers (Video-MME, MVBench, lmms-eval) read it: ``B. text``,
+       ``B) text``, ``(B) text``, ``[B]``, ``B: text``, ``B, text``, ``B - text``, ``B is correct because A
+       ...``, ``B text`` — it wins over option texts and over other letters in the explanation, unless the
+       next words join another letter to it (``B or C``, ``B, C``, ``(A) and (C)``, ``A) but maybe B``:
+       ``None``);
+    3. the last explicit answer phrase: ``Answer: B``, ``the answer is (B)``, ``the correct option is B``;
        followed by ``or``/``and``/``,``/``/`` and another letter it is ambiguous (``None``);
-    3. after removing stock prefixes ("The best answer is", "Option", ...): again 1, then the exact text
-       of exactly one option (normalised; ``options`` may carry "A. " labels);
-    4. a leading letter with a delimiter: ``B) text``, ``B. text``, ``(B) text``, ``B text`` — ``None`` when
-       the rest names another option letter and is not the option's own text;
+    4. after removing stock prefixes ("The best answer is", "Option", ...): again 1 and 2, then the exact
+       text of exactly one option (normalised; ``options`` may carry "A. " labels);
     5. ``option B`` / ``choice B`` mentions, then bracketed letters ``(B)``, then standalone capital letters
        — each used only when exactly one distinct letter occurs; in answers longer than ``long_text_words``
        words a standalone letter counts only at the very end.
 
-    The English article "a"/"A" ("a red circle", "A red circle") and the pronoun "I" are never read as
-    letters; a lower-case letter counts only when it stands alone or in brackets.
+    Kept on purpose where the official scorers differ: lower-case (``b``, ``(b)``) and full-width letters
+    count; the English article "a"/"A" ("a red circle", "A red circle") and the pronoun "I" ("I think it
+    is B") are never letters — a capital "A" followed by exactly option A's text is option A; the option
+    text alone names its option; ambiguous answers ("A or B") and empty answers give ``None``.
     """
     options = _options_list(options)
     letters = choice_letters(options, num_options)
-    s = _clean(text)
+    raw = unicodedata.normalize("NFKC", "" if text is None else str(text))
+    s = _clean(raw)
     if not s:
         return None
 
@@ -323,46 +387,50 @@ def extract_choice(
         letter = letter.upper()
         return letter if letter in letters else None
 
-    # 1. whole text
+    opts = _option_map(options, letters)
+
+    def label(t: str) -> tuple[bool, str | None]:
+        """(found, letter): a whole-letter answer or a leading label; letter None when ambiguous / invalid."""
+        m = _WHOLE_RE.match(t)
+        if m:
+            return True, valid(m.group(1))
+        found = _leading_label(t, opts)
+        if found:
+            letter, rest = found
+            return True, (None if _names_another_letter(rest, letter) else valid(letter))
+        return False, None
+
+    # 1. the whole answer is a letter, or its first line is
     m = _WHOLE_RE.match(s)
     if m:
         return valid(m.group(1))
-    # 2. explicit answer phrase, last one wins
+    first_line = _clean(raw.strip().split("\n", 1)[0])
+    m = _WHOLE_RE.match(first_line) if first_line != s else None
+    if m:
+        return valid(m.group(1))
+    # 2. a leading option label
+    found, letter = label(s)
+    if found:
+        return letter
+    # 3. explicit answer phrase, last one wins
     phrase = [(m, _phrase_letter(m, s)) for m in _ANSWER_PHRASE_RE.finditer(s)]
     phrase = [(m, x) for m, x in phrase if x is not None]
     if phrase:
         m, letter = phrase[-1]
-        alt = _ALTERNATIVE_RE.match(s[m.end() :])
-        if alt and alt.group(1) != letter:
+        if _names_another_letter(s[m.end() :], letter):
             return None
         return valid(letter)
-    # 3. prefixes stripped; option text
+    # 4. prefixes stripped: a letter or label again, then the option text
     s2 = _strip_prefixes(s)
     if not s2:
         return None
-    m = _WHOLE_RE.match(s2)
-    if m:
-        return valid(m.group(1))
-    opts = _option_map(options, letters)
+    if s2 != s:
+        found, letter = label(s2)
+        if found:
+            return letter
     hit = _match_option_text(s2, opts) or _match_option_text(s, opts)
     if hit:
         return hit
-    # 4. leading letter
-    m = (
-        re.match(r"[\(\[]\s*([A-Za-z])\s*[\)\]]", s2)
-        or re.match(r"([A-Za-z])[.):,](?=\s|$)", s2)
-        or re.match(r"([A-Z])(?=\s)", s2)
-    )
-    if m and not (m.group(0).isalpha() and _word_like(m.group(1), s2[m.end() :])):
-        letter = m.group(1).upper()
-        rest = s2[m.end() :].strip()
-        own = opts.get(letter)
-        if rest and not (own and normalize_text(rest).startswith(own)):
-            others = {x for x, _ in _standalone_letters(rest) if x != letter}
-            others |= {x.upper() for x in _BRACKET_RE.findall(rest) if x.upper() != letter}
-            if others:
-                return None
-        return valid(letter)
     # 5. weaker evidence: unique mention
     mentions = set()
     for m in _MENTION_RE.finditer(s2):

@@ -364,3 +364,34 @@ def test_normalize_text(text, expected):
 
 def test_text_tokens_keep_articles_on_request():
     assert text_tokens("The cat", remove_articles=False) == ["the", "cat"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("A. blue square", "A"),  # the label, not the option whose text follows (an old bug)
+        ("(A) blue square", "A"),
+        ("A) blue square", "A"),
+        ("B. The square is blue, while option A is a circle.", "B"),  # a label wins over later letters
+        ("B is correct because A is red.", "B"),
+        ("B\nExplanation: the square is blue; (A) is red.", "B"),
+        ("A\nthe red one, I think", "A"),  # a letter alone on the first line
+        ("(B. The square is blue, not A", "B"),  # MVBench's "Best option:(" pre-fill leaves "(" unmatched
+        ("B, because A is red", "B"),  # a comma before an explanation, not a list of letters
+        ("B, C or D", None),
+        ("C) but perhaps D", None),  # a hedge names two letters
+        ("I would say B", "B"),  # the pronoun "I" before a modal verb
+        ("A red circle", "A"),  # "A" followed by exactly option A's text
+        ("A blue square", "B"),  # the article before option B's text
+    ],
+)
+def test_extract_choice_leading_labels(text, expected):
+    assert extract_choice(text, OPTS4) == expected
+
+
+def test_option_texts_that_start_with_a_capital_letter_are_not_labels():
+    opts = ["T cell", "B cell", "NK cell"]
+    assert extract_choice("B cell", opts) == "B"
+    assert extract_choice("T cell", opts) == "A"
+    assert extract_choice("B. T cell", opts) == "B"  # with a delimiter the label decides
+    assert extract_choice("B because T cells are not shown", opts) == "B"
