@@ -47,7 +47,15 @@ def test_end_to_end(name, roots, tiny, policy, tmp_path) -> None:
     assert len(missing) == (1 if name in ("mvbench", "videomme", "longvideobench", "mmvu") else 0)
     assert all(isinstance(p["completion"], str) for p in preds if p["id"] not in missing)
     assert json.loads((tmp_path / "metrics.json").read_text())["scores"] == summarize(name, preds) == m["scores"]
-    assert (tmp_path / "results.md").read_text().startswith("# ")
+    results = (tmp_path / "results.md").read_text()
+    assert results.startswith("# ")
+    # the literature's headline leads, named: MVBench the mean of task accuracies, the others every question
+    literature = {"mvbench": "task_mean", "videomme": "accuracy", "longvideobench": "accuracy", "mmvu": "accuracy"}
+    if name in literature:
+        metric = literature[name]
+        assert m["scores"]["headline"]["metric"] == metric
+        lead = next(line for line in results.splitlines() if line.startswith("**"))
+        assert lead.startswith(f"**{m['title']}: ") and f"`{metric}`" in lead
     if name in ("mvbench", "videomme", "mmvu"):
         assert {p["frames"] for p in preds if p["id"] not in missing} == {4}
     if name == "longvideobench":
