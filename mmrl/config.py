@@ -454,7 +454,25 @@ def resume_run_config(saved: str | Path, overrides: list[str] | None = None,
     if extra:
         data = deep_merge(data, extra)
     data = _with_imports(apply_overrides(RunConfig, data, list(overrides or [])))
-    return from_dict(RunConfig, data)
+    return follow_answer_format(from_dict(RunConfig, data))
+
+
+def follow_answer_format(cfg: RunConfig) -> RunConfig:
+    """The ``format`` reward scores the form the prompt asks for: an entry without its own ``mode`` takes
+    ``prompt.answer_format`` (``think_answer`` or ``answer``), so ``prompt.answer_format=think_answer`` never
+    leaves a reward that pays for the other form. A ``mode`` set in the entry's kwargs wins."""
+    for spec in cfg.rewards:
+        if spec.name != "format" or "pattern" in spec.kwargs:
+            continue
+        mode = spec.kwargs.setdefault("mode", cfg.prompt.answer_format)
+        if mode in ("answer", "think_answer") and mode != cfg.prompt.answer_format:
+            import warnings
+
+            warnings.warn(f"the format reward (mode: {mode}) pays for another form than the prompt asks for "
+                          f"(prompt.answer_format={cfg.prompt.answer_format}): output in the asked form earns 0; "
+                          "drop the reward's mode to follow the prompt, or use mode: think_optional",
+                          UserWarning, stacklevel=2)
+    return cfg
 
 
 def load_run_config(
@@ -484,4 +502,4 @@ def load_run_config(
     if extra:
         data = deep_merge(data, extra)
     data = _with_imports(apply_overrides(RunConfig, data, list(overrides or [])))
-    return from_dict(RunConfig, data)
+    return follow_answer_format(from_dict(RunConfig, data))
