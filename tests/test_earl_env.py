@@ -160,6 +160,29 @@ def test_parse_forms() -> None:
     assert parse_selection("<answer>B</answer>") == ("none", None)
 
 
+def test_a_call_after_reasoning_is_read_and_reasoning_is_never_an_action(sample: Sample, media) -> None:
+    # the call that follows the reasoning counts, not one the reasoning mentions
+    assert parse_selection("<think>select_frames([5]) would look too late; frames 2 and 3 surround the cue."
+                           "</think>select_frames([2, 3])") == ("ok", [2, 3])
+    assert parse_selection("<think>I will use select_frames on frame 2.</think>\nselect_frames(target_frames=[2])"
+                           ) == ("ok", [2])
+    assert parse_selection("<think>the cue is near frame 3</think>select_frames([3, x])") == ("malformed", None)
+    assert parse_selection("<think>maybe select_frames([2])</think>it is red") == ("none", None)  # no call
+    assert parse_selection("<think>I would select_frames([2") == ("none", None)  # unclosed: all reasoning
+    env = FrameSelectionEnvironment(sample, media, max_select=2)
+    obs = env.step("<think>the square lights up near frame 3</think>select_frames([3, x])")
+    assert obs is not None and obs.media == [] and "Could not read" in obs.text
+    assert env.info["events"][-1]["outcome"] == "malformed" and env.info["rounds"] == 0
+    obs = env.step("<think>select_frames([1]) is too early; frame 3 is nearest.</think>select_frames([3])")
+    assert obs is not None and obs.media and env.info["selections"][0]["indices"] == [3]
+    assert env.step("<think>frame 2 of the new frames shows it, no need to select_frames([1]).</think>"
+                    "<answer>A</answer>") is None
+    assert env.info["events"][-1]["outcome"] == "answer" and env.info["rounds"] == 1
+    other = FrameSelectionEnvironment(sample, media)  # an answer written only inside the reasoning is no answer
+    assert other.step("<think><answer>A</answer></think>") is None
+    assert other.info["events"][-1]["outcome"] == "no_action"
+
+
 class Scripted:
     """A rollout backend that answers every sequence of the k-th call with script[k] (real tokenizer ids)."""
 
@@ -199,6 +222,46 @@ def test_environment_tokens_are_masked_in_rollouts_and_sft(policy: Policy, sampl
     with torch.no_grad():  # the sequences with the environment's videos run through the model
         _, _, mask = policy.forward_logprobs([episodes[0].seq, sft])
     assert int(mask[0].sum()) == int(mask[1].sum()) == sum(_turn_tokens(policy, t) for t in script)
+    policy.media.clear()
+
+
+def _segments(seq) -> list[tuple[bool, list[int]]]:
+    """The sequence cut where its loss mask changes: ``(trained, ids)`` runs in order."""
+    out: list[tuple[bool, list[int]]] = []
+    for t, m in zip(seq.ids, seq.loss_mask):
+        if out and out[-1][0] == bool(m):
+            out[-1][1].append(t)
+        else:
+            out.append((bool(m), [t]))
+    return out
+
+
+def test_reasoning_turns_are_trained_and_the_environment_turns_masked(policy: Policy, sample: Sample, media) -> None:
+    prompt, _ = encode_prompt(policy, MediaPreparer(MEDIA), sample, PromptConfig(answer_format="think_answer"))
+    script = ["<think>The square is grey on every frame; frame 2 is nearest the moment.</think>select_frames([2])",
+              "<think>Frame 1 of the new frames is closest; I look again.</think>select_frames([1])",
+              "<think>The new frames show the square lit in red.</think><answer>A</answer>"]
+    episodes = run_episodes(policy, Scripted(policy, script), [prompt], [sample], n=1,
+                            params=SamplingParams(max_new_tokens=64),
+                            environment=lambda s: FrameSelectionEnvironment(s, media, max_new_frames=4), max_turns=4)
+    sft = replay(policy, prompt, FrameSelectionEnvironment(sample, media, max_new_frames=4), script)
+    decode = policy.tokenizer.decode
+    video_pad = policy.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    for seq in (episodes[0].seq, sft):
+        segs = _segments(seq)
+        # prompt (masked), turn 1, observation 1, turn 2, observation 2, turn 3: six runs, alternating
+        assert [m for m, _ in segs] == [False, True, False, True, False, True]
+        assert segs[0][1] == prompt.ids
+        for (_, ids), turn in zip(segs[1::2], script):  # each model turn, reasoning included, is trained whole
+            assert decode(ids) == turn + "<|im_end|>"
+            assert decode(ids).startswith("<think>")
+        for k, (_, ids) in enumerate(segs[2::2]):  # each environment turn is masked whole, with its new frames
+            text = decode(ids)
+            assert text.startswith("\n<|im_start|>user\n") and text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+            assert "4 new frames" in text and ids.count(video_pad) > 0
+            assert "<think>" not in text and script[k] not in text and script[k + 1] not in text
+    assert episodes[0].seq.ids == sft.ids and episodes[0].seq.loss_mask == sft.loss_mask
+    assert episodes[0].env.info["rounds"] == 2
     policy.media.clear()
 
 

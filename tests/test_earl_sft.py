@@ -4,7 +4,9 @@ match the run's frames are refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from mmrl.methods.earl.trajectories import synthesize
 from mmrl_common.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("module_cache")
+
+TOY_MODEL = ["model.path=null", "model.dtype=fp32", "model.gradient_checkpointing=false"]  # not the recipe's 7B
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def test_trajectories_bring_the_evidence_into_view(written: Path) -> None:
     for s in samples:
         turns, (lo, hi) = s.meta["sft_turns"], s.meta["gold_span"]
         letter = s.answer
-        assert turns[-1] == f"<answer>{letter}</answer>" and s.meta["sft_rounds"] == len(turns) - 1 <= 2
+        assert s.meta["sft_rounds"] == len(turns) - 1 <= 2
         env = FrameSelectionEnvironment(s, preparer.prepare(s))
         assert env.info["initial_timestamps"] == pytest.approx(s.meta["sft_initial_timestamps"])
         inside = [t for t in env.info["initial_timestamps"] if lo <= t <= hi]
@@ -58,11 +62,35 @@ def test_trajectories_bring_the_evidence_into_view(written: Path) -> None:
         assert any(lo <= t <= hi for t in shown)  # the coloured moment is on a frame the model saw
         picked_times = [t for sel in env.info["selections"] for t in sel["timestamps"]]
         assert picked_times == pytest.approx([t for ts in s.meta["sft_selected_timestamps"] for t in ts])
+        # the last turn reasons, then answers: the frames it names are the shown ones inside the gold span
+        thought, answer = re.fullmatch(r"<think>(.+)</think>(<answer>.+</answer>)", turns[-1]).groups()
+        assert answer == f"<answer>{letter}</answer>" and thought.endswith(f"the answer is {letter}.")
+        seen = [t for t in env.current if lo <= t <= hi]
+        assert seen and all(f"{t:.1f} s" in thought for t in seen)
+
+
+def test_every_call_follows_its_reasoning(written: Path) -> None:
+    samples = load_samples(written).samples
+    assert any(len(s.meta["sft_turns"]) > 1 for s in samples)  # the toy records need selections
+    for s in samples:
+        times = list(s.meta["sft_initial_timestamps"])
+        for k, turn in enumerate(s.meta["sft_turns"][:-1]):
+            thought, call = re.fullmatch(r"<think>(.+)</think>(select_frames\(\[[0-9, ]+\]\))", turn).groups()
+            assert thought.strip() and "select_frames" not in thought
+            picked = parse_selection(call)[1]
+            if k == 0:  # the reasoning names the frames it then selects, with their times
+                assert all(f"{times[i - 1]:.1f} s" in thought for i in picked)
+                assert f"frame{'s' if len(picked) > 1 else ''} {picked[0]}" in thought
 
 
 def test_fixed_rounds_and_records_without_gold(toy: Path, tmp_path: Path) -> None:
     summary = synthesize(toy / "train.jsonl", tmp_path / "two.jsonl", rounds=2)
     assert summary["rounds"] == {2: 4}
+    bare = synthesize(toy / "train.jsonl", tmp_path / "bare.jsonl", answer_format="answer")
+    assert bare["written"] == 4
+    for s in load_samples(tmp_path / "bare.jsonl").samples:  # without reasoning: the calls and the answer alone
+        assert "<think>" not in "".join(s.meta["sft_turns"]) and s.meta["sft_turns"][-1] == f"<answer>{s.answer}</answer>"
+        assert all(re.fullmatch(r"select_frames\(\[[0-9, ]+\]\)", t) for t in s.meta["sft_turns"][:-1])
     plain = tmp_path / "plain.jsonl"
     recs = [json.loads(line) for line in (toy / "train.jsonl").read_text().splitlines()]
     for r in recs:
@@ -76,7 +104,7 @@ def test_fixed_rounds_and_records_without_gold(toy: Path, tmp_path: Path) -> Non
 def test_output_trains_with_mmrl_sft(written: Path, tmp_path: Path) -> None:
     out = tmp_path / "sft"
     rc = main(["sft", "--task", "earl", "--data", str(written), "--out", str(out), "--steps", "2", "--quiet",
-               *TINY_RUN, "sft.batch_size=2"])
+               *TINY_RUN, *TOY_MODEL, "sft.batch_size=2"])
     assert rc == 0 and (out / "final" / "config.json").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["stage"] == "sft"] == [1, 2]
@@ -89,13 +117,19 @@ def test_mismatched_records_are_refused(written: Path) -> None:
     from mmrl.prompts import encode_prompt
     from mmrl.run import resolve_model
 
-    cfg = load_run_config("earl", overrides=[*TINY_RUN])
+    cfg = load_run_config("earl", overrides=[*TINY_RUN, *TOY_MODEL])
     policy = load_policy(resolve_model(cfg))
     sample = load_samples(written).samples[0]
     prompt, media = encode_prompt(policy, MediaPreparer(cfg.data.media), sample, cfg.prompt)
     seq = sft_sequence(cfg, policy, sample, prompt, media)
     trained = policy.tokenizer.decode([t for t, m in zip(seq.ids, seq.loss_mask) if m])
     assert trained.replace("<|im_end|>", "") == "".join(sample.meta["sft_turns"])
+    # without written turns, the recipe's cold start (sft.target: gold) plays the same reasoning trajectory
+    bare = dataclasses.replace(sample, meta={k: v for k, v in sample.meta.items() if not k.startswith("sft_")})
+    seq = sft_sequence(cfg, policy, bare, prompt, media)
+    trained = policy.tokenizer.decode([t for t, m in zip(seq.ids, seq.loss_mask) if m])
+    assert trained.split("<|im_end|>")[:-1] == sample.meta["sft_turns"]
+    assert all(t.startswith("<think>") for t in sample.meta["sft_turns"])
     sample.meta["sft_initial_timestamps"] = [t + 0.5 for t in sample.meta["sft_initial_timestamps"]]
     with pytest.raises(DataError, match="re-run `mmrl data earl-sft`"):
         sft_sequence(cfg, policy, sample, prompt, media)

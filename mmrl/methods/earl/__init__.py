@@ -1,7 +1,9 @@
 """EARL (select key frames, re-sample around them, reason between selections): ``imports: [mmrl.methods.earl]``.
 
-* :mod:`.environment` -- the ``select_frames`` environment (the policy's action, the local re-sampling, the
-  observation with the new frames; the report's EARL plots);
+* :mod:`.environment` -- the ``select_frames`` environment (the policy's action, read after its reasoning, the
+  local re-sampling, the observation with the new frames; the report's EARL plots);
+* :mod:`.reasoning` -- the templated reasoning of the cold-start demonstrations (``<think>`` before every call
+  and before the answer);
 * :mod:`.agent` -- the multi-turn cold start (registered with :func:`mmrl.sft.register_sft_episode`), greedy
   evaluation through the environment (the ``agent_eval`` plug-in, ``mmrl eval --agent earl``);
 * :mod:`.trajectories` -- ``mmrl data earl-sft``: action-aware SFT trajectories from records with gold

@@ -3,7 +3,8 @@
 * :func:`sft_sequence` -- what ``mmrl sft`` (and a run's cold start) trains on for a record with
   ``meta.sft_turns`` (assistant turns written by ``mmrl data earl-sft``), or, with ``rollout.environment``
   set and ``sft.target: gold``, on a demonstration the environment plays itself
-  (``Environment.demonstration``). The turns are replayed through the environment: assistant turns are
+  (``Environment.demonstration``; with ``prompt.answer_format: think_answer``, EARL's reasoning turns: a
+  ``<think>`` before every call and before the answer). The turns are replayed through the environment: assistant turns are
   trained, the environment's turns (text and new frames) are masked out, exactly as in RL rollouts.
 * :func:`evaluate_agent` -- greedy episodes through an environment on held-out samples: accuracy of the
   final answer, frames shown and selection rounds per answer, selection IoU where gold exists.
@@ -78,7 +79,7 @@ def _check_grid(sample: Any, env: Any) -> None:
 def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media: list[Any]) -> TokenSeq | None:
     """The multi-turn SFT sequence of ``sample`` (None: train the ordinary single answer)."""
     from mmrl.rollout import get_environment
-    from mmrl.sft import answer_text, target_text
+    from mmrl.sft import answer_text
 
     turns = sample.meta.get("sft_turns")
     name = cfg.rollout.environment
@@ -94,7 +95,7 @@ def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media:
         demo = getattr(env, "demonstration", None)
         if demo is None:
             return None
-        turns = demo(target_text(sample, answer_text(sample, cfg.sft.mc_answer), cfg.prompt.answer_format))
+        turns = demo(answer_text(sample, cfg.sft.mc_answer), answer_format=cfg.prompt.answer_format)
         if turns is None:
             return None
         env = env_cls(sample, media, **cfg.rollout.environment_kwargs)

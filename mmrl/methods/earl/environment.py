@@ -3,7 +3,11 @@
 The policy sees the video's initial frames (uniform sampling, numbered 1..N in time order). Instead of
 answering it may call ``select_frames([i, j, ...])`` (also accepted: ``select_frames(target_frames=[...])``
 and Qwen's ``<tool_call>{"name": "select_frames", "arguments": {"target_frames": [...]}}</tool_call>``)
-with 1-based indices into the *current* frames. The environment then re-samples the source video around
+with 1-based indices into the *current* frames, after its reasoning if it reasons (``<think>...</think>``
+then the call: EARL's text reasoning and frame selection alternate). Reasoning is never read as an action:
+closed ``<think>...</think>`` blocks, and an unclosed ``<think>`` to the end of the turn, are removed before
+the turn is parsed (:func:`action_text`), so reasoning may name ``select_frames`` or frame numbers freely; a
+call written only inside the reasoning is no call. The environment then re-samples the source video around
 them (:func:`video.resample.resample_video`): each selected frame opens the interval between its previous
 and next current frame, the intervals are merged, and up to ``max_new_frames`` frames never shown before
 are spread over them in proportion to their length, decoded from the source file at a per-frame pixel
@@ -72,13 +76,22 @@ ACTION_NAME = "select_frames"
 _CALL = re.compile(r"select_frames\s*\(\s*(?:target_frames\s*=\s*)?\[([^\]]*)\]\s*\)")
 _TOOL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _ANSWER = "<answer>"
+_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
 OUTCOMES = ("answer", "no_action", "selected", "no_new_frames", "malformed", "empty", "too_many",
             "out_of_range", "extra_call", "no_video")
 
 
+def action_text(turn: str) -> str:
+    """The part of an assistant turn that can act: the turn without its reasoning (``<think>...</think>``
+    blocks; an unclosed ``<think>`` runs to the end of the turn)."""
+    return _THINK.sub(" ", turn)
+
+
 def parse_selection(text: str) -> tuple[str, list[int] | None]:
     """``("none", None)`` (no call), ``("ok", indices)`` (1-based, as written; may be empty) or
-    ``("malformed", None)`` for a call that does not parse."""
+    ``("malformed", None)`` for a call that does not parse; reasoning in ``text`` is skipped
+    (:func:`action_text`)."""
+    text = action_text(text)
     tool = _TOOL.search(text)
     if tool is not None:
         try:
@@ -110,8 +123,14 @@ def format_call(indices: Sequence[int]) -> str:
     return f"{ACTION_NAME}([{', '.join(str(int(i)) for i in indices)}])"
 
 
-def instructions(max_rounds: int = 2, max_select: int = 8) -> str:
-    """A system-prompt paragraph that explains the action (the recipe's ``prompt.system``)."""
+def instructions(max_rounds: int = 2, max_select: int = 8, *, think: bool = False) -> str:
+    """A system-prompt paragraph that explains the action (the recipe's ``prompt.system``); ``think``: the
+    policy reasons inside ``<think></think>`` before each selection and before the answer."""
+    if think:
+        return (f"The video frames are numbered 1, 2, ... in time order. Think inside <think></think> about which "
+                f"frames hold the evidence; to look closer, then call {ACTION_NAME}([i, j]) with up to "
+                f"{max_select} frame numbers: you get new frames around them, numbered again from 1 (at most "
+                f"{max_rounds} times). Otherwise think, then give the answer.")
     return (f"The video frames are numbered 1, 2, ... in time order. To look closer, reply only "
             f"{ACTION_NAME}([i, j]) with up to {max_select} frame numbers: you get new frames around them, "
             f"numbered again from 1 (at most {max_rounds} times). Otherwise give the answer.")
@@ -190,17 +209,25 @@ class FrameSelectionEnvironment(Environment):
                              frames=[{"round": 0, "index": i + 1, "timestamp": t} for i, t in enumerate(self.current)])
 
     # ------------------------------------------------------------------------------------------ demonstrations
-    def demonstration(self, answer: str, rounds: int | str = "auto", *, seed: int = 0) -> list[str] | None:
+    def demonstration(self, answer: str, rounds: int | str = "auto", *, seed: int = 0,
+                      answer_format: str = "answer") -> list[str] | None:
         """The assistant turns of an expert episode for action-aware SFT, played on this environment:
         0-``max_rounds`` selections of the current frames whose time cell overlaps the gold evidence (at
-        most ``max_select``, nearest to the evidence first), then ``answer``. ``rounds``: ``auto`` selects
-        until a shown frame lies inside a gold span (1 round for point-like gold such as grid
-        ``gold_frames``), ``mix`` draws 0, 1 or 2 (seeded by the sample id and ``seed``), or a number.
-        None when the sample has no video or no gold evidence."""
+        most ``max_select``, nearest to the evidence first), then the answer ``answer`` (the bare answer,
+        e.g. ``B``) inside ``<answer></answer>``. ``rounds``: ``auto`` selects until a shown frame lies inside a
+        gold span (1 round for point-like gold such as grid ``gold_frames``), ``mix`` draws 0, 1 or 2 (seeded
+        by the sample id and ``seed``), or a number. ``answer_format: think_answer`` (EARL's reasoning turns)
+        puts a reasoning ``<think>...</think>`` before every call and before the answer
+        (:mod:`.reasoning`: templated, grounded in which shown frames hold the evidence); ``answer``: calls
+        and the answer alone. None when the sample has no video or no gold evidence."""
         import random
 
         from rewards.evidence import gold_time_spans
 
+        from .reasoning import answer_thought, selection_thought
+
+        if answer_format not in ("answer", "think_answer"):
+            raise ConfigError(f"demonstration answer_format={answer_format!r}: use answer or think_answer")
         if self.video is None:
             return None
         spans = gold_time_spans(self.sample.meta, self.info["initial_timestamps"])
@@ -210,6 +237,7 @@ class FrameSelectionEnvironment(Environment):
             rounds = random.Random(f"{self.sample.id}|{seed}").randrange(self.max_rounds + 1)
         if rounds != "auto" and (not isinstance(rounds, int) or not 0 <= rounds <= self.max_rounds):
             raise ConfigError(f"demonstration rounds={rounds!r}: use auto, mix or 0..{self.max_rounds}")
+        think = answer_format == "think_answer"
         points = all(a == b for a, b in spans)
         turns: list[str] = []
         for r in range(self.max_rounds):
@@ -220,13 +248,18 @@ class FrameSelectionEnvironment(Environment):
             elif r >= rounds:
                 break
             centre = [(a + b) / 2 for a, b in spans]
-            hits = sorted(frames_on_spans(self.current, spans),
-                          key=lambda k: min(abs(self.current[k] - c) for c in centre))[:self.max_select]
-            call = format_call(sorted(k + 1 for k in hits))
+            hits = sorted(sorted(frames_on_spans(self.current, spans),
+                                 key=lambda k: min(abs(self.current[k] - c) for c in centre))[:self.max_select])
+            call = format_call([k + 1 for k in hits])
+            if think:
+                call = f"<think>{selection_thought(self.current, hits, spans)}</think>{call}"
             turns.append(call)
             if self.step(call) is None or self.info["events"][-1]["outcome"] != "selected":
                 break
-        return [*turns, answer]
+        final = f"<answer>{answer}</answer>"
+        if think:
+            final = f"<think>{answer_thought(self.current, spans, answer)}</think>{final}"
+        return [*turns, final]
 
     # ------------------------------------------------------------------------------------------ the step
     def _event(self, outcome: str, **extra: Any) -> None:
@@ -239,6 +272,7 @@ class FrameSelectionEnvironment(Environment):
 
     def step(self, action: str) -> Observation | None:
         self.turn += 1
+        action = action_text(action)
         if _ANSWER in action:
             self._event("answer")
             return None

@@ -4,10 +4,14 @@ For every record with a video and gold evidence (``meta.gold_span``/``gold_spans
 ``meta.gold_frames``), the ``select_frames`` environment is played on the record's own video with the
 frames a run will show it: 0-2 selections of the current frames whose time cell overlaps the gold evidence
 (``--rounds auto``: select until a shown frame lies inside a gold span; ``mix``: 0, 1 or 2 drawn per
-record; or a fixed number), then the gold answer in the run's answer format. The record is written
+record; or a fixed number), then the gold answer in the run's answer format. With ``think_answer`` (the
+default, EARL's reasoning turns) every call and the answer follow a short reasoning in ``<think></think>``,
+templated by :mod:`.reasoning` from which shown frames hold the gold evidence (the paper's trajectories,
+written with a strong VLM, are not public). The record is written
 unchanged except for its media paths (absolute, so the file can live anywhere) and three ``meta`` keys:
 
-* ``sft_turns``: the assistant turns (``["select_frames([4])", "<answer>B</answer>"]``);
+* ``sft_turns``: the assistant turns (``["<think>...</think>select_frames([4])",
+  "<think>...</think><answer>B</answer>"]``; without reasoning ``["select_frames([4])", "<answer>B</answer>"]``);
 * ``sft_initial_timestamps``: the initial frames the turns were written for (a run that shows other frames
   stops with an error naming both, instead of training on indices that point at the wrong frames);
 * ``sft_selected_timestamps``: the times of the frames each selection picks (checked the same way: a run
@@ -28,13 +32,14 @@ from typing import Any
 
 from mmrl_common.errors import DataError
 
-DEFAULTS = {"frames": 8, "video_policy": "qwen", "max_new_frames": 16, "max_select": 8, "max_rounds": 2,
-            "rounds": "auto", "answer_format": "answer"}
+DEFAULTS = {"frames": 32, "video_policy": "qwen", "max_new_frames": 16, "max_select": 8, "max_rounds": 2,
+            "rounds": "auto", "answer_format": "think_answer"}
+"""The earl recipe's settings (configs/earl.yaml: EARL's 32 initial frames, 16 new frames, 2 rounds, reasoning)."""
 
 
-def synthesize(src: str | Path, out: str | Path, *, frames: int = 8, video_policy: str = "qwen",
+def synthesize(src: str | Path, out: str | Path, *, frames: int = 32, video_policy: str = "qwen",
                max_new_frames: int = 16, max_select: int = 8, max_rounds: int = 2, rounds: str | int = "auto",
-               answer_format: str = "answer", media_root: str | Path | None = None, seed: int = 0,
+               answer_format: str = "think_answer", media_root: str | Path | None = None, seed: int = 0,
                fmt: str = "auto") -> dict[str, Any]:
     """Write the trajectories of ``src``'s records to ``out`` (JSONL); returns counts: ``written``,
     ``skipped`` (by reason) and ``rounds`` (how many records have 0, 1, 2 selections)."""
@@ -42,7 +47,7 @@ def synthesize(src: str | Path, out: str | Path, *, frames: int = 8, video_polic
     from mmrl.config import MediaConfig
     from mmrl.media import MediaPreparer
     from mmrl.methods.earl.environment import FrameSelectionEnvironment
-    from mmrl.sft import answer_text, target_text
+    from mmrl.sft import answer_text
     from mmrl_common.errors import MediaError
 
     if answer_format not in ("answer", "think_answer"):
@@ -65,7 +70,7 @@ def synthesize(src: str | Path, out: str | Path, *, frames: int = 8, video_polic
             raise DataError(f"{src}: sample {sample.id}: {exc}") from exc
         env = FrameSelectionEnvironment(sample, media, max_rounds=max_rounds, max_select=max_select,
                                         max_new_frames=max_new_frames)
-        turns = env.demonstration(target_text(sample, answer_text(sample), answer_format), rounds, seed=seed)
+        turns = env.demonstration(answer_text(sample), rounds, seed=seed, answer_format=answer_format)
         if turns is None:
             skipped["no gold evidence (meta.gold_span, gold_spans or gold_frames)"] += 1
             continue
@@ -88,7 +93,8 @@ def synthesize(src: str | Path, out: str | Path, *, frames: int = 8, video_polic
 
 def add_parser(sub: Any) -> None:
     """``mmrl data earl-sft`` (added to ``mmrl data`` by :data:`mmrl.cli.DATA_COMMANDS`)."""
-    e = sub.add_parser("earl-sft", help="EARL's action-aware SFT trajectories (0-2 frame selections, then the answer)",
+    e = sub.add_parser("earl-sft", help="EARL's action-aware SFT trajectories (reasoning, 0-2 frame selections, "
+                                        "then the answer)",
                        description="Play the select_frames environment on each record with gold evidence "
                                    "(meta.gold_span / gold_spans / gold_frames): selections that bring the "
                                    "evidence into view, then the gold answer; write the records with "
@@ -103,7 +109,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--out", required=True, help="the JSONL file to write")
     p.add_argument("--frames", type=int, default=DEFAULTS["frames"],
                    help="initial frames per video, as the run will sample them (a record's own sampling.nframes "
-                        "wins, as in training; default 8)")
+                        "wins, as in training; default 32, EARL's)")
     p.add_argument("--video-policy", default=DEFAULTS["video_policy"],
                    help="frame-sampling policy of the run (data.media.video_policy; default qwen)")
     p.add_argument("--rounds", default="auto",
@@ -113,7 +119,8 @@ def add_arguments(p: Any) -> None:
                    help="frames per re-sampling (rollout.environment_kwargs.max_new_frames; default 16)")
     p.add_argument("--max-select", type=int, default=DEFAULTS["max_select"], help="frames per selection (default 8)")
     p.add_argument("--answer-format", choices=["answer", "think_answer"], default=DEFAULTS["answer_format"],
-                   help="how the final turn is written (prompt.answer_format; default answer)")
+                   help="prompt.answer_format of the run: think_answer (default) puts a reasoning <think></think> "
+                        "before every call and before the answer; answer writes calls and the answer alone")
     p.add_argument("--media-root", default=None, help="folder that relative media paths resolve against")
     p.add_argument("--seed", type=int, default=0, help="seed of --rounds mix (default 0)")
 
