@@ -92,7 +92,7 @@ VIDEO_R1_TYPES = {
     "multiple choice": "multiple_choice",
     "numerical": "numeric",
     "regression": "numeric",
-    "ocr": "free_form",
+    "ocr": "ocr",
     "free-form": "free_form",
     "yes/no": "yes_no",
 }

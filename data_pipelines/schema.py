@@ -336,7 +336,9 @@ register_problem_type("temporal_grounding", _check_grounding,
                       description="answer is [start, end] in seconds",
                       aliases=("grounding", "temporal grounding", "tg"))
 register_problem_type("free_form", _check_text, description="long free text, compared by similarity",
-                      aliases=("free-form", "freeform", "free form", "ocr"))
+                      aliases=("free-form", "freeform", "free form"))
+register_problem_type("ocr", _check_text, description="text read from the media, compared word by word (1 - WER)",
+                      aliases=("transcription",))
 
 
 # ---------------------------------------------------------------------------------- parse and validate

@@ -35,6 +35,7 @@ _WHAT = {
     "temporal_grounding": "the time span as [start, end] in seconds",
     "open": "a short phrase",
     "free_form": "a short phrase",
+    "ocr": "the text exactly as written",
 }
 
 

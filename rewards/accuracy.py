@@ -21,7 +21,10 @@ Built-in scorers and their settings:
   ``percent="value"|"fraction"`` as in :func:`~rewards.answers.parse_number`. Unparseable → 0.0.
 * ``open``: max over the gold answer (a string or list of strings) and ``meta["synonyms"]`` of
   ``open_metric``: ``"token_f1"`` (default), ``"rouge_l"`` or ``"exact"`` (normalised equality).
-* ``free_form``: the same with ``free_form_metric`` (default ``"token_f1"``).
+* ``free_form``: the same with ``free_form_metric`` (default ``"rouge_mean"``: the mean of the ROUGE-1/2/L
+  F-measures with stemming, Video-R1's free-form reward, :func:`rewards.video_r1_metrics.rouge_mean`).
+* ``ocr``: max over the references of ``clip(1 - WER, 0, 1)`` (Video-R1's OCR reward; word error rate over
+  whitespace-split words, :func:`rewards.video_r1_metrics.ocr_score`).
 * ``temporal_grounding``: temporal IoU of the parsed span against the gold ``[start, end]``; 0.0 when the
   prediction does not parse or is inverted. With ``clip_to_duration=True`` (default) and
   ``meta["duration"]`` set, the prediction is clipped to ``[0, duration]`` first.
@@ -41,6 +44,7 @@ from mmrl_common.registry import Registry
 from rewards import answers as A
 from rewards.metrics import rouge_l, temporal_iou, token_f1
 from rewards.registry import normalize_completions, per_sample_error, register_reward
+from rewards.video_r1_metrics import ocr_score, rouge_mean
 
 __all__ = [
     "SCORERS",
@@ -118,9 +122,12 @@ def _references(row: Mapping[str, Any]) -> list[str]:
 
 
 TEXT_METRICS: Registry[Callable[[Any, Any], float]] = Registry("text metric", register_error=ConfigError)
-"""The metrics of the ``open`` and ``free_form`` scorers (settings ``open_metric``, ``free_form_metric``)."""
+"""The metrics of the ``open``, ``free_form`` and ``ocr`` scorers (settings ``open_metric``, ``free_form_metric``,
+``ocr_metric``); ``wer`` is ``clip(1 - WER, 0, 1)``."""
 TEXT_METRICS.add("token_f1", token_f1)
 TEXT_METRICS.add("rouge_l", rouge_l)
+TEXT_METRICS.add("rouge_mean", rouge_mean)
+TEXT_METRICS.add("wer", ocr_score)
 TEXT_METRICS.add("exact", lambda p, r: float(A.normalize_text(p) == A.normalize_text(r)))
 
 
@@ -189,9 +196,14 @@ def score_open(
 
 @register_scorer("free_form")
 def score_free_form(
-    prediction: str, row: Mapping[str, Any], *, free_form_metric: str = "token_f1", **settings: Any
+    prediction: str, row: Mapping[str, Any], *, free_form_metric: str = "rouge_mean", **settings: Any
 ) -> float:
     return _text_score(prediction, row, free_form_metric)
+
+
+@register_scorer("ocr")
+def score_ocr(prediction: str, row: Mapping[str, Any], *, ocr_metric: str = "wer", **settings: Any) -> float:
+    return _text_score(prediction, row, ocr_metric)
 
 
 def _predicted_span(

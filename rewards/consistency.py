@@ -6,8 +6,7 @@ After the policy answers a multiple-choice question (with its reasoning, when th
 options are shuffled and the **current policy answers again from the same reasoning trace**: the second
 prompt is the first one with the options in the new order, and the assistant turn is forced to start with
 ``<think>TRACE</think><answer>`` (``<answer>`` alone when the completion has no reasoning or
-``reuse_trace=False``). The second pass runs through the rollout service (eval mode, no gradient, greedy by
-default, never trained on); its answer is a letter of the shuffled list and is mapped back to the original
+``reuse_trace=False``). Its answer is a letter of the shuffled list and is mapped back to the original
 lettering through the permutation. With ``c1``/``c2`` = first/second answer correct and ``agree`` = both
 name the same option, five cases remain (``c1 and agree`` implies ``c2``):
 
@@ -16,15 +15,23 @@ case                              c1  c2  agree  default
 ================================  ==  ==  =====  =======
 ``consistent_correct``            1   1   1      1.0
 ``correct_then_wrong``            1   0   0      0.5
-``wrong_then_correct``            0   1   0      0.25
+``wrong_then_correct``            0   1   0      0.0
 ``consistent_wrong``              0   0   1      0.0
 ``inconsistent_wrong``            0   0   0      0.0
 ================================  ==  ==  =====  =======
 
 plus ``unanswered`` (the first completion names no option: no second pass; default 0.0). A second answer
-that names no option counts as a different, wrong option. The paper's values are not public (its reviews
-mention three "consistency-shaping coefficients"); the defaults are the design note's placeholders
-(shared/research/rewards.md section 1.3) and every value is a setting (``values: {case: value}``).
+that names no option counts as a different, wrong option.
+
+What the paper fixes and what it leaves open (shared/research/rewards.md section 1): the full reward goes
+**only** to a rollout whose two answers are correct and agree, every other case gets "a lower reward"
+through three consistency-shaping coefficients (Eq. 3, named alpha_1.., values not public). A rollout whose
+trained (first) answer is wrong earns nothing for a lucky re-answer: ``wrong_then_correct`` defaults to 0
+(a setting: the research note's earlier placeholder was 0.25). ``correct_then_wrong`` = 0.5 (alpha_1) is a
+placeholder, **not published: our choice**. Also not published, our choices: the second pass is greedy
+(``greedy``) and gradient-free -- it is scored, not trained (``train_second_pass: false``; ``true`` raises
+a clear error: training the re-answer tokens needs an engine extension point that does not exist yet).
+Every value is a setting (``values: {case: value}``).
 
 The reward ``acre`` (kwargs, all optional):
 
@@ -33,6 +40,7 @@ The reward ``acre`` (kwargs, all optional):
   ``accuracy`` in the config with weight 0 to log it) or ``add`` (accuracy of the first answer + value);
 * ``exclude_identity``: never draw the unshuffled order (default ``False``: a uniform permutation, as the
   paper's reviewers say it allows);
+* ``train_second_pass`` (default ``False``): see above;
 * ``reuse_trace`` (default ``True``), ``greedy`` (default ``True``), ``max_new_tokens`` (of the second pass;
   default the service's evaluation length), ``shuffle_seed`` (default 0): one permutation per rollout, drawn
   from ``(shuffle_seed, step, sample id, rollout index)`` so a resumed run draws the same ones;
@@ -72,7 +80,7 @@ CASES = ("consistent_correct", "correct_then_wrong", "wrong_then_correct", "cons
          "inconsistent_wrong")
 UNANSWERED = "unanswered"
 DEFAULT_VALUES: dict[str, float] = {"consistent_correct": 1.0, "correct_then_wrong": 0.5,
-                                    "wrong_then_correct": 0.25, "consistent_wrong": 0.0,
+                                    "wrong_then_correct": 0.0, "consistent_wrong": 0.0,
                                     "inconsistent_wrong": 0.0, UNANSWERED: 0.0}
 MODES = ("replace", "add")
 

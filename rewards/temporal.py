@@ -28,9 +28,14 @@ questions that are not pure grounding (multiple choice, yes/no, numbers, ...); t
 the predicted span against the gold span: the answer of ``temporal_grounding`` questions, or ``meta[span_key]``
 (default ``gold_span``) for grounded QA. Spans are read in both forms (``[12.5, 18]``/``12.5 to 18 s`` and
 Temporal-R1's JSON ``{"start_time": "12.5", "end_time": "18"}``) by :func:`rewards.answers.parse_span`
-(``span_tag`` reads another block, e.g. ``glue``), and clipped to the clip the model was shown (the media's
-``start``/``end`` sampling window, else ``[0, duration]`` from ``meta.duration`` or ``meta.video.duration``);
-an inverted or unreadable span scores 0, a zero-length one 0 unless the gold span is the same point. Weights
+(``span_tag`` reads another block, e.g. ``glue``). tIoU is the paper's and the released code's formula
+(appletea233/Temporal-R1 ``verl/utils/reward_score/tvg.py``): ``max(0, min(e, e') - max(s, s')) /
+(max(e, e') - min(s, s'))`` on the predicted span as given (the code divides both spans by the clip length,
+which leaves the ratio unchanged), so a span that runs past the clip is penalised by its whole length.
+``clip_to_shown: true`` (not the paper's; off by default) first clips the prediction to the clip the model was
+shown (the media's ``start``/``end`` sampling window, else ``[0, duration]`` from ``meta.duration`` or
+``meta.video.duration``). An inverted or unreadable span scores 0, a zero-length one 0 unless the gold span
+is the same point. Weights
 default to 1 each (the unweighted sum of VideoChat-R1 and Video-R1); Temporal-R1's grounding code uses
 ``format_weight: 0.5, iou_weight: 0.5`` (configs/temporal-grounding.yaml). ``format_mode`` is the format
 reward's ``mode`` (default ``think_answer``). Logged: ``temporal_r1/format``, ``temporal_r1/answer``,
@@ -166,9 +171,9 @@ def clip_window(span: tuple[float, float], window: tuple[float, float] | None) -
     return (min(max(span[0], lo), hi), min(max(span[1], lo), hi))
 
 
-def span_iou(prediction_text: str, gold: Any, window: tuple[float, float] | None) -> float:
-    """tIoU of the span in ``prediction_text`` (clipped to the shown window) against the gold span; 0 for an
-    unreadable or inverted prediction."""
+def span_iou(prediction_text: str, gold: Any, window: tuple[float, float] | None = None) -> float:
+    """tIoU of the span in ``prediction_text`` against the gold span (the paper's formula; clipped to
+    ``window`` first when one is given); 0 for an unreadable or inverted prediction."""
     span = parse_span(prediction_text)
     if span is None:
         return 0.0
@@ -188,6 +193,8 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
     span_tag = columns.get("span_tag")
     format_mode = columns.get("format_mode", "think_answer")
     format_mode = "think_answer" if isinstance(format_mode, (list, tuple)) else format_mode
+    clip = columns.get("clip_to_shown", False)
+    clip = False if isinstance(clip, (list, tuple)) else bool(clip)
     batch = columns.get("rollout_batch")
     samples = list(batch.samples) if batch is not None and len(batch) == n else [None] * n
 
@@ -213,7 +220,7 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
         if gold is not None:
             media = getattr(samples[i], "media", None) or []
             span_text = extract_answer(text, tag=span_tag) if span_tag else answer_text
-            iou = span_iou(span_text, gold, shown_window(meta, media))
+            iou = span_iou(span_text, gold, shown_window(meta, media) if clip else None)
             total += w_iou * iou
             terms["tiou"].append(iou)
         out.append(total)

@@ -122,9 +122,10 @@ def test_reward_values_of_every_case_by_hand() -> None:
                    "<answer>red</answer>", "no answer here", "<answer>3</answer>"]
     script = {"q0": "green", "q1": "blue", "q2": "green", "q3": "red", "q4": "yellow", "q5": "red"}
     values, metrics, service = _run_reward(samples, completions, script)
-    #   q0 correct & consistent 1.0 | q1 correct then wrong 0.5 | q2 wrong then correct 0.25 |
-    #   q3 the same wrong option 0 | q4 two wrong options 0 | q5 unanswered 0 (no second pass) | numeric: accuracy
-    assert values == [1.0, 0.5, 0.25, 0.0, 0.0, 0.0, 1.0]
+    #   q0 correct & consistent 1.0 | q1 correct then wrong 0.5 | q2 wrong then correct 0 (the trained answer is
+    #   wrong) | q3 the same wrong option 0 | q4 two wrong options 0 | q5 unanswered 0 (no second pass) | numeric:
+    #   accuracy
+    assert values == [1.0, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert len(service.asks) == 5  # q5 gave no answer: not re-asked; the numeric question neither
     assert all(a.prefix == "<answer>" for a in service.asks)  # no reasoning in these completions
     assert metrics["acre/oscr"] == pytest.approx(2 / 5)
@@ -138,6 +139,42 @@ def test_reward_values_of_every_case_by_hand() -> None:
     assert values == [2.0, -1.0, 0.5, -0.5, -0.25, -2.0, 1.0]
     values, _, _ = _run_reward(samples, completions, script, values=custom, mode="add")
     assert values == [3.0, 0.0, 0.5, -0.5, -0.25, -2.0, 1.0]  # + accuracy of the first answer
+
+
+def test_a_re_answer_that_flips_under_shuffling_earns_less_than_a_consistent_one() -> None:
+    """ACRE's signature: four rollouts give the same first answer; the re-answer of some follows the option's
+    *content* through the shuffle, that of the others keeps the *position* it answered first (a letter
+    bias). The consistent rollouts earn more, whether the first answer was right or wrong, and only a correct
+    first answer can earn anything. The second answer is read in the shuffled lettering, so "the same letter"
+    is "another option" whenever the permutation moved it."""
+    samples = [_mc(f"q{i}") for i in range(4)]
+    completions = ["<answer>B</answer>", "<answer>B</answer>", "<answer>A</answer>", "<answer>A</answer>"]
+
+    class PositionBiased(ScriptedService):
+        def generate(self, samples, asks, **kwargs):  # answers the slot the first answer took, whatever is there
+            self.asks.extend(asks)
+            slot = {"q1": 1, "q3": 0}
+            return [[Answer(text="", answer=chr(65 + slot[s.id]) if s.id in slot else
+                            chr(65 + a.options.index(self.script[s.id])), token_ids=[], finished=True,
+                            options=a.options)] for s, a in zip(samples, asks)]
+
+    service = PositionBiased({"q0": "green", "q2": "red"})
+    reward = CombinedReward([{"name": "acre", "kwargs": {"exclude_identity": True}}])
+    columns = {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
+               "options": [s.options for s in samples], "answer": [s.answer for s in samples],
+               "meta": [s.meta for s in samples], "rollout_service": service,
+               "rollout_batch": SimpleNamespace(samples=samples), "trainer_state": SimpleNamespace(global_step=0)}
+    perms = [C.draw_permutation(4, C.rollout_rng(0, 0, s.id, i), exclude_identity=True)
+             for i, s in enumerate(samples)]
+    flipped = [i for i in (1, 3) if perms[i][(1, 0)[i // 2]] != (1, 0)[i // 2]]  # the slot now shows another option
+    assert flipped == [1, 3]  # these seeds move both options (so the position-biased re-answers flip)
+    values = reward.compute(completions, columns).components["acre"]
+    consistent_correct, flipped_correct, consistent_wrong, flipped_wrong = values
+    assert consistent_correct == 1.0 and flipped_correct == 0.5 < consistent_correct
+    assert consistent_wrong == flipped_wrong == 0.0  # a wrong first answer earns nothing either way
+    # and a wrong first answer that the shuffle turns right earns nothing by default (the table's third row)
+    assert C.resolve_values(None)["wrong_then_correct"] == 0.0
+    assert C.resolve_values({"wrong_then_correct": 0.25})["wrong_then_correct"] == 0.25  # configurable
 
 
 def test_reward_reuses_the_reasoning_trace_and_draws_one_permutation_per_rollout() -> None:
@@ -159,6 +196,8 @@ def test_reward_settings_are_checked() -> None:
         _run_reward(samples, completions, {"q0": "green"}, mode="sum")
     with pytest.raises(Exception, match="inside `mmrl train`"):
         CombinedReward(["acre"]).compute(completions, {"problem_type": ["multiple_choice"], "answer": ["B"]})
+    with pytest.raises(Exception, match="train_second_pass=true .* is not available yet"):
+        _run_reward(samples, completions, {"q0": "green"}, train_second_pass=True)
     with pytest.raises(ConfigError, match="values.consistent_correct must be a number"):
         C.resolve_values({"consistent_correct": "high"})
 

@@ -159,7 +159,7 @@ def test_video_r1_import(tmp_path: Path):
     assert mc.answer == "B" and mc.answer_text() == "sitting" and mc.id == "LLaVA-Video-1"
     assert mc.media[0].type == "video" and Path(mc.media[0].path) == tmp_path / "videos/1.mp4"
     assert (num.problem_type, num.answer, num.media[0].type) == ("numeric", "4", "image")
-    assert (ocr.problem_type, ocr.answer) == ("free_form", "STOP HERE")
+    assert (ocr.problem_type, ocr.answer) == ("ocr", "STOP HERE")
     assert ocr.meta["original_problem_type"] == "OCR" and ocr.meta["source"] == "video-r1"
     assert free.problem_type == "free_form" and reg.problem_type == "numeric"
     # forced format on a JSONL file; a bad letter is reported at its line

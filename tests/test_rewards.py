@@ -27,6 +27,7 @@ from rewards import (
 )
 from rewards.accuracy import unregister_scorer
 from rewards.metrics import lcs_length
+from rewards.video_r1_metrics import ocr_score, rouge_mean, word_error_rate
 
 
 @pytest.fixture
@@ -436,9 +437,35 @@ def test_accuracy_open_uses_synonyms_and_metric():
         acc(["<answer>x</answer>"], [r], open_metric="rouge-l")
 
 
-def test_accuracy_free_form():
+def test_accuracy_free_form_is_video_r1s_mean_rouge():
     r = row("free_form", "a man rides a red bike")
-    assert acc(["<answer>man rides bike</answer>"], [r]) == [pytest.approx(2 * 1 * 0.75 / 1.75)]
+    # rouge-score's tokens (lower-case, stemmed): ref [a, man, ride, a, red, bike], prediction [man, ride, bike]
+    # ROUGE-1: P 3/3, R 3/6 -> F 2/3; ROUGE-2: (man ride), (ride bike) vs 5 reference bigrams, 1 shared ->
+    # P 1/2, R 1/5 -> F 2/7; ROUGE-L: LCS 3 -> F 2/3. Mean (2/3 + 2/7 + 2/3) / 3 = 34/63
+    assert acc(["<answer>man rides bike</answer>"], [r]) == [pytest.approx(34 / 63)]
+    assert acc(["<answer>man rides bike</answer>"], [r], free_form_metric="token_f1") == [
+        pytest.approx(2 * 1 * 0.75 / 1.75)]  # the earlier metric, still a setting
+    # Porter stemming: "dogs running" and "dog runs" are the same words
+    assert acc(["<answer>dog runs</answer>"], [row("free_form", "dogs running")]) == [pytest.approx(1.0)]
+    assert rouge_mean("dog runs", "dogs running", use_stemmer=False) == 0.0
+    # [a, blue, car]: ROUGE-1 and ROUGE-L share "a": P 1/3, R 1/6 -> F 2/9; no shared bigram. Mean 4/27
+    assert acc(["<answer>a blue car</answer>"], [r]) == [pytest.approx(4 / 27)]
+
+
+def test_accuracy_ocr_is_one_minus_word_error_rate():
+    r = row("ocr", "STOP HERE NOW")
+    outs = ["<answer>STOP HERE NOW</answer>",        # 0 edits: 1
+            "<answer>STOP THERE NOW</answer>",       # 1 substitution / 3 words: 2/3
+            "<answer>STOP HERE</answer>",            # 1 deletion: 2/3
+            "<answer>STOP HERE NOW PLEASE NOW</answer>",  # 2 insertions: 1/3
+            "<answer>stop here now</answer>",        # case counts: 3 substitutions: 0
+            "<answer>GO AWAY FROM HERE NOW PLEASE</answer>",  # 4 edits > 3 words: clipped to 0
+            "<answer></answer>"]                     # 3 deletions: 0
+    assert acc(outs, [r] * len(outs)) == [1.0, pytest.approx(2 / 3), pytest.approx(2 / 3), pytest.approx(1 / 3),
+                                          0.0, 0.0, 0.0]
+    assert word_error_rate("a b c d", "a x c") == pytest.approx(2 / 4)  # a substitution and a deletion
+    assert word_error_rate("", "") == 0.0 and word_error_rate("", "extra") == 1.0  # over max(1, 0 words)
+    assert ocr_score("", "") == 1.0
 
 
 def test_accuracy_temporal_grounding():

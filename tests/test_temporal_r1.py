@@ -1,4 +1,5 @@
-"""Temporal-R1's dual reward (both timestamp forms, clipping to the clip shown, degenerate spans, grounded QA)
+"""Temporal-R1's dual reward (both timestamp forms, the paper's tIoU by hand, clipping to the clip shown as a
+switch, degenerate spans, grounded QA)
 and `mmrl data select-variance` on a small set."""
 
 from __future__ import annotations
@@ -54,19 +55,36 @@ def test_both_timestamp_forms_score_the_same() -> None:
     assert values == [pytest.approx(0.25), pytest.approx(0.5)]
 
 
-def test_spans_are_clipped_to_the_clip_shown_and_degenerate_spans_score_zero() -> None:
-    values, _ = tr1(["<answer>[6, 12]</answer>", "<answer>[9, 10]</answer>", "<answer>[3, 3]</answer>",
-                     "<answer>[4, 2]</answer>", "<answer>none</answer>"], answer=[6.0, 8.0], format_weight=0)
-    # [6, 12] -> [6, 8]: IoU 1; [9, 10] -> [8, 8] (past the end): 0; a point inside: 0; inverted: 0; no span: 0
-    assert values == [1.0, 0.0, 0.0, 0.0, 0.0]
+def test_tiou_is_the_papers_formula_on_hand_computed_spans() -> None:
+    """tIoU = max(0, min(e, e') - max(s, s')) / (max(e, e') - min(s, s')), the span as predicted: a span that
+    runs past the clip (8 s) is penalised by its whole length, not by the part inside the clip."""
+    gold = [6.0, 8.0]
+    preds = ["[6, 12]",   # overlap 8-6 = 2, union 12-6 = 6: 1/3 (clipped to the clip it would be 1)
+             "[5, 7]",    # overlap 7-6 = 1, union 8-5 = 3: 1/3
+             "[0, 8]",    # overlap 2, union 8: 1/4
+             "[9, 10]",   # no overlap: 0
+             "[3, 3]",    # a point outside the gold span: 0
+             "[4, 2]",    # inverted: 0
+             "none"]      # no span: 0
+    values, _ = tr1([f"<answer>{p}</answer>" for p in preds], answer=gold, format_weight=0)
+    assert values == [pytest.approx(1 / 3), pytest.approx(1 / 3), pytest.approx(1 / 4), 0.0, 0.0, 0.0, 0.0]
     values, _ = tr1(["<answer>[3, 3]</answer>"], answer=[3.0, 3.0], format_weight=0)
     assert values == [1.0]  # the same single point
-    values, _ = tr1(["<answer>[6, 12]</answer>"], answer=[6.0, 8.0], meta={}, format_weight=0)
+
+
+def test_clipping_to_the_clip_shown_is_a_switch() -> None:
+    values, _ = tr1(["<answer>[6, 12]</answer>", "<answer>[9, 10]</answer>"], answer=[6.0, 8.0], format_weight=0,
+                    clip_to_shown=True)
+    # [6, 12] -> [6, 8]: IoU 1 (paper: 1/3); [9, 10] -> [8, 8] (past the end): 0
+    assert values == [1.0, 0.0]
+    values, _ = tr1(["<answer>[6, 12]</answer>"], answer=[6.0, 8.0], meta={}, format_weight=0, clip_to_shown=True)
     assert values == [pytest.approx(2 / 6)]  # clip length unknown: not clipped
     # the media's sampling window is the clip shown: [1, 5] s of the file
     media = [MediaItem(type="video", path="v.mp4", sampling={"start": 1.0, "end": 5.0})]
-    values, _ = tr1(["<answer>[0, 4]</answer>"], answer=[1.0, 4.0], media=media, format_weight=0)
+    values, _ = tr1(["<answer>[0, 4]</answer>"], answer=[1.0, 4.0], media=media, format_weight=0, clip_to_shown=True)
     assert values == [1.0]
+    values, _ = tr1(["<answer>[0, 4]</answer>"], answer=[1.0, 4.0], media=media, format_weight=0)
+    assert values == [pytest.approx(3 / 4)]  # the paper's formula: no clipping
     assert shown_window(META) == (0.0, 8.0) and shown_window({"duration": 3}) == (0.0, 3.0)
     assert shown_window({}) is None and clip_window((-1.0, 2.0), (0.0, 1.5)) == (0.0, 1.5)
 

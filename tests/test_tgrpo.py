@@ -37,6 +37,27 @@ def test_bonus_rule_on_hand_made_groups() -> None:
     assert temporal_bonus([1, 0], [1, 1], alpha=1.0, mu=0.6) == [0.0, 0.0]
 
 
+def test_signature_the_bonus_ranks_correct_rollouts_up_only_where_the_order_matters() -> None:
+    """T-GRPO's signature on a constructed case, with Video-R1's rewards (accuracy + format, summed): one
+    group's rollouts are (correct, out of format), (correct, in format) and two (wrong, in format). Under
+    plain GRPO the correct-but-unformatted rollout earns what the wrong ones earn (1 each). When the
+    shuffled-frame group fails (the answer needs the order) the bonus lifts every correct rollout, so it now
+    outranks the wrong ones; when the shuffled group does as well (a static shortcut: p = 0.5 < 0.8 p~ = 0.8)
+    nothing changes and the advantages are plain GRPO's."""
+    acc, fmt = [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]
+
+    def advantages(bonus: list[float]) -> list[float]:
+        r = torch.tensor([a + f + b for a, f, b in zip(acc, fmt, bonus)])
+        return ((r - r.mean()) / (r.std() + 1e-6)).tolist()
+
+    plain = advantages([0.0] * 4)
+    assert plain[0] == pytest.approx(plain[2]) == pytest.approx(plain[3])  # correct = wrong when out of format
+    order_matters = advantages(temporal_bonus(acc, [0.0, 0.0, 0.0, 0.0]))
+    assert order_matters[0] > order_matters[2] == pytest.approx(order_matters[3])
+    shortcut = advantages(temporal_bonus(acc, [1.0, 1.0, 1.0, 1.0]))
+    assert shortcut == pytest.approx(plain)
+
+
 def test_shuffle_frames_moves_only_the_frames() -> None:
     from video.sampling import SampledVideo
     from video.shuffle import shuffle_frames

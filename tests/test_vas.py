@@ -1,9 +1,9 @@
 """Variance-aware sampling (data_pipelines/vas.py, data_pipelines/diversity.py).
 
 * every score by hand on small groups: pass rate, OVS, the three diversity measures (all-correct,
-  all-wrong and identical completions), VPS, the weights (min-max, floor, the released code's variant);
+  all-wrong and identical completions), VPS, the weights (proportional to VPS by default, min-max with floor, the released code's variant);
 * the mix: exactly floor(lambda B) VPS-weighted draws per batch over many batches, weighted draws
-  following the weights;
+  proportional to the VPS (empirically, over many seeded draws);
 * state round-trip as plain data, and a real tiny run stopped in the middle of a refresh period and
   resumed: the same prompts drawn at every step as the uninterrupted run.
 """
@@ -133,26 +133,40 @@ def test_released_code_scores_padded_similarity() -> None:
     assert released.score_group([1, 1], [[5, 6, 7]] * 2, pad_id=0, pad_to=4)[1] == pytest.approx(1.0)
 
 
-def test_weights_min_max_floor_and_released() -> None:
-    s = make_sampler("vas", list(range(4)), seed=0, floor=0.1)
-    for i, (p, tds) in enumerate([(0.0, 0.0), (0.5, 0.0), (0.5, 1.0), (1.0, 0.5)]):
+def test_weights_proportional_to_vps_by_default_min_max_floor_and_released() -> None:
+    scores = [(0.0, 0.0), (0.5, 0.0), (0.5, 1.0), (1.0, 0.5)]
+    # VPS = 0.8 P(1 - P) + 0.2 TDS = 0, 0.2, 0.4, 0.1 (sum 0.7)
+    d = make_sampler("vas", list(range(4)), seed=0)
+    for i, (p, tds) in enumerate(scores):
+        d.set_scores(i, p, tds, step=0)
+    assert d.weighting == "proportional"
+    assert d.probabilities().tolist() == pytest.approx([0.0, 0.2 / 0.7, 0.4 / 0.7, 0.1 / 0.7])
+    s = make_sampler("vas", list(range(4)), seed=0, floor=0.1, weighting="minmax")
+    for i, (p, tds) in enumerate(scores):
         s.set_scores(i, p, tds, step=0)
-    # VPS 0, 0.2, 0.4, 0.1 -> min-max 0, 0.5, 1, 0.25 -> 0.1 + 0.9 w = 0.1, 0.55, 1, 0.325
+    # min-max 0, 0.5, 1, 0.25 -> 0.1 + 0.9 w = 0.1, 0.55, 1, 0.325
     w = [0.1, 0.55, 1.0, 0.325]
     assert s.probabilities().tolist() == pytest.approx([x / sum(w) for x in w])
     r = make_sampler("vas", list(range(4)), seed=0, released_code=True)
-    for i, (p, tds) in enumerate([(0.0, 0.0), (0.5, 0.0), (0.5, 1.0), (1.0, 0.5)]):
+    for i, (p, tds) in enumerate(scores):
         r.set_scores(i, p, tds, step=0)
+    assert r.weighting == "minmax"
     assert r.probabilities().tolist() == pytest.approx([0, 0.5 / 1.75, 1 / 1.75, 0.25 / 1.75])
-    e = make_sampler("vas", list(range(3)), seed=0)  # all equal, and never scored: uniform
+    e = make_sampler("vas", list(range(3)), seed=0)  # never scored: uniform
     assert e.probabilities().tolist() == pytest.approx([1 / 3] * 3)
-    e.set_scores(0, 0.5, 0.0, step=0)  # the unscored count as the mean of the scored: still all equal
+    e.set_scores(0, 0.5, 0.0, step=0)  # the unscored count as the mean of the scored: all equal
     assert e.probabilities().tolist() == pytest.approx([1 / 3] * 3)
+    z = make_sampler("vas", list(range(3)), seed=0)  # every VPS 0 (all pass, alike): uniform, not undefined
+    for i in range(3):
+        z.set_scores(i, 1.0, 0.0, step=0)
+    assert z.probabilities().tolist() == pytest.approx([1 / 3] * 3)
 
 
 def test_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="did you mean 'alpha'"):
         make_sampler("vas", [0], alpah=0.5)
+    with pytest.raises(ConfigError, match="weighting='softmax'.*proportional, minmax"):
+        make_sampler("vas", [0], weighting="softmax")
     with pytest.raises(ConfigError, match="mix=1.5"):
         make_sampler("vas", [0], mix=1.5)
     with pytest.raises(ConfigError, match="diversity='bleu'.*self_bleu, distinct, edit"):
@@ -169,7 +183,7 @@ def test_settings_are_checked() -> None:
 
 @pytest.mark.parametrize(("mix", "batch"), [(0.5, 8), (0.3, 10), (0.5, 7), (0.8, 5)])
 def test_mix_of_weighted_and_uniform_draws(mix: float, batch: int) -> None:
-    """Only prompt 0 has weight (floor 0): every weighted draw is 0, the uniform part (passes over the 10
+    """Only prompt 0 has weight (the others have VPS 0): every weighted draw is 0, the uniform part (passes over the 10
     prompts) hits it once per pass. Over K batches: exactly K floor(mix B) + (uniform draws) / 10."""
     s = make_sampler("vas", list(range(10)), seed=3, mix=mix, floor=0.0)
     s.set_scores(0, 0.5, 0.0, step=0)
@@ -184,12 +198,26 @@ def test_mix_of_weighted_and_uniform_draws(mix: float, batch: int) -> None:
     assert sorted(set(uniform)) == list(range(10))
 
 
-def test_weighted_draws_follow_the_weights() -> None:
-    s = make_sampler("vas", list(range(4)), seed=1, mix=1.0, floor=0.2)
+def test_weighted_draws_are_proportional_to_vps() -> None:
+    """The paper's Algorithm 1: with mix 1 every draw is VPS-weighted; over many draws (fixed seed) each
+    prompt's share is its VPS / sum VPS. n = 20000 draws: a share's standard error is at most
+    sqrt(0.25 / n) = 0.0035, so 0.015 (over 4 standard errors) fails a wrong rule, not a fair draw."""
+    s = make_sampler("vas", list(range(4)), seed=1, mix=1.0)
     for i, p in enumerate([0.0, 0.5, 0.25, 0.1]):
         s.set_scores(i, p, 0.0, step=0)
-    counts = torch.bincount(torch.tensor([i for _ in range(2000) for i in s.draw(10)]), minlength=4)
-    assert (counts / counts.sum()).tolist() == pytest.approx(s.probabilities().tolist(), abs=0.01)
+    vps = [0.8 * p * (1 - p) for p in [0.0, 0.5, 0.25, 0.1]]  # 0, 0.2, 0.15, 0.072
+    expected = [v / sum(vps) for v in vps]
+    n = 20000
+    counts = torch.bincount(torch.tensor([i for _ in range(n // 10) for i in s.draw(10)]), minlength=4)
+    shares = (counts / counts.sum()).tolist()
+    assert shares == pytest.approx(expected, abs=0.015)
+    assert counts[0] == 0  # VPS 0: never a weighted draw
+    m = make_sampler("vas", list(range(4)), seed=1, mix=1.0, floor=0.2, weighting="minmax")
+    for i, p in enumerate([0.0, 0.5, 0.25, 0.1]):
+        m.set_scores(i, p, 0.0, step=0)
+    counts = torch.bincount(torch.tensor([i for _ in range(n // 10) for i in m.draw(10)]), minlength=4)
+    assert (counts / counts.sum()).tolist() == pytest.approx(m.probabilities().tolist(), abs=0.015)
+    assert (counts / counts.sum()).tolist() != pytest.approx(expected, abs=0.015)  # the switch changes the draw
 
 
 def test_state_round_trip_is_plain_and_exact() -> None:

@@ -90,6 +90,10 @@ def acre_reward(completions: list[Any], **columns: Any) -> list[float | None]:
     mode = _setting(columns, "mode", "replace", n)
     if mode not in MODES:
         raise ConfigError(f"acre reward: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if _setting(columns, "train_second_pass", False, n):
+        raise ConfigError("acre reward: train_second_pass=true (training the re-answer tokens too) is not "
+                          "available yet: the engine has no extension point that adds the second pass's tokens to "
+                          "the step's batch; leave it false (the second pass is scored, not trained)")
     exclude_identity = bool(_setting(columns, "exclude_identity", False, n))
     seed = int(_setting(columns, "shuffle_seed", 0, n))
     think_tag, answer_tag = _setting(columns, "think_tag", "think", n), _setting(columns, "answer_tag", "answer", n)

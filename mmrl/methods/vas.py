@@ -11,10 +11,15 @@ x, from N rollouts of the current policy:
 * the variance promotion score VPS(x) = ``alpha`` OVS + ``beta`` TDS.
 
 Each batch of B prompts draws floor(``mix`` B) prompts with replacement with probability proportional to
-the VPS, min-max normalised over the pool and lifted by ``floor`` (w = floor + (1 - floor) (VPS - min) /
-(max - min), so the lowest prompt is drawn ``floor`` times as often as the highest, never zero times; all
-equal: uniform), and the rest uniformly (shuffled passes over the pool, a new order each pass). A batch of
-one (the trainer's replacement for an unreadable sample) is therefore uniform.
+the VPS (``weighting: proportional``, the default: the paper's Algorithm 1, p(x) = VPS(x) / sum VPS; a
+prompt whose rollouts all agree and whose completions are alike has VPS 0 and is left to the uniform part;
+all VPS 0: uniform), and the rest uniformly (shuffled passes over the pool, a new order each pass). A batch
+of one (the trainer's replacement for an unreadable sample) is therefore uniform.
+
+``weighting: minmax`` is the released code's normalisation instead: the VPS min-max normalised over the pool,
+lifted by ``floor`` (w = floor + (1 - floor) (VPS - min) / (max - min); the lowest prompt is drawn ``floor``
+times as often as the highest; all equal: uniform). The released code has no floor (``released_code: true``
+sets ``floor`` 0 and ``weighting: minmax``); ``floor`` is ours and applies to ``minmax`` only.
 
 Every ``update_every`` steps, before the step's prompts are prepared, the sampler re-scores its pool with
 ``score_rollouts`` rollouts per prompt of the current policy (``ctx.rescore``, :class:`mmrl.plugins.StepContext`:
@@ -38,12 +43,13 @@ unequal rewards.
 ``shared/research/algorithms.md`` 1.6): the TDS term is the self-BLEU *similarity* itself, weighted
 positively (``diversity: self_bleu``), or distinct-3, or the unnormalised mean pairwise edit distance; the
 n-gram and edit statistics run on completions right-padded with the pad id to ``rollout.max_new_tokens``;
-min-max normalisation without the floor (the lowest prompt is never drawn by the weighted part); the uniform
-part walks one fixed permutation cyclically.
+min-max normalisation without the floor (``weighting: minmax``, ``floor`` 0: the lowest prompt is never
+drawn by the weighted part); the uniform part walks one fixed permutation cyclically.
 
-Defaults: ``alpha`` 0.8, ``beta`` 0.2, ``mix`` (lambda) 0.5 as in the paper; ``update_every`` 35 (the
-paper's main text), ``score_rollouts`` 8 (the paper's ablation default and the released config);
-``floor`` 0.05 and ``stale_after`` (2 ``update_every``) are ours; ``reward`` ``accuracy`` with
+Defaults: ``alpha`` 0.8, ``beta`` 0.2, ``mix`` (lambda) 0.5, ``weighting`` proportional as in the paper;
+``update_every`` 35 (the paper's main text), ``score_rollouts`` 8 (the paper's ablation default and the
+released config; the main text uses 32, as configs/vas.yaml does); ``floor`` 0.05 (minmax only) and
+``stale_after`` (2 ``update_every``) are ours; ``reward`` ``accuracy`` with
 ``pass_threshold`` 1.0 (a rollout passes when it earns full accuracy).
 """
 
@@ -61,12 +67,29 @@ from data_pipelines.samplers import Sampler, register_sampler
 from mmrl_common.errors import ConfigError, MmrlError
 
 KEY = "data.sampler_kwargs"
+WEIGHTINGS = ("proportional", "minmax")
 
 
 def _released_diversity(name: str):
     """MMR1's released metrics (on padded token lists): self-BLEU similarity, distinct-3, raw edit distance."""
     return {"self_bleu": self_bleu, "distinct": distinct_n,
             "edit": lambda group: mean_pairwise(group, levenshtein)}[name]
+
+
+def vps_weights(vps: np.ndarray, weighting: str = "proportional", floor: float = 0.0) -> np.ndarray:
+    """Unnormalised draw weights of a pool's VPS values: the VPS itself (``proportional``, the paper's
+    Algorithm 1) or ``floor + (1 - floor) (VPS - min) / (max - min)`` (``minmax``, the released code's; all
+    equal: ones). A pool whose weights are all 0 is drawn uniformly (ones)."""
+    v = np.asarray(vps, dtype=np.float64)
+    if weighting == "proportional":
+        w = np.clip(v, 0.0, None)
+    elif weighting == "minmax":
+        lo, hi = v.min(), v.max()
+        w = (v - lo) / (hi - lo) if hi - lo > 1e-12 else np.ones(len(v))
+        w = floor + (1 - floor) * w
+    else:
+        raise ConfigError(f"{KEY}.weighting={weighting!r}: must be one of {', '.join(WEIGHTINGS)}")
+    return w if w.sum() > 0 else np.ones(len(v))
 
 
 def completion_tokens(seq: Any) -> list[int]:
@@ -82,7 +105,7 @@ class VarianceAwareSampler(Sampler):
                  mix: float = 0.5, update_every: int = 35, score_rollouts: int = 8, diversity: str = "self_bleu",
                  floor: float = 0.05, online: bool = False, stale_after: int | None = None,
                  reward: str = "accuracy", pass_threshold: float = 1.0, chunk_prompts: int = 8,
-                 released_code: bool = False):
+                 weighting: str | None = None, released_code: bool = False):
         super().__init__(samples, seed=seed)
         for name, value in (("alpha", alpha), ("beta", beta)):
             if not isinstance(value, (int, float)) or value < 0:
@@ -94,6 +117,12 @@ class VarianceAwareSampler(Sampler):
             raise ConfigError(f"{KEY}.mix={mix!r}: the share of VPS-weighted draws must be in [0, 1]")
         if not isinstance(floor, (int, float)) or not 0 <= floor <= 1:
             raise ConfigError(f"{KEY}.floor={floor!r}: must be in [0, 1]")
+        if weighting is None:
+            weighting = "minmax" if released_code else "proportional"
+        if weighting not in WEIGHTINGS:
+            raise ConfigError(f"{KEY}.weighting={weighting!r}: must be one of {', '.join(WEIGHTINGS)} "
+                              "(proportional: the paper's p = VPS / sum VPS; minmax: the released code's normalisation)")
+        self.weighting = weighting
         for name, value in (("update_every", update_every), ("score_rollouts", score_rollouts),
                             ("chunk_prompts", chunk_prompts), ("stale_after", stale_after)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -171,8 +200,8 @@ class VarianceAwareSampler(Sampler):
         return n
 
     def probabilities(self) -> np.ndarray:
-        """Probability of each prompt for one VPS-weighted draw. Never-scored prompts count as the mean VPS of
-        the scored ones (all unscored: uniform)."""
+        """Probability of each prompt for one VPS-weighted draw (``weighting``, module docstring). Never-scored
+        prompts count as the mean VPS of the scored ones (all unscored: uniform)."""
         if self._probs is not None:
             return self._probs
         n = len(self.samples)
@@ -182,11 +211,7 @@ class VarianceAwareSampler(Sampler):
             w = np.ones(n)
         else:
             v[~scored] = v[scored].mean()
-            lo, hi = v.min(), v.max()
-            w = (v - lo) / (hi - lo) if hi - lo > 1e-12 else np.ones(n)
-            w = self.floor + (1 - self.floor) * w
-            if w.sum() <= 0:
-                w = np.ones(n)
+            w = vps_weights(v, self.weighting, self.floor)
         self._probs = w / w.sum()
         return self._probs
 

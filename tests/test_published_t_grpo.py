@@ -1,0 +1,64 @@
+"""configs/t-grpo.yaml is T-GRPO as published (Video-R1, arXiv 2503.21776): its values equal the table below,
+written from the paper, its README and its released training code (tulerfeng/Video-R1: src/scripts/
+run_grpo_video.sh, run_grpo_vllm_qwen25vl.sh, src/r1-v/src/open_r1/grpo.py and trainer/; shared/research/
+rewards.md section 3), not from the recipe."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmrl.config import load_run_config
+
+# (config path, value, source)
+PUBLISHED = [
+    ("plugins.t_grpo.alpha", 0.3, "paper section 3.2: the temporal reward alpha = 0.3"),
+    ("plugins.t_grpo.mu", 0.8, "vllm_grpo_trainer_modified.py: bonus when p >= 0.8 p~"),
+    ("plugins.t_grpo.correct_threshold", 0.1, "grpo trainer: ordered rollouts with accuracy > 0.1"),
+    ("plugins.t_grpo.exclude_identity", False, "grpo trainer: torch.randperm over the frames"),
+    ("rollout.group_size", 8, "scripts: --num_generations 8"),
+    ("rollout.temperature", 1.0, "run_grpo_vllm_qwen25vl.sh: --temperature 1.0"),
+    ("rollout.max_new_tokens", 768, "scripts: --max_completion_length 768"),
+    ("data.media.max_frames", 16, "README: at most 16 frames in training"),
+    ("data.media.video_max_pixels", 128 * 28 * 28, "README: 128 x 28 x 28 pixels per frame in training"),
+    ("grpo.kl_coef", 0.04, "scripts: --beta 0.04"),
+    ("grpo.kl_estimator", "k3", "grpo trainer: per-token KL exp(x) - x - 1"),
+    ("grpo.loss_agg", "seq-mean-token-mean", "grpo trainer: token mean per sequence, then mean over sequences"),
+    ("train.lr", 1e-6, "scripts: --learning_rate 1e-6"),
+    ("train.weight_decay", 0.01, "scripts: --weight_decay 0.01"),
+    ("train.max_grad_norm", 5.0, "scripts: --max_grad_norm 5"),
+    ("train.prompts_per_step", 4, "scripts: 4 processes x per-device batch 1 x accumulation 1"),
+    ("train.steps", 1200, "README: about 1.2k RL steps"),
+]
+
+# the rewards, summed unweighted (grpo.py: accuracy, format; the trainer's len_control length bonus)
+PUBLISHED_REWARDS = {
+    "accuracy": (1.0, {}),
+    "format": (1.0, {"mode": "think_answer"}),
+    "length_bonus": (1.0, {"min_tokens": 320, "max_tokens": 512, "bonus": 0.2, "correct_threshold": 0.1,
+                           "min_correct": 2}),
+}
+
+
+def _get(cfg: object, path: str) -> object:
+    for part in path.split("."):
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
+@pytest.mark.parametrize(("path", "value", "source"), PUBLISHED, ids=[row[0] for row in PUBLISHED])
+def test_recipe_value_is_the_published_one(path: str, value: object, source: str) -> None:
+    got = _get(load_run_config("t-grpo"), path)
+    assert got == pytest.approx(value) if isinstance(value, float) else got == value, (
+        f"configs/t-grpo.yaml {path} = {got!r}, published {value!r} ({source})")
+
+
+def test_shuffled_group_is_half_the_group() -> None:
+    cfg = load_run_config("t-grpo")
+    # grpo trainer: G/2 = 4 rollouts from the shuffled frames (null: the plug-in's group_size // 2)
+    assert cfg.plugins["t_grpo"]["shuffled_size"] in (None, cfg.rollout.group_size // 2)
+
+
+def test_rewards_are_video_r1s() -> None:
+    cfg = load_run_config("t-grpo")
+    got = {r.name: (r.weight, {k: r.kwargs[k] for k in PUBLISHED_REWARDS[r.name][1]}) for r in cfg.rewards}
+    assert got == PUBLISHED_REWARDS
