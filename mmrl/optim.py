@@ -49,6 +49,17 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return fn
 
 
+def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:
+    """Make ``lr`` the schedule's peak from now on: the schedule goes on at its position (its multiplier of
+    this step unchanged), each param group's learning rate is now ``lr`` times that multiplier. Kept in the
+    scheduler's state (``base_lrs``) and the optimizer's (its groups' ``lr``), so a resumed run has it."""
+    scheduler.base_lrs = [float(lr)] * len(scheduler.optimizer.param_groups)
+    for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+        group["initial_lr"] = float(lr)
+        group["lr"] = float(lr) * factor(scheduler.last_epoch)
+    scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]
+
+
 def adamw(params: list[torch.nn.Parameter], train: Any, device: torch.device) -> torch.optim.AdamW:
     """torch AdamW with the run's settings; the fused kernel where torch has one for ``device``."""
     kwargs: dict[str, Any] = {"lr": train.lr, "betas": tuple(train.adam_betas), "weight_decay": train.weight_decay}
@@ -93,6 +104,11 @@ class Updater:
 
     def zero_grad(self) -> None:
         raise NotImplementedError
+
+    def reset_state(self) -> None:
+        """Forget the optimizer's state (AdamW's moments and step counts; rebuilt at the next step, as in a
+        new run from the current weights). The parameters, fp32 masters included, are left as they are."""
+        self.optimizer.state.clear()
 
     # state for an exact resume
     def state_dict(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ class StepContext:
     * :meth:`rollout`: roll out and score prompts of the training pool (no plug-in sees those rollouts);
     * :meth:`rescore`: the same over a pool, a chunk at a time, each chunk's media freed after it;
     * :meth:`set_stage`: switch the curriculum stage (pool, rewards, GRPO settings, reference).
+    * :meth:`set_rollout_strategy`: how the training prompts are rolled out (default: ``run_episodes``).
     """
 
     def __init__(self, trainer: GRPOTrainer):
@@ -92,6 +93,12 @@ class StepContext:
         for start in range(0, len(indices), max(1, int(chunk))):
             yield self.rollout(indices[start:start + chunk], n=n)
             self._trainer.policy.media.clear()
+
+    def set_rollout_strategy(self, strategy: Callable[..., Any]) -> None:
+        """Roll out the training prompts with ``strategy`` instead of :func:`mmrl.rollout.run_episodes` (same
+        signature and contract: :class:`mmrl.rollout.RolloutStrategy`), e.g. rollouts that branch from
+        prefixes of earlier ones. Every training rollout goes through it; evaluation does not."""
+        self._trainer.rollout_strategy = strategy
 
     def set_stage(self, name: str, **changes: Any) -> None:
         """Switch the curriculum stage at a step boundary (:meth:`mmrl.trainer.GRPOTrainer.set_stage`)."""

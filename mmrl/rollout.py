@@ -204,6 +204,19 @@ def run_episodes(
     return episodes
 
 
+class RolloutStrategy(Protocol):
+    """How the trainer turns prompts into episodes: :func:`run_episodes` by default; a plug-in may install
+    another (:meth:`mmrl.plugins.StepContext.set_rollout_strategy`), e.g. one that calls the backend again
+    on ``prompt.extend(prefix, trained=True)`` to continue an earlier rollout from a prefix. Contract: the
+    same arguments as :func:`run_episodes`, and ``n`` episodes per prompt back, grouped by prompt in prompt
+    order (the group a GRPO advantage is normalised over)."""
+
+    def __call__(self, policy: Policy, backend: RolloutBackend, prompts: Sequence[TokenSeq],
+                 samples: Sequence[Any], *, n: int, params: SamplingParams,
+                 environment: Callable[[Any], Environment | None] | None = None, max_turns: int = 1
+                 ) -> list[Episode]: ...
+
+
 class _Done(Environment):
     """Marks an episode whose environment ended it; keeps the real environment for its info."""
 

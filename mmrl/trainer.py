@@ -15,6 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -51,11 +52,18 @@ from mmrl.grpo.shaping import ShapingInput
 from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
 from mmrl.memory import peak_gb, reset_peak
-from mmrl.optim import lr_lambda, make_updater
+from mmrl.optim import lr_lambda, make_updater, set_peak_lr
 from mmrl.plugins import StepContext, build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
-from mmrl.rollout import SamplingParams, backend_from_config, get_environment, rollout_session, run_episodes
+from mmrl.rollout import (
+    RolloutStrategy,
+    SamplingParams,
+    backend_from_config,
+    get_environment,
+    rollout_session,
+    run_episodes,
+)
 from mmrl.run_log import RunLog
 from mmrl.service import RolloutService
 from mmrl_common.errors import ConfigError, MediaError, MmrlError
@@ -98,6 +106,7 @@ class GRPOTrainer:
         self.backend = backend_from_config(cfg, policy)
         self.service = RolloutService.from_config(policy, cfg, backend=self.backend, preparer=self.preparer)
         r = cfg.rollout
+        self.rollout_strategy: RolloutStrategy = run_episodes  # a plug-in may swap it (ctx.set_rollout_strategy)
         self.params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                      top_k=r.top_k, stop=list(r.stop), logprobs=r.record_logprobs,
                                      entropies=r.record_entropies)
@@ -166,16 +175,21 @@ class GRPOTrainer:
 
     def set_stage(self, name: str, *, pool: Sequence[str] | Callable[[Any], bool] | None = None,
                   rewards: Sequence[Any] | None = None, grpo: dict[str, Any] | None = None,
-                  reset_reference: bool = False) -> None:
+                  reset_reference: bool = False, reset_optimizer: bool = False, lr: float | None = None) -> None:
         """Switch the curriculum stage at a step boundary (call it from a plug-in's ``on_step_end``).
 
         ``pool``: the training samples from now on, as sample ids or a predicate on samples (None: all);
         ``rewards``: the reward entries (``{name, weight, kwargs, label}``) from now on (None: the run's);
         ``grpo``: GRPO settings that differ from the run's (e.g. ``{"kl_coef": 0.01}``);
-        ``reset_reference``: make the KL reference a copy of the current policy (created if there is none).
+        ``reset_reference``: make the KL reference a copy of the current policy (created if there is none);
+        ``reset_optimizer``: drop the optimizer's state (AdamW's moments and step counts), as a new run
+        started from the current weights would have it; ``lr``: the peak learning rate from now on (the
+        run's schedule goes on at its position, scaled to this peak: :func:`mmrl.optim.set_peak_lr`).
         The sampler starts afresh over the new pool. Everything is saved with the checkpoints and restored
-        on ``--resume``.
+        on ``--resume`` (the optimizer and the schedule as they are, with no second reset).
         """
+        if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"stage {name!r}: lr must be a positive number, got {lr!r}")
         if callable(pool):
             ids: list[str] | None = [s.id for s in self.train_samples if pool(s)]
         else:
@@ -187,6 +201,10 @@ class GRPOTrainer:
         self._apply_stage(stage)
         if reset_reference:
             self.reset_reference()
+        if reset_optimizer:
+            self.updater.reset_state()
+        if lr is not None:
+            set_peak_lr(self.scheduler, float(lr))
         tqdm.write(f"stage {stage['name']!r} from step {self.step}: {len(self.pool)} training samples")
 
     def _apply_stage(self, stage: dict[str, Any]) -> None:
@@ -381,7 +399,7 @@ class GRPOTrainer:
 
     def _episodes(self, prompts: list[PreparedPrompt], n: int, *, seed: int | None = None):
         params = self.params if seed is None else dataclasses.replace(self.params, seed=seed)
-        return run_episodes(
+        return self.rollout_strategy(
             self.policy, self.backend, [p.seq for p in prompts], [p.sample for p in prompts],
             n=n, params=params, environment=self._environment(prompts),
             max_turns=self.cfg.rollout.max_turns)

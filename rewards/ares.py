@@ -34,23 +34,33 @@ rollouts (plug-in hook ``after_rewards``):
      through different answers: the code's easy rule penalises the *correct* answers that over-explore (most
      of an easy group), the paper's only the incorrect ones (few there); the paper's hard rule penalises the
      *incorrect* answers that explore less than the target (most of a hard group), while the code's gives
-     every hard answer a bonus that differs by at most ``0.3 * cap``. ``configs/ares.yaml`` takes each
-     bucket's stronger lever: ``{easy: code, medium: code, hard: paper}`` (measured in
-     ``configs/compare/ares.yaml``).
+     every hard answer a bonus that differs by at most ``0.3 * cap``. The recipe
+     (``configs/ares.yaml``) uses ``code`` everywhere: the paper's own formula is not public (its full text
+     was unavailable; the ``paper`` form is reconstructed from secondary summaries, and taken literally its
+     lambda_d is 0), so the released code is the one published source of the shaping the authors ran. The
+     toy comparison (``configs/compare/ares.yaml``) takes each bucket's stronger lever on the toy:
+     ``{easy: code, medium: code, hard: paper}``.
 
    Unlike the released code, the shaping is computed on every round's rewards before dynamic sampling and
    the advantages see it (the code's online filter skips it, a bug we do not copy).
 4. **Dynamic KL** (``after_advantages``): ``seq_kl_weights`` times the bucket's beta_d (``dynamic_kl``), and
    ``token_kl_weights`` times ``hwe_kl_rho`` (< 1 relaxes the KL; 1 = off) on the tokens inside validated HWE
    windows -- both reach the KL term of the loss, which needs ``grpo.kl_coef > 0``. After the update the
-   controller (the released code's) moves beta_d: per bucket an EMA (``kl_ema`` 0.97) of the mean per-sequence
-   KL (the engine's estimator between the rollout policy and the reference), error e = KL_ema / target_d - 1,
-   0 inside the dead zone ``kl_deadzone`` (0.02), e_ema = EMA (``kl_err_ema`` 0.9, our choice; the code's is
-   not documented) of e, ``log beta_d += kl_step (0.05) * clip(e_ema, +-kl_err_clip 0.2)`` every
-   ``kl_update_every`` steps (the code counts 100 micro-batch calls; a toy step is one optimizer step),
-   beta in [1e-4, 1e2], starting at 1; targets ``kl_target`` 0.01 for every bucket. The target is on the
-   scale of the model's KL to its reference: 0.01 is the code's, for lr 1e-6 on 7B models. ``configs/ares.yaml``
-   turns the controller off on the toy, whose KL is 20-60x that (``configs/compare/ares-ablations.yaml``).
+   controller (:class:`BucketKLController`, the released code's ``dp_actor.py`` cadence) moves beta_d: the
+   plug-in feeds it one call per micro-batch of the update (``train.micro_batch_size`` rows of each
+   optimizer mini-batch, every PPO epoch), with each bucket's mean per-sequence KL (the engine's estimator
+   between the rollout log-probs and the reference; the code measures the current policy inside its update,
+   the same at the first micro-batch); per bucket an EMA (``kl_ema`` 0.97) of that KL, error
+   e = KL_ema / target_d - 1, no update inside the dead zone ``kl_deadzone`` (0.02), and only every
+   ``kl_update_every`` (100) calls: e_ema = EMA (``kl_err_ema`` 0.97, the code's same decay; from 0) of e,
+   ``log beta_d += kl_step (0.05) * clip(e_ema, +-kl_err_clip 0.2)``, beta in [1e-4, 1e2], starting at 1;
+   targets ``kl_target`` 0.01 for every bucket -- on the scale of the model's KL to its reference (the
+   code's, for lr 1e-6 on 7B models).
+5. **When to explore** (``branching``, the paper's HWE trigger; :mod:`mmrl.methods.ares`): each group is
+   ``branch_roots`` full rollouts, then branches re-sampled from the high-window-entropy points of those
+   rollouts (:func:`rewards.entropy.branch_points`) up to the group size.
+6. **Adaptive cold start** (``sft.target: adaptive_reasoning``): trace length by difficulty
+   (:func:`adacs_target_length`).
 
 Logged per bucket (``ares/<piece>/<bucket>``): ``length``, ``entropy`` (mean token entropy: the
 entropy-collapse monitor), ``hwe``, ``target``, ``shaping``, ``alpha``, ``share`` (of the prompts),
@@ -122,6 +132,13 @@ def code_shaping(bucket: str, correct: bool, n_hwe: float, target: float, alpha:
     return sigmoid(max(delta - m, 0.0), temp) * cap * c["incorrect"]
 
 
+def adacs_target_length(pass_rate: float, len_hard: float, len_easy: float) -> float:
+    """AdaCS's target trace length of a question with pass rate ``p``: ``(1 - p) * L(0) + p * L(1)``, ``L(0)``
+    the length for never-solved questions (long), ``L(1)`` for always-solved ones (short)."""
+    p = min(1.0, max(0.0, float(pass_rate)))
+    return (1.0 - p) * float(len_hard) + p * float(len_easy)
+
+
 def paper_target(counts: Sequence[float], bucket: str, coef: dict[str, float] = PAPER_TARGET) -> float:
     """``min + c_d * (max - min)`` of a bucket's HWE counts."""
     lo, hi = min(counts), max(counts)
@@ -147,35 +164,34 @@ def paper_shaping(bucket: str, correct: bool, n_hwe: float, target: float, lam: 
 
 # ---------------------------------------------------------------------------------------- dynamic KL
 class BucketKLController:
-    """The per-bucket KL weight beta_d, moved toward a per-bucket KL target (module docstring, item 4)."""
+    """The per-bucket KL weight beta_d, moved toward a per-bucket KL target (module docstring, item 4), with
+    the released code's cadence (``dp_actor.py``): every call (one micro-batch) folds each present bucket's
+    mean per-sequence KL into its EMA (``ema``, 0.97; the first value starts it); a bucket whose error
+    ``e = KL_ema / target - 1`` is inside the dead zone (``|e| < deadzone``) makes no update at all, and
+    otherwise only every ``every``-th call (100) moves it: ``e_ema <- err_ema * e_ema + (1 - err_ema) * e``
+    (``err_ema`` 0.97, e_ema starting at 0), ``log beta += step * clip(e_ema, +-err_clip)``."""
 
-    def __init__(self, target: dict[str, float], *, ema: float = 0.97, err_ema: float = 0.9,
-                 deadzone: float = 0.02, step: float = 0.05, err_clip: float = 0.2, every: int = 1,
+    def __init__(self, target: dict[str, float], *, ema: float = 0.97, err_ema: float = 0.97,
+                 deadzone: float = 0.02, step: float = 0.05, err_clip: float = 0.2, every: int = 100,
                  beta_init: float = 1.0, beta_min: float = 1e-4, beta_max: float = 1e2):
         self.target, self.ema, self.err_ema_decay = dict(target), ema, err_ema
         self.deadzone, self.step, self.err_clip, self.every = deadzone, step, err_clip, every
         self.beta_min, self.beta_max = beta_min, beta_max
         self.beta = {b: float(beta_init) for b in BUCKETS}
         self.kl_ema: dict[str, float | None] = {b: None for b in BUCKETS}
-        self.err_ema: dict[str, float | None] = {b: None for b in BUCKETS}
+        self.err_ema: dict[str, float] = {b: 0.0 for b in BUCKETS}
         self.calls = 0
 
     def update(self, bucket_kl: dict[str, float]) -> None:
-        """Fold one step's mean per-sequence KL of each bucket present in; every ``every`` calls move beta."""
+        """One micro-batch: the mean per-sequence KL of each bucket present in it (class docstring)."""
+        self.calls += 1
         for b, v in bucket_kl.items():
             prev = self.kl_ema[b]
-            self.kl_ema[b] = v if prev is None else self.ema * prev + (1.0 - self.ema) * v
-        self.calls += 1
-        if self.calls % self.every:
-            return
-        for b in BUCKETS:
-            if self.kl_ema[b] is None:
+            kl = self.kl_ema[b] = v if prev is None else self.ema * prev + (1.0 - self.ema) * v
+            e = kl / max(1e-8, self.target[b]) - 1.0
+            if abs(e) < self.deadzone or self.calls % self.every:
                 continue
-            e = self.kl_ema[b] / self.target[b] - 1.0
-            if abs(e) < self.deadzone:
-                e = 0.0
-            prev = self.err_ema[b]
-            self.err_ema[b] = e if prev is None else self.err_ema_decay * prev + (1.0 - self.err_ema_decay) * e
+            self.err_ema[b] = self.err_ema_decay * self.err_ema[b] + (1.0 - self.err_ema_decay) * e
             move = self.step * max(-self.err_clip, min(self.err_clip, self.err_ema[b]))
             self.beta[b] = min(self.beta_max, max(self.beta_min, self.beta[b] * math.exp(move)))
 

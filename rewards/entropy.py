@@ -21,6 +21,8 @@ The measures ARES (arXiv 2510.08457) builds on, usable by any method:
   exceeds tau; the paper) and ``triggers`` (a reasoning-trigger word followed by ``w`` tokens whose mean
   entropy is at least tau; the code, where the word list is a setting), and the token positions those windows
   cover (ARES relaxes the KL there).
+* :func:`branch_points` -- where a response branches (ARES's entropy-triggered exploration): the start of
+  each run of windows above tau.
 """
 
 from __future__ import annotations
@@ -172,3 +174,26 @@ def hwe_windows(h: Tensor, tau: float, w: int, mode: str = "windows", *, words: 
     else:
         raise ValueError(f"HWE count mode must be one of {', '.join(COUNT_MODES)}, got {mode!r}")
     return count, sorted(covered)
+
+
+def branch_points(h: Tensor, tau: float, w: int) -> list[tuple[int, float]]:
+    """Where a response branches (ARES's "when to explore"): one point per run of consecutive window starts
+    whose window entropy exceeds ``tau`` -- the start ``t`` of the run's highest window (the earliest on a
+    tie), where its uncertainty is most sustained; a branch keeps tokens ``0 .. t-1`` and re-samples from
+    token ``t`` on -- as ``[(t, peak window entropy), ...]`` in position order. A run of overlapping high
+    windows is one region, so a region branches at most once. A response shorter than ``w`` has none."""
+    h = h.float().flatten()
+    if h.numel() < w:
+        return []
+    out: list[tuple[int, float]] = []
+    best: tuple[int, float] | None = None
+    for t, m in enumerate(window_means(h, w).tolist()):
+        if m > tau:
+            if best is None or m > best[1]:
+                best = (t, m)
+        elif best is not None:
+            out.append(best)
+            best = None
+    if best is not None:
+        out.append(best)
+    return out

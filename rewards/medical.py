@@ -23,7 +23,10 @@ Registered rewards (settings with their defaults; research/medical.md §1, §2, 
   ``rouge="rouge1"`` (or ``rouge2``, ``rougeL``); MedCCO names neither variant, ARMed reports BLEU-1/ROUGE-1.
 * ``semantic`` -- similarity from a local embedding model (:mod:`rewards.semantic`): ``scorer="minilm"`` (or
   a model folder), ``metric="cosine"`` (or ``bertscore``), ``device="cpu"``, ``batch_size=64``; clipped to
-  [0, 1]; an empty answer scores 0.
+  [0, 1]; an empty answer scores 0. BERTScore's settings: ``layer`` (the encoder layer whose token embeddings
+  are matched; default the last), ``part="f1"`` (or ``precision``, ``recall``), ``idf_corpus`` (a text file,
+  one reference a line: idf weights from it; default none, uniform weights), ``baseline`` (rescale
+  ``(x − b)/(1 − b)``; :func:`rewards.semantic.estimate_baseline` computes one; default none).
 * ``medcco_open`` -- MedCCO's open-ended reward λ/2·(BLEU + ROUGE) + (1 − λ)·semantic with ``lam=0.5`` (the
   paper gives no λ) and the settings of ``lexical`` and ``semantic``. To remap only the semantic part, use
   ``lexical`` and ``semantic`` as two entries with weights λ and 1 − λ instead.
@@ -199,14 +202,16 @@ def _semantic_scores(completions: list[Any], columns: Mapping[str, Any], wanted:
 
     texts = normalize_completions(completions)
     rows, s = _rows(len(texts), columns)
-    scorer = get_semantic_scorer(s.get("scorer", "minilm"), metric=s.get("metric", "cosine"),
-                                 device=s.get("device", "cpu"), batch_size=int(s.get("batch_size", 64)))
+    metric = s.get("metric", "cosine")
+    scorer = get_semantic_scorer(s.get("scorer", "minilm"), metric=metric, device=s.get("device", "cpu"),
+                                 batch_size=int(s.get("batch_size", 64)), layer=s.get("layer"))
+    options = _bertscore_options(scorer, s) if metric == "bertscore" else {}
     answers, refs, pairs = [], [], []
     for i, (text, row) in enumerate(zip(texts, rows)):
         answers.append(_extract(text, s))
         refs.append(_references(row) if _applies(row, wanted) else [])
         pairs.extend((answers[-1], r) for r in refs[-1])
-    sims = scorer.similarity([p for p, _ in pairs], [r for _, r in pairs]) if pairs else []
+    sims = scorer.similarity([p for p, _ in pairs], [r for _, r in pairs], **options) if pairs else []
     out: list[float | None] = []
     k = 0
     for rs in refs:
@@ -216,6 +221,28 @@ def _semantic_scores(completions: list[Any], columns: Mapping[str, Any], wanted:
         out.append(min(1.0, max(0.0, max(sims[k:k + len(rs)]))))
         k += len(rs)
     return out, answers, refs
+
+
+_IDF: dict[tuple[int, str], dict[int, float]] = {}
+
+
+def _bertscore_options(scorer: Any, s: Mapping[str, Any]) -> dict[str, Any]:
+    """The BERTScore settings of a reward entry: ``part``, ``baseline``, idf weights from ``idf_corpus``."""
+    out: dict[str, Any] = {"part": s.get("part", "f1")}
+    if s.get("baseline") is not None:
+        out["baseline"] = float(s["baseline"])
+    corpus = s.get("idf_corpus")
+    if corpus:
+        key = (id(scorer), str(corpus))
+        if key not in _IDF:
+            from pathlib import Path
+
+            path = Path(str(corpus)).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"semantic: idf_corpus {str(corpus)!r} is not a file (one reference text a line)")
+            _IDF[key] = scorer.idf_weights(path.read_text(encoding="utf-8").splitlines())
+        out["idf"] = _IDF[key]
+    return out
 
 
 @register_reward("semantic", locate_errors=False)

@@ -97,31 +97,62 @@ def test_paper_shaping_each_bucket_by_hand():
 
 # ------------------------------------------------------------------------------------------ KL controller
 def test_kl_controller_update_by_hand():
+    """The released code's cadence: KL EMA every call, beta only every `every`-th call, nothing in the dead zone."""
     c = BucketKLController({"easy": 0.01, "medium": 0.01, "hard": 0.01}, ema=0.5, err_ema=0.5, deadzone=0.02,
-                           step=0.05, err_clip=0.2)
-    c.update({"easy": 0.02})  # KL_ema 0.02, e = 1, e_ema = 1 -> clipped 0.2: log beta += 0.01
-    assert c.kl_ema["easy"] == pytest.approx(0.02) and c.beta["easy"] == pytest.approx(math.exp(0.01))
-    c.update({"easy": 0.0})  # KL_ema 0.01, e = 0; e_ema = 0.5 -> clipped 0.2: += 0.01
-    assert c.beta["easy"] == pytest.approx(math.exp(0.02))
-    c.update({"easy": 0.0})  # KL_ema 0.005, e = -0.5; e_ema = 0.5*0.5 + 0.5*(-0.5) = 0: unchanged
-    assert c.err_ema["easy"] == pytest.approx(0.0) and c.beta["easy"] == pytest.approx(math.exp(0.02))
-    c.update({"easy": 0.0})  # KL_ema 0.0025, e = -0.75, e_ema = -0.375 -> -0.2: -= 0.01
-    assert c.beta["easy"] == pytest.approx(math.exp(0.01))
+                           step=0.05, err_clip=0.2, every=2)
+    c.update({"easy": 0.02})  # call 1: KL_ema 0.02, e = 1, but not an update call
+    assert c.kl_ema["easy"] == pytest.approx(0.02) and c.beta["easy"] == 1.0 and c.err_ema["easy"] == 0.0
+    c.update({"easy": 0.02})  # call 2: e_ema = 0.5 * 0 + 0.5 * 1 = 0.5 -> clipped 0.2: log beta += 0.01
+    assert c.err_ema["easy"] == pytest.approx(0.5) and c.beta["easy"] == pytest.approx(math.exp(0.01))
+    c.update({"easy": 0.0})  # call 3: KL_ema 0.01 (e = 0, dead zone) and not an update call anyway
+    c.update({"easy": 0.0})  # call 4: KL_ema 0.005, e = -0.5; e_ema = 0.25 - 0.25 = 0: unchanged
+    assert c.err_ema["easy"] == pytest.approx(0.0) and c.beta["easy"] == pytest.approx(math.exp(0.01))
     assert c.beta["medium"] == 1.0 and c.beta["hard"] == 1.0  # buckets with no sequences do not move
-    # the dead zone: |e| < 0.02 counts as 0
-    d = BucketKLController({"easy": 0.01, "medium": 0.01, "hard": 0.01}, step=0.05)
-    d.update({"hard": 0.0101})
-    assert d.err_ema["hard"] == 0.0 and d.beta["hard"] == 1.0
-    # every 2 calls; bounds
-    e = BucketKLController({"easy": 1.0, "medium": 1.0, "hard": 1.0}, step=10.0, err_clip=1.0, every=2,
-                           beta_max=2.0)
-    e.update({"easy": 5.0})
-    assert e.beta["easy"] == 1.0
-    e.update({"easy": 5.0})
-    assert e.beta["easy"] == 2.0
+    assert c.calls == 4
+    # the dead zone: |e| < 0.02 makes no update at all (the error EMA keeps its value), even on an update call
+    d = BucketKLController({"easy": 0.01, "medium": 0.01, "hard": 0.01}, ema=0.0, err_ema=0.5, every=1)
+    d.update({"hard": 0.03})  # e = 2: e_ema 1 -> clipped 0.2
+    assert d.err_ema["hard"] == pytest.approx(1.0) and d.beta["hard"] == pytest.approx(math.exp(0.01))
+    d.update({"hard": 0.0101})  # e = 0.01, inside: e_ema stays 1 (not pulled toward 0), beta unchanged
+    assert d.err_ema["hard"] == pytest.approx(1.0) and d.beta["hard"] == pytest.approx(math.exp(0.01))
+    # the code's defaults: EMA 0.97 for both, beta moves on call 100 only
+    e = BucketKLController({"easy": 0.01, "medium": 0.01, "hard": 0.01})
+    for _ in range(99):
+        e.update({"easy": 1.0})
+    assert e.beta["easy"] == 1.0 and e.err_ema["easy"] == 0.0
+    e.update({"easy": 1.0})  # e = 99, e_ema = 0.03 * 99 = 2.97 -> 0.2
+    assert e.err_ema["easy"] == pytest.approx(0.03 * 99) and e.beta["easy"] == pytest.approx(math.exp(0.01))
+    # bounds
+    f = BucketKLController({"easy": 1.0, "medium": 1.0, "hard": 1.0}, step=10.0, err_clip=1.0, err_ema=0.0,
+                           every=1, beta_max=2.0)
+    f.update({"easy": 5.0})
+    assert f.beta["easy"] == 2.0
     again = BucketKLController({"easy": 1.0, "medium": 1.0, "hard": 1.0})
-    again.load_state_dict(e.state_dict())
-    assert again.state_dict() == e.state_dict()
+    again.load_state_dict(f.state_dict())
+    assert again.state_dict() == f.state_dict()
+
+
+def test_plugin_feeds_the_controller_once_per_micro_batch():
+    batch = make_batch()
+    mask = batch.loss_mask
+    for size, calls in ((2, 3), (6, 1), (4, 2)):
+        plug = make_plugin(window=2, quantile=1.0, kl_update_every=3)
+        plug.ctx.cfg.train.micro_batch_size = size
+        b = make_batch()
+        plug.after_rewards(b)
+        plug.after_advantages(b)
+        b.rollout_logprobs = torch.zeros_like(mask)
+        b.ref_logprobs = -torch.ones_like(mask) * mask
+        plug.after_update(b, {})
+        assert plug.controller.calls == calls
+        # only a third call moves beta, and only for the buckets in that micro-batch (rows 4-5: hard)
+        assert (plug.controller.beta["hard"] != 1.0) == (calls == 3) and plug.controller.beta["easy"] == 1.0
+    plug = make_plugin(kl_update_every=1)
+    plug.ctx.cfg.train.micro_batch_size = 2
+    plug.ctx.cfg.grpo.ppo_mini_batch_size = 3
+    plug.ctx.cfg.grpo.ppo_epochs = 2
+    from mmrl.methods.ares import micro_batches
+    assert micro_batches(6, plug.ctx.cfg) == [[0, 1], [2], [3, 4], [5]] * 2
 
 
 # ------------------------------------------------------------------------------------------ the plug-in
@@ -211,7 +242,7 @@ def test_plugin_shaping_form_per_bucket():
 
 
 def test_plugin_kl_weights_reach_the_kl_term_and_the_controller_moves():
-    plug = make_plugin(window=2, quantile=1.0, hwe_kl_rho=0.5, kl_ema=0.5)
+    plug = make_plugin(window=2, quantile=1.0, hwe_kl_rho=0.5, kl_ema=0.5, kl_update_every=1)
     plug.controller.beta.update({"easy": 2.0, "hard": 0.5})
     batch = make_batch()
     plug.after_rewards(batch)
@@ -264,13 +295,15 @@ def test_plugin_setting_errors():
 def test_tiny_run_logs_buckets_and_trains_with_the_weights(tmp_path, module_cache):  # noqa: F811
     from mmrl.checkpoint import latest_checkpoint, load_trainer_state
 
-    # the recipe turns the controller off on the toy; this run turns both KL parts on, as on a real model
-    rows = run_rl(tmp_path, "rollout.max_new_tokens=6", "plugins.ares.dynamic_kl=true", "plugins.ares.hwe_kl_rho=0.5",
-                  task="ares")
+    # the paper recipe: both KL parts and branching on (2 roots + 2 branches a group here), 3 rows a micro-batch
+    rows = run_rl(tmp_path, "rollout.max_new_tokens=6", "plugins.ares.branch_roots=2", "plugins.ares.kl_update_every=2",
+                  "grpo.dynamic_sampling=false", task="ares")
     for r in rows:
         # the loss's mean per-token KL weight is the one the plug-in set (seq beta x token rho)
         assert r["kl_weight_mean"] == pytest.approx(r["ares/kl_weight_token_mean"], rel=1e-5)
         assert any(k.startswith("ares/length/") for k in r) and any(k.startswith("ares/entropy/") for k in r)
         assert "ares/kl_weight/easy" in r and "reward/ares_shaping" in r
     state = load_trainer_state(latest_checkpoint(tmp_path / "run"))["plugins"]["ares"]
-    assert state["controller"]["calls"] == 2 and set(state["alpha"]) == {"easy", "medium", "hard"}
+    assert state["controller"]["calls"] == 2 * 3 and set(state["alpha"]) == {"easy", "medium", "hard"}  # 8 rows / 3
+    assert all("ares/branches" in r and r["ares/branches"] + r["ares/branch_fill"] == 2 for r in rows)
+    assert state["tau_prev"] is not None

@@ -1,5 +1,5 @@
 """The curriculum plug-in on the tiny model and the toy scans: switching by steps (with the reference reset and
-the replay share, in a real run), by a plateau of the moving-average reward and by reward sparsity (fed
+the replay share, in a real run; with a fresh optimizer and a new peak learning rate), by a plateau of the moving-average reward and by reward sparsity (fed
 hand-made step statistics on a real trainer), the stage in the logs and curriculum.json, bad settings, and a
 run interrupted in the middle of stage 2 that resumes there with the ARMed buffer it had."""
 
@@ -29,11 +29,11 @@ OPEN_REWARDS = ("[{name: medical_closed}, {name: lexical, weight: 0.5}, "
 PROBES: dict[str, list[dict]] = {}
 
 
-def stages(switch: str, *, replay: float = 0.5, second_rewards: str = OPEN_REWARDS) -> str:
+def stages(switch: str, *, replay: float = 0.5, second_rewards: str = OPEN_REWARDS, second: str = "") -> str:
     return ("plugins={curriculum: {stages: ["
             "{name: closed, select: {answer_types: [closed]}, rewards: [{name: medical_closed}, {name: t_len_score}], "
             f"switch: {switch}}}, "
-            f"{{name: open, select: {{answer_types: [open]}}, replay: {replay}, rewards: {second_rewards}}}]}}, "
+            f"{{name: open, select: {{answer_types: [open]}}, replay: {replay}, rewards: {second_rewards}{second}}}]}}, "
             "t_probe: {key: %s}}")
 
 
@@ -52,8 +52,10 @@ class Probe(Callback):
         gap = None
         if t.ref is not None:
             gap = max(float((a - b).detach().abs().max()) for a, b in zip(t.ref.model.parameters(), t.policy.model.parameters()))
+        adam_steps = sorted({int(st["step"]) for st in t.optimizer.state.values()})
         PROBES.setdefault(self.settings["key"], []).append(
-            {"step": step, "stage": t.stage["name"], "pool": [t.train_samples[i].id for i in t.pool], "gap": gap})
+            {"step": step, "stage": t.stage["name"], "pool": [t.train_samples[i].id for i in t.pool], "gap": gap,
+             "adam_steps": adam_steps, "lr": t.optimizer.param_groups[0]["lr"]})
 
     def after_rollout(self, batch):
         if self.ctx.step == self.settings.get("crash_at"):
@@ -88,6 +90,27 @@ def test_steps_rule_resets_the_reference_and_replays_closed_questions(tmp_path: 
     assert doc["history"][1]["start_step"] == 2 and doc["history"][1]["reference_reset"] is True
     assert doc["history"][1]["replayed"] == 4 and doc["history"][0]["steps"] == 2
     assert "curriculum_stage.png" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_stage_can_start_with_a_fresh_optimizer_and_its_own_learning_rate(tmp_path: Path) -> None:
+    # the same run twice, the second stage's optimizer kept (control) or reset with a 5x peak learning rate
+    for key, second in (("opt_kept", ""), ("opt_reset", ", reset_optimizer: true, lr: 0.05")):
+        cfg = config(stages("{rule: steps, steps: 2}", replay=0.0, second=second) % key, "train.steps=4",
+                     "train.warmup_steps=1", "train.min_lr_ratio=0.1")
+        train(cfg, run_dir=tmp_path / key, show_progress=False)
+    kept, reset = PROBES["opt_kept"], PROBES["opt_reset"]
+    assert [p["stage"] for p in reset] == ["closed", "open", "open", "open"]  # switched at the end of step 2
+    # AdamW's per-parameter step counts: the control's run on (1, 2, 3, 4); the reset drops the state at the
+    # switch (end of step 2), so step 3 is the fresh optimizer's first step
+    assert [p["adam_steps"] for p in kept] == [[1], [2], [3], [4]]
+    assert [p["adam_steps"] for p in reset] == [[1], [], [1], [2]]
+    # the learning rate: the same schedule, 5x its peak from the switch on (1e-2 -> 5e-2)
+    assert reset[0]["lr"] == pytest.approx(kept[0]["lr"])
+    for k, r in zip(kept[1:], reset[1:]):
+        assert k["lr"] > 0 and r["lr"] == pytest.approx(5 * k["lr"])
+    doc = json.loads((tmp_path / "opt_reset" / "curriculum.json").read_text())
+    assert doc["history"][1]["optimizer_reset"] is True and doc["history"][1]["lr"] == 0.05
+    assert doc["history"][0]["optimizer_reset"] is False and doc["history"][0]["lr"] is None
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +171,8 @@ def test_bad_switch_settings_are_named(make_trainer, bad: str, message: str) -> 
 
 def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    base = [stages("{rule: steps, steps: 2}", replay=0.0) % "resume", "train.steps=5", "train.save_every=1"]
+    base = [stages("{rule: steps, steps: 2}", replay=0.0, second=", reset_optimizer: true, lr: 0.05") % "resume",
+            "train.steps=5", "train.save_every=1"]
     with pytest.raises(KeyboardInterrupt):
         train(config(*base[:1], "plugins.t_probe.crash_at=3", *base[1:]), run_dir=run, show_progress=False)
     state = load_trainer_state(run / "checkpoint-3")
@@ -163,6 +187,13 @@ def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     assert [r["curriculum_stage"] for r in rows] == ["closed", "closed", "open", "open", "open"]
     assert [r["curriculum/stage_step"] for r in rows[2:]] == [1, 2, 3]
     assert PROBES["resume"][0]["gap"] > 0  # no second reference reset on resume
+    # nor a second optimizer reset: AdamW counts on from the stage's fresh start (step 3 was its first)
+    assert [p["adam_steps"] for p in PROBES["resume"]] == [[2], [3]]
+    uninterrupted = config(*base)  # the stage's peak lr (0.05) kept: 0.05 times the cosine factor of steps 4, 5
+    from mmrl.optim import lr_lambda
+
+    factor = lr_lambda(uninterrupted.train.warmup_steps, 5, uninterrupted.train.min_lr_ratio)
+    assert [p["lr"] for p in PROBES["resume"]] == pytest.approx([0.05 * factor(4), 0.05 * factor(5)])
     doc = json.loads((run / "curriculum.json").read_text())
     assert [h["stage"] for h in doc["history"]] == ["closed", "open"] and doc["stage_step"] == 3
     final = load_trainer_state(run / "checkpoint-5")["rewards"]["semantic"]["buffer"]

@@ -13,7 +13,6 @@ Turn it on in a run config (``imports: [mmrl.methods.medcco]``, then)::
             switch: {rule: steps, steps: 100}
           - name: open
             select: {answer_types: [open]}
-            replay: 0.25
             rewards: [...]
 
 Each stage is a mapping with these keys (defaults in brackets):
@@ -26,9 +25,15 @@ Each stage is a mapping with these keys (defaults in brackets):
   differ from the run's (``{kl_coef: 0.01}``).
 * ``replay`` [0] -- share of the stage's pool drawn from the samples of the earlier stages that this stage
   does not select itself (seeded by ``train.seed``): with N own samples, ``round(N·r/(1−r))`` earlier ones are
-  added (at most all of them); the realised share is logged. MedCCO does not say whether it replays.
+  added (at most all of them); the realised share is logged. MedCCO does not say whether it replays; its
+  stated reason for staging (closed and open rewards conflict in one batch) argues against it, so the paper
+  recipe keeps it at 0.
 * ``reset_reference`` [true for every stage after the first] -- MedCCO's "curriculum bridge": the KL
   reference becomes the policy at the end of the previous stage (only matters with ``grpo.kl_coef > 0``).
+* ``reset_optimizer`` [false] -- the optimizer's state (AdamW's moments) is dropped when the stage starts, as
+  in a new run from the end-of-stage policy; ``lr`` [the run's] -- the stage's peak learning rate (the run's
+  warm-up and cosine schedule goes on, scaled to it). Both only in a later stage; MedCCO says neither
+  (a second verl run from the stage-1 checkpoint would start with a fresh optimizer: an inference).
 * ``switch`` [none: the stage runs to the end of training; the last stage's is ignored] -- when to move on:
 
   - ``{rule: steps, steps: N}``: after N steps in the stage;
@@ -74,7 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Curriculum", "component_spread", "sample_answer_type"]
 
-STAGE_KEYS = ("name", "select", "rewards", "grpo", "replay", "reset_reference", "switch")
+STAGE_KEYS = ("name", "select", "rewards", "grpo", "replay", "reset_reference", "reset_optimizer", "lr", "switch")
 SELECT_KEYS = ("answer_types", "problem_types", "tasks", "meta")
 RULES = {"steps": ("steps",), "plateau": ("window", "patience", "min_delta", "metric", "min_steps", "max_steps"),
          "sparsity": ("threshold", "window", "min_steps", "max_steps")}
@@ -200,10 +205,17 @@ class Curriculum(Callback):
             grpo = raw.get("grpo")
             if grpo is not None and not isinstance(grpo, Mapping):
                 raise ConfigError(f"{where}.grpo: expected a mapping of GRPO settings, got {grpo!r}")
+            lr = raw.get("lr")
+            if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+                raise ConfigError(f"{where}.lr: a positive learning rate is needed, got {lr!r}")
+            if i == 0 and (lr is not None or raw.get("reset_optimizer")):
+                raise ConfigError(f"{where}: the first stage starts with the run's optimizer and train.lr; "
+                                  "reset_optimizer and lr belong to a later stage")
             self.stages.append({
                 "name": name, "keep": _selector(raw.get("select"), where), "rewards": rewards,
                 "grpo": dict(grpo) if grpo else None, "replay": replay,
                 "reset_reference": bool(raw.get("reset_reference", i > 0)),
+                "reset_optimizer": bool(raw.get("reset_optimizer", False)), "lr": None if lr is None else float(lr),
                 "switch": _switch(raw.get("switch"), where) if i < len(stages) - 1 else None,
             })
             if not any(self.stages[-1]["keep"](s) for s in ctx.train_samples):
@@ -239,7 +251,8 @@ class Curriculum(Callback):
         stage = self.stages[k]
         pool, share = self._pool(k)
         self.ctx.set_stage(stage["name"], pool=pool, rewards=stage["rewards"], grpo=stage["grpo"],
-                               reset_reference=stage["reset_reference"] and k > 0)  # carries reward state
+                           reset_reference=stage["reset_reference"] and k > 0,  # carries reward state
+                           reset_optimizer=stage["reset_optimizer"], lr=stage["lr"])
         if self.current >= 0:
             self.history[-1].update(end_step=self.ctx.step, steps=self.stage_step, **self._stats())
         self.current, self.stage_step, self.replay_share = k, 0, share
@@ -249,7 +262,8 @@ class Curriculum(Callback):
         self.stage_rewards = []
         self.history.append({"stage": stage["name"], "index": k, "start_step": self.ctx.step, "reason": reason,
                              "pool": len(pool), "replayed": round(share * len(pool)),
-                             "reference_reset": bool(stage["reset_reference"] and k > 0)})
+                             "reference_reset": bool(stage["reset_reference"] and k > 0),
+                             "optimizer_reset": stage["reset_optimizer"], "lr": stage["lr"]})
         self._write()
 
     def _stats(self) -> dict[str, Any]:

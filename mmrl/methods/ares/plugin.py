@@ -1,5 +1,6 @@
-"""ARES (arXiv 2510.08457 and its code): the ``ares`` plug-in -- window entropy marks the moments that matter,
-exploration, length and KL are shaped by difficulty; ``imports: [mmrl.methods.ares]``.
+"""ARES (arXiv 2510.08457 and its code): the ``ares`` plug-in -- window entropy marks the moments that matter
+(and, with ``branching``, where rollouts branch: :mod:`.branching`), exploration, length and KL are shaped by
+difficulty; ``imports: [mmrl.methods.ares]``.
 
 The method, its settings and what it logs are described in :mod:`rewards.ares`, which holds its formulas (the
 difficulty buckets, both shaping forms, the per-bucket KL controller) beside :mod:`rewards.entropy` (window
@@ -41,6 +42,9 @@ from rewards.entropy import (
     hwe_windows,
 )
 
+from .branching import branched_episodes
+from .cold_start import DEFAULTS as ADACS_DEFAULTS
+
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
     from mmrl.plugins import StepContext
@@ -63,9 +67,10 @@ DEFAULTS: dict[str, Any] = {
     "shaping": "code", "shaping_weight": 1.0, "target_scale": 1.0,
     "alpha_init": 0.5, "alpha_step": 0.05, "alpha_max": 2.0, "code_constants": {},
     "paper_target": dict(PAPER_TARGET), "paper_cap": 1.0,
-    "dynamic_kl": True, "kl_target": {b: 0.01 for b in BUCKETS}, "kl_ema": 0.97, "kl_err_ema": 0.9,
-    "kl_deadzone": 0.02, "kl_step": 0.05, "kl_err_clip": 0.2, "kl_update_every": 1,
+    "dynamic_kl": True, "kl_target": {b: 0.01 for b in BUCKETS}, "kl_ema": 0.97, "kl_err_ema": 0.97,
+    "kl_deadzone": 0.02, "kl_step": 0.05, "kl_err_clip": 0.2, "kl_update_every": 100,
     "beta_init": 1.0, "beta_min": 1e-4, "beta_max": 1e2, "hwe_kl_rho": 0.5, "recent_window": 20,
+    "branching": False, "branch_roots": 4, **ADACS_DEFAULTS,
 }
 """Every setting of ``plugins.ares`` and its default (module docstring)."""
 
@@ -107,6 +112,10 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
         raise bad("beta_init", "needs 0 < beta_min <= beta_init <= beta_max")
     if not isinstance(s["recent_window"], int) or s["recent_window"] < 1:
         raise bad("recent_window", "must be an integer >= 1")
+    if not isinstance(s["branching"], bool):
+        raise bad("branching", "must be true or false")
+    if not isinstance(s["branch_roots"], int) or s["branch_roots"] < 1:
+        raise bad("branch_roots", "must be an integer >= 1 (full rollouts per group before branching)")
     if not isinstance(s["kl_update_every"], int) or s["kl_update_every"] < 1:
         raise bad("kl_update_every", "must be an integer >= 1")
     for key, keys_of in (("kl_target", None), ("paper_target", None), ("code_constants", CODE_CONSTANTS)):
@@ -126,6 +135,23 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(s["triggers"], list) or not all(isinstance(w, str) for w in s["triggers"]):
         raise bad("triggers", "must be a list of words")
     return s
+
+
+def bad_roots(roots: int, group: int) -> ConfigError:
+    return ConfigError(f"plugins.ares.branch_roots={roots}: must be below rollout.group_size ({group}); the other "
+                       f"rollouts of each group are the branches")
+
+
+def micro_batches(n: int, cfg: Any) -> list[list[int]]:
+    """The rows of each micro-batch of the update, in order (every PPO epoch, every optimizer mini-batch)."""
+    g, size = cfg.grpo, max(1, int(cfg.train.micro_batch_size))
+    mini = g.ppo_mini_batch_size or n
+    out = []
+    for _ in range(max(1, int(g.ppo_epochs))):
+        for start in range(0, n, mini):
+            rows = list(range(start, min(start + mini, n)))
+            out.extend(rows[i:i + size] for i in range(0, len(rows), size))
+    return out
 
 
 @register_plugin("ares")
@@ -155,11 +181,34 @@ class AresPlugin(Callback):
         self.alpha = {b: float(s["alpha_init"]) for b in BUCKETS}
         self.recent: dict[str, deque[float]] = {b: deque(maxlen=int(s["recent_window"])) for b in BUCKETS}
         self._words_cache: dict[int, str] = {}
+        self.tau_prev: float | None = None  # the tau of the last step (what branching uses)
+        if s["branching"]:
+            r = cfg.rollout
+            if r.max_turns > 1 or r.environment:
+                raise ConfigError("plugins.ares.branching works on single-turn rollouts: set "
+                                  "plugins.ares.branching: false, or rollout.max_turns: 1 and no rollout.environment")
+            if not s["branch_roots"] < r.group_size:
+                raise bad_roots(s["branch_roots"], r.group_size)
+            ctx.set_rollout_strategy(self.rollout)
         self._reset_step()
+
+    def branch_threshold(self, roots: list[torch.Tensor]) -> float | None:
+        """tau for branching: the last step's, or at the first step the roots' own batch value."""
+        if self.tau_prev is not None:
+            return self.tau_prev
+        s = self.s
+        return batch_threshold(roots, s["window"], float(s["quantile"]), s["threshold_aggregate"])
+
+    def rollout(self, policy: Any, backend: Any, prompts: Any, samples: Any, **kwargs: Any) -> list[Any]:
+        """The training rollouts, branched at high-window-entropy points (:mod:`.branching`)."""
+        return branched_episodes(policy, backend, prompts, samples, roots=int(self.s["branch_roots"]),
+                                 window=int(self.s["window"]), threshold=self.branch_threshold,
+                                 stats=self.branch_stats, **kwargs)
 
     def _reset_step(self) -> None:
         self.acc: dict[str, list[float]] = {}  # metric name -> values over the step's rounds
         self.tau_batch: list[float] = []
+        self.branch_stats: dict[str, list[float]] = {}
 
     def _add(self, key: str, values: Sequence[float]) -> None:
         self.acc.setdefault(key, []).extend(float(v) for v in values)
@@ -280,16 +329,22 @@ class AresPlugin(Callback):
         m = batch.loss_mask
         seq_kl = (est * m).sum(-1) / m.sum(-1).clamp(min=1)
         buckets = batch.extra["ares_bucket"]
-        per_bucket = {}
-        for b in BUCKETS:
-            rows = [i for i, x in enumerate(buckets) if x == b]
-            if rows:
-                per_bucket[b] = float(seq_kl[rows].mean())
-        self.controller.update(per_bucket)
+        for rows in micro_batches(len(batch), self.ctx.cfg):  # one controller call per micro-batch, as the code
+            per_bucket = {}
+            for b in BUCKETS:
+                mine = [i for i in rows if buckets[i] == b]
+                if mine:
+                    per_bucket[b] = float(seq_kl[mine].mean())
+            self.controller.update(per_bucket)
 
     def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
         if self.tau_batch:
-            self.threshold.update(sum(self.tau_batch) / len(self.tau_batch))
+            step_tau = sum(self.tau_batch) / len(self.tau_batch)
+            self.threshold.update(step_tau)
+            self.tau_prev = self.threshold.avg if self.threshold.ema is not None else step_tau
+        for key, vals in self.branch_stats.items():
+            if vals:
+                stats[key] = sum(vals) / len(vals)
         for key, vals in self.acc.items():
             if vals:
                 stats[key] = sum(vals) / len(vals)
@@ -308,12 +363,14 @@ class AresPlugin(Callback):
     # ------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold.state_dict(), "controller": self.controller.state_dict(),
+                "tau_prev": self.tau_prev,
                 "alpha": dict(self.alpha), "recent": {b: list(v) for b, v in self.recent.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
             return
         self.threshold.load_state_dict(state.get("threshold", {}))
+        self.tau_prev = state.get("tau_prev")
         self.controller.load_state_dict(state.get("controller", {}))
         self.alpha.update(state.get("alpha", {}))
         for b, vals in state.get("recent", {}).items():
