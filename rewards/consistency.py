@@ -29,8 +29,10 @@ through three consistency-shaping coefficients (Eq. 3, named alpha_1.., values n
 trained (first) answer is wrong earns nothing for a lucky re-answer: ``wrong_then_correct`` defaults to 0
 (a setting: the research note's earlier placeholder was 0.25). ``correct_then_wrong`` = 0.5 (alpha_1) is a
 placeholder, **not published: our choice**. Also not published, our choices: the second pass is greedy
-(``greedy``) and gradient-free -- it is scored, not trained (``train_second_pass: false``; ``true`` raises
-a clear error: training the re-answer tokens needs an engine extension point that does not exist yet).
+(``greedy``) and gradient-free -- it is scored, not trained (``train_second_pass: false``). The switch,
+``train_second_pass: true``, runs the re-answer as the episode's second turn instead (the ``acre_reanswer``
+environment of :mod:`mmrl.methods.acre`, ``rollout.max_turns: 2``): sampled like the first turn and trained
+with the episode's advantage.
 Every value is a setting (``values: {case: value}``).
 
 The reward ``acre`` (kwargs, all optional):

@@ -196,7 +196,7 @@ def test_reward_settings_are_checked() -> None:
         _run_reward(samples, completions, {"q0": "green"}, mode="sum")
     with pytest.raises(Exception, match="inside `mmrl train`"):
         CombinedReward(["acre"]).compute(completions, {"problem_type": ["multiple_choice"], "answer": ["B"]})
-    with pytest.raises(Exception, match="train_second_pass=true .* is not available yet"):
+    with pytest.raises(Exception, match="train_second_pass=true .* rollout.environment=acre_reanswer"):
         _run_reward(samples, completions, {"q0": "green"}, train_second_pass=True)
     with pytest.raises(ConfigError, match="values.consistent_correct must be a number"):
         C.resolve_values({"consistent_correct": "high"})
@@ -286,3 +286,69 @@ def test_eval_command_consistency_and_shuffled_frames(tmp_path: Path, capsys: py
     assert "--check with --benchmark is not supported" in capsys.readouterr().err
     assert cli.main(["eval", "--check", "consistensy", "--out", str(tmp_path / "x"), *TINY_RUN]) == 2
     assert "unknown evaluation check 'consistensy'" in capsys.readouterr().err  # the nearest is named
+
+
+# ------------------------------------------------------------------------------------------ trained second pass
+def test_the_reanswer_environment_shuffles_and_the_reward_reads_the_trained_turn() -> None:
+    """train_second_pass: the second pass is the episode's second turn (the acre_reanswer environment): the
+    environment shows the options in another order, the reward maps the second turn's letter back and scores
+    the case without re-asking the service."""
+    from mmrl.methods.acre import ReanswerEnvironment
+
+    samples = [_mc("t0"), _mc("t1"), _mc("t2")]
+    envs = [ReanswerEnvironment(s, [], seed=3, exclude_identity=True) for s in samples]
+    firsts = ["<think>it is green</think><answer>B</answer>", "<answer>B</answer>", "I cannot tell"]
+    obs = [env.step(text) for env, text in zip(envs, firsts)]
+    assert obs[2] is None and envs[2].info["acre"] == {"first": None, "perm": None}  # nothing to re-answer
+    perms = [env.info["acre"]["perm"] for env in envs[:2]]
+    for o, perm in zip(obs[:2], perms):
+        assert perm != sorted(perm) and o.text.startswith("The same question with its options in another order")
+        shown = [OPTIONS[j] for j in perm]
+        assert all(f"{chr(65 + k)}. {text}" in o.text for k, text in enumerate(shown))
+    # t0 re-answers green (consistent), t1 names another colour in the shuffled lettering (flips)
+    second = [f"<answer>{chr(65 + [OPTIONS[j] for j in perms[0]].index('green'))}</answer>",
+              f"<answer>{chr(65 + [OPTIONS[j] for j in perms[1]].index('red'))}</answer>", None]
+    turns = [[f, t] if t else [f] for f, t in zip(firsts, second)]
+    service = ScriptedService({})
+    reward = CombinedReward([{"name": "acre", "kwargs": {"train_second_pass": True}}])
+    columns = {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
+               "options": [s.options for s in samples], "answer": [s.answer for s in samples],
+               "meta": [s.meta for s in samples], "rollout_service": service,
+               "rollout_batch": SimpleNamespace(samples=samples, turns=turns),
+               "env_info": [env.info for env in envs], "trainer_state": SimpleNamespace(global_step=1)}
+    values = reward.compute(["\n".join(t) for t in turns], columns).components["acre"]
+    assert values == [1.0, 0.5, 0.0] and service.asks == []  # consistent, flipped, unanswered; nobody re-asked
+
+
+def test_the_trained_second_turn_is_in_the_loss_mask() -> None:
+    """The re-answer is the policy's own turn: its tokens are trained; the shuffled options are masked."""
+    from mmrl.methods.acre import ReanswerEnvironment
+    from mmrl.policy import Generation, load_policy
+    from mmrl.rollout import SamplingParams, run_episodes
+    from mmrl.tiny_models import ensure_tiny
+
+    policy = load_policy(ensure_tiny("qwen2_5_vl"))
+    tok = policy.tokenizer
+
+    class Scripted:
+        def __init__(self, script):
+            self.script, self.calls = script, 0
+
+        def generate(self, seqs, *, n, params):
+            text = self.script[self.calls]
+            self.calls += 1
+            ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+            return [[Generation(token_ids=ids, text=text, logprobs=[0.0] * len(ids), finished=True)
+                     for _ in range(n)] for _ in seqs]
+
+    sample = _mc("m0")
+    prompt = policy.encode(policy.render([{"role": "user", "content": [{"type": "text", "text": "What colour?"}]}]))
+    eps = run_episodes(policy, Scripted(["<answer>B</answer>", "<answer>C</answer>"]), [prompt], [sample], n=1,
+                       params=SamplingParams(max_new_tokens=8), environment=lambda s: ReanswerEnvironment(s, []),
+                       max_turns=2)
+    seq = eps[0].seq
+    trained = tok.decode([i for i, m in zip(seq.ids, seq.loss_mask) if m])
+    masked_tail = tok.decode([i for i, m in zip(seq.ids[len(prompt.ids):], seq.loss_mask[len(prompt.ids):]) if not m])
+    assert trained.count("<answer>") == 2 and "<answer>B</answer>" in trained and "<answer>C</answer>" in trained
+    assert "another order" in masked_tail and "another order" not in trained
+    assert eps[0].turns == ["<answer>B</answer>", "<answer>C</answer>"] and "acre" in eps[0].env.info

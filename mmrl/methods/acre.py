@@ -7,6 +7,10 @@ values, the permutations and the consistency rate are pure formulas in :mod:`rew
 there for the method and its settings).
 
 * the ``acre`` reward -- the case value of each rollout (settings: :mod:`rewards.consistency`);
+* the ``acre_reanswer`` environment -- the second pass as the episode's second turn, so that the re-answer's
+  tokens are trained too (``rollout.environment: acre_reanswer``, ``rollout.max_turns: 2``; the paper does not
+  say whether its second pass is trained: the default, a greedy re-ask through the service with no gradient,
+  and this switch are our choices); the reward then reads both answers from the episode;
 * the ``consistency`` evaluation check (``mmrl eval --check consistency``; the ``eval_consistency`` plug-in
   runs it in every evaluation of a training run): ``metrics["consistency"]`` holds the option-shuffling
   consistency rate (``oscr``), the share of each case, the accuracy under the shuffled order and the
@@ -16,15 +20,18 @@ there for the method and its settings).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+from mmrl.environments import Environment, Observation, register_environment
 from mmrl.evaluate import register_check, score_text
 from mmrl.plugins import Callback, register_plugin
+from mmrl.prompts import format_options
 from mmrl.service import Ask, RolloutService
 from mmrl_common.errors import ConfigError
 from rewards.accuracy import score_answer
-from rewards.answers import extract_answer, normalize_gold_choice
+from rewards.answers import extract_answer, extract_choice, normalize_gold_choice
 from rewards.consistency import (
     MODES,
     case_shares,
@@ -90,10 +97,6 @@ def acre_reward(completions: list[Any], **columns: Any) -> list[float | None]:
     mode = _setting(columns, "mode", "replace", n)
     if mode not in MODES:
         raise ConfigError(f"acre reward: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if _setting(columns, "train_second_pass", False, n):
-        raise ConfigError("acre reward: train_second_pass=true (training the re-answer tokens too) is not "
-                          "available yet: the engine has no extension point that adds the second pass's tokens to "
-                          "the step's batch; leave it false (the second pass is scored, not trained)")
     exclude_identity = bool(_setting(columns, "exclude_identity", False, n))
     seed = int(_setting(columns, "shuffle_seed", 0, n))
     think_tag, answer_tag = _setting(columns, "think_tag", "think", n), _setting(columns, "answer_tag", "answer", n)
@@ -114,10 +117,24 @@ def acre_reward(completions: list[Any], **columns: Any) -> list[float | None]:
         if firsts[i] is not None:
             perms[i] = draw_permutation(len(sample.options), rollout_rng(seed, step, sample.id, i),
                                         exclude_identity=exclude_identity)
+    # episodes of the acre_reanswer environment carry their second pass (trained): read it there
+    infos = [(info or {}).get("acre") for info in (columns.get("env_info") or [None] * n)]
+    trained = {i: info for i, info in enumerate(infos) if info is not None and golds[i] is not None}
+    if _setting(columns, "train_second_pass", False, n) and not trained and any(g is not None for g in golds):
+        raise ConfigError("acre reward: train_second_pass=true trains the re-answer as the episode's second turn: "
+                          "set rollout.environment=acre_reanswer and rollout.max_turns=2 (the episodes carry no "
+                          "second pass now)")
+    for i, info in trained.items():
+        firsts[i], perms[i] = info["first"], None
     seconds = reask_shuffled(service, samples, texts, perms, reuse_trace=bool(_setting(columns, "reuse_trace", True, n)),
                              greedy=bool(_setting(columns, "greedy", True, n)),
                              max_new_tokens=_setting(columns, "max_new_tokens", None, n), think_tag=think_tag,
                              answer_tag=answer_tag)
+    for i, info in trained.items():
+        turns = batch.turns[i] if hasattr(batch, "turns") else []
+        seconds[i] = reanswer_letter(turns[1] if len(turns) > 1 else None, samples[i].options, info["perm"],
+                                     think_tag=think_tag, answer_tag=answer_tag)
+        perms[i] = info["perm"]
 
     out: list[float | None] = []
     cases: list[str] = []
@@ -146,6 +163,54 @@ def acre_reward(completions: list[Any], **columns: Any) -> list[float | None]:
             log("acre/shuffled_accuracy", sum(seconds[i] == golds[i] for i in asked) / len(asked))
             log("acre/identity_share", sum(perms[i] == sorted(perms[i]) for i in asked) / len(asked))
     return out
+
+
+def reanswer_letter(turn: str | None, options: Sequence[Any], perm: Sequence[int] | None, *,
+                    think_tag: str = "think", answer_tag: str = "answer") -> str | None:
+    """The option a re-answer turn names, in the original lettering (None: no turn, no permutation, or no
+    readable letter)."""
+    if turn is None or perm is None:
+        return None
+    letter = extract_choice(extract_answer(turn, tag=answer_tag, think_tag=think_tag),
+                            shuffle_options(list(options), perm))
+    return from_shuffled_letter(letter, perm)
+
+
+@register_environment("acre_reanswer")
+class ReanswerEnvironment(Environment):
+    """ACRE's second pass as a second turn: after the first answer the policy sees the same options in another
+    order and answers again, with its first turn (its reasoning) in context; that turn is the policy's own, so
+    it is trained with the episode's advantage. ``info["acre"]`` keeps the first answer and the permutation for
+    the ``acre`` reward. Settings (``rollout.environment_kwargs``): ``seed``, ``exclude_identity``,
+    ``think_tag``, ``answer_tag``. Each episode of a question draws its own permutation (the question's
+    episode count in this process, with ``seed``)."""
+
+    _episodes: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, sample: Any, media: list[Any], *, seed: int = 0, exclude_identity: bool = False,
+                 think_tag: str = "think", answer_tag: str = "answer", **kwargs: Any):
+        super().__init__(sample, media)
+        self.seed, self.exclude_identity = int(seed), bool(exclude_identity)
+        self.think_tag, self.answer_tag = think_tag, answer_tag
+        key = str(sample.id)
+        self.index = ReanswerEnvironment._episodes.get(key, 0)
+        ReanswerEnvironment._episodes[key] = self.index + 1
+
+    def step(self, action: str) -> Observation | None:
+        if "acre" in self.info or not is_multiple_choice(self.sample):
+            return None
+        options = list(self.sample.options)
+        first = first_answer(action, options, answer_tag=self.answer_tag, think_tag=self.think_tag)
+        self.info["acre"] = {"first": first, "perm": None}
+        if first is None:  # nothing to re-answer: the episode ends (the case is "unanswered")
+            return None
+        perm = draw_permutation(len(options), random.Random(f"acre-env:{self.seed}:{self.sample.id}:{self.index}"),
+                                exclude_identity=self.exclude_identity)
+        self.info["acre"]["perm"] = perm
+        return Observation(text=("The same question with its options in another order:\n"
+                                 f"{format_options(shuffle_options(options, perm))}\n"
+                                 f"Answer again from your reasoning: the letter in <{self.answer_tag}>"
+                                 f"</{self.answer_tag}>."))
 
 
 # --------------------------------------------------------------------------------------------------------
