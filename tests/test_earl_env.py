@@ -427,3 +427,19 @@ def test_a_replayed_selection_decodes_once(sample: Sample, media) -> None:
     assert other.media[0].data is not first.media[0].data
     assert not torch.equal(other.media[0].data.frames, first.media[0].data.frames)
     assert 0 < RESAMPLED.bytes <= RESAMPLED.limit
+
+
+def test_benchmark_agent_asks_a_reasoning_model_to_reason(policy: Policy, tmp_path: Path) -> None:
+    """A model trained with think_answer is asked to reason before each call and the answer (its tool note);
+    a model trained without it is not."""
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.methods.earl.agent import run_benchmark_agent
+
+    root = write_fixture("mvbench", tmp_path / "mvbench", n=1)
+    for think in (True, False):
+        backend = Recording(policy, ["<answer>A</answer>", "<answer>A</answer>"])
+        run_benchmark_agent("mvbench", root, policy=policy, agent="earl", out=tmp_path / f"out{think}", frames=4,
+                            backend=backend, think=think, limit=1)
+        agent_prompt, plain_prompt = backend.seen[0][0], backend.seen[-1][0]
+        assert ("Think inside <think></think>" in agent_prompt) is think
+        assert "Think inside" not in plain_prompt

@@ -252,10 +252,11 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                         max_pixels: int | None = None, prompt_template: str | None = None,
                         max_new_tokens: int | None = None, batch_size: int = 8, limit: int | None = None,
                         split: str | None = None, dtype: str = "fp32", policy: Any = None,
-                        backend: Any = None, video_layout: str = "video") -> dict[str, Any]:
+                        backend: Any = None, video_layout: str = "video", think: bool = False) -> dict[str, Any]:
     """A benchmark through the ``agent`` loop (:data:`AGENTS`) and, beside it, the plain single answer on the
     same initial frames, both with the videos shown in ``video_layout`` (``prompt.video_layout``: as one
-    video, or frame by frame with labels, as the model was trained). Writes ``predictions.jsonl`` (both) and
+    video, or frame by frame with labels, as the model was trained); ``think``: the tool note asks for
+    reasoning before each call and the answer (a model trained with ``prompt.answer_format: think_answer``). Writes ``predictions.jsonl`` (both) and
     ``metrics.json`` into ``out``; returns the metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's
     own), with frames and rounds per answer."""
     from data_pipelines.benchmarks import get_benchmark
@@ -283,7 +284,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     backend = backend or HFBackend(policy, max_batch=batch_size)
     params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
     records: dict[str, list[dict[str, Any]]] = {"agent_loop": [], "baseline": []}
-    tool_note = instructions()
+    tool_note = instructions(think=think)  # a model trained with reasoning turns is asked to reason
     for start in range(0, len(samples), batch_size):
         chunk = samples[start:start + batch_size]
         ready, seqs, plain, media_of = [], [], [], {}
@@ -353,20 +354,25 @@ def headline(result: dict[str, Any]) -> str:
             f"plain answer on the same initial frames {pct('baseline')} ({b['frames_per_answer']:.1f} frames)")
 
 
-def _trained_layout(args: Any, cfg: Any) -> str:
-    """``prompt.video_layout`` for a benchmark: the one the model was trained with (its ``mmrl_eval.json``)
-    unless the user's YAML or overrides set one; the benchmark's own protocol decides everything else."""
+def _trained_prompt(args: Any, cfg: Any, key: str) -> str:
+    """``prompt.<key>`` (``video_layout``, ``answer_format``) for a benchmark: the value the model was trained
+    with (its ``mmrl_eval.json``) unless the user's YAML or overrides set one; the benchmark's own protocol
+    decides everything else."""
     from mmrl.checkpoint import read_eval_settings
     from mmrl.commands import _load
 
-    trained = ((read_eval_settings(cfg.model.path) or {}).get("prompt") or {}).get("video_layout") \
+    trained = ((read_eval_settings(cfg.model.path) or {}).get("prompt") or {}).get(key) \
         if cfg.model.path and not getattr(args, "recipe_settings", False) else None
-    if not trained or trained == cfg.prompt.video_layout:
-        return cfg.prompt.video_layout
-    layout = _load(args, base={"prompt": {"video_layout": trained}}).prompt.video_layout
+    if not trained or trained == getattr(cfg.prompt, key):
+        return getattr(cfg.prompt, key)
+    value = getattr(_load(args, base={"prompt": {key: trained}}).prompt, key)
     if not args.quiet:
-        print(f"eval: videos shown as the model was trained: prompt.video_layout={layout}", flush=True)
-    return layout
+        print(f"eval: as the model was trained: prompt.{key}={value}", flush=True)
+    return value
+
+
+def _trained_layout(args: Any, cfg: Any) -> str:
+    return _trained_prompt(args, cfg, "video_layout")
 
 
 def cli_eval(args: Any, cfg: Any) -> int:
@@ -394,7 +400,8 @@ def cli_eval(args: Any, cfg: Any) -> int:
             protocol=args.protocol, frames=args.frames, max_pixels=args.max_pixels,
             prompt_template=args.prompt_template, max_new_tokens=cfg.eval.max_new_tokens,
             batch_size=args.batch_size or cfg.eval.batch_size, limit=args.limit, split=args.split,
-            dtype=cfg.model.dtype, video_layout=layout)
+            dtype=cfg.model.dtype, video_layout=layout,
+            think=_trained_prompt(args, cfg, "answer_format") == "think_answer")
         print(headline(result))
         print(f"results: {result['out']}")
         return 0
