@@ -7,6 +7,23 @@ import sys
 import time
 from pathlib import Path
 
+COLUMNS_HELP = ("source column -> record field, as data.columns in a run: a YAML/JSON mapping such as "
+                "'{query: question, level: meta.difficulty}'")
+
+
+def _columns(text: str) -> dict[str, str]:
+    """``--columns '{query: question}'`` as a mapping (argparse prints the error under the command's usage)."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise argparse.ArgumentTypeError(f"expected a mapping of source column -> record field, such as "
+                                         f"'{{query: question, level: meta.difficulty}}'; got {text!r}")
+    return value
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """``mmrl data`` with its sub-commands; returns the parser and its sub-commands (where the methods' data
@@ -25,6 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
     v.add_argument("--format", dest="fmt", default="auto",
                    help="file format (jsonl, json, parquet, hf) and/or record format (native, video-r1, "
                         "easyr1), e.g. video-r1+json (default: auto)")
+    v.add_argument("--columns", default=None, metavar="MAPPING", type=_columns,
+                   help=COLUMNS_HELP)
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(func=_validate)
 
@@ -38,6 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
                                                       "(default: the dataset file's folder)")
     i.add_argument("--format", dest="fmt", default="auto",
                    help="file and/or record format, as for validate (default: auto)")
+    i.add_argument("--columns", default=None, metavar="MAPPING", type=_columns, help=COLUMNS_HELP)
     i.set_defaults(func=_inspect)
 
     t = sub.add_parser("make-toy", help="generate the toy world (MP4 videos, PNG scans, JSONL splits)",
@@ -59,13 +79,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
 def _validate(args: argparse.Namespace) -> int:
     from .validate import run_validate
 
-    return run_validate(args.path, media_root=args.media_root, fmt=args.fmt, progress=not args.no_progress)
+    return run_validate(args.path, media_root=args.media_root, fmt=args.fmt, columns=args.columns,
+                        progress=not args.no_progress)
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from .inspect import run_inspect
 
-    return run_inspect(args.path, out=args.out, samples=args.samples, media_root=args.media_root, fmt=args.fmt)
+    return run_inspect(args.path, out=args.out, samples=args.samples, media_root=args.media_root, fmt=args.fmt,
+                       columns=args.columns)
 
 
 def _make_toy(args: argparse.Namespace) -> int:

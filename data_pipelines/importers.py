@@ -116,6 +116,12 @@ def _detect_video_r1(r: Mapping[str, Any]) -> bool:
 
 
 def _convert_video_r1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
+    missing = [k for k in ("problem", "solution") if r.get(k) is None]
+    if missing:
+        other = detect_record_format(r)
+        looks = f"; it looks like a {other} record (--format {other}, or auto)" if other and other != "video-r1" else ""
+        raise DataError(f"missing field(s) {', '.join(repr(k) for k in missing)}: a Video-R1 record has problem, "
+                        f"solution (<answer>..</answer>), problem_type, options and path{looks}")
     raw_type = str(r.get("problem_type", "")).strip()
     ptype = VIDEO_R1_TYPES.get(raw_type.lower(), raw_type.lower().replace(" ", "_") or "open")
     answer: Any = extract_answer_tag(r.get("solution"))
@@ -145,7 +151,9 @@ def _convert_video_r1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
         sid = f"video-r1-{index}"
     else:
         sid = f"{source}-{pid}" if source and "id" not in r else str(pid)
-    meta: dict[str, Any] = {"source": "video-r1", "original_problem_type": raw_type}
+    # the raw solution stays a column of its own (meta keys are passed to rewards by name), as TRL's reward
+    # functions (accuracy_reward, ...) read it: solution="<answer>B</answer>"
+    meta: dict[str, Any] = {"source": "video-r1", "original_problem_type": raw_type, "solution": str(r["solution"])}
     for key in ("data_source", "process", "problem_id"):
         if r.get(key) not in (None, ""):
             meta[key] = r[key]

@@ -33,9 +33,12 @@ class InspectReport:
     media_probed: int = 0
     media_total: int = 0
     contact_sheet: Path | None = None
+    skipped_records: list[str] = field(default_factory=list)  # FILE:LINE: reason of each skipped record
 
     def table(self) -> str:
-        lines = [f"dataset: {self.path}", f"records: {self.total} loaded, {self.skipped} skipped (bad)"]
+        lines = [f"dataset: {self.path}", f"records: {self.total} loaded, {self.skipped} skipped (bad)"
+                 + (":" if self.skipped_records else "")]
+        lines += [f"  {p}" for p in self.skipped_records]
         for name, counter in self.counts.items():
             if not counter:
                 continue
@@ -81,6 +84,7 @@ def inspect_dataset(
     *,
     media_root: str | Path | None = None,
     fmt: str = "auto",
+    columns: dict[str, str] | None = None,
     out: str | Path | None = None,
     samples: int = 6,
     frames: int = 8,
@@ -90,8 +94,9 @@ def inspect_dataset(
     """Statistics of the dataset at ``path`` and a contact sheet of ``samples`` samples written to
     ``out/<name>_contact_sheet.png`` (``out`` defaults to ``<dataset folder>/inspect``)."""
     path = Path(path)
-    result = load_samples(path, fmt=fmt, media_root=media_root, on_bad_sample="skip")
-    report = InspectReport(path=path, total=len(result.samples), skipped=result.skipped)
+    result = load_samples(path, fmt=fmt, columns=columns, media_root=media_root, on_bad_sample="skip")
+    report = InspectReport(path=path, total=len(result.samples), skipped=result.skipped,
+                           skipped_records=[str(p) for p in result.problems])
     report.counts = {
         "problem type": Counter(s.problem_type for s in result.samples),
         "task": Counter(str(s.meta["task"]) for s in result.samples if "task" in s.meta),
@@ -240,7 +245,9 @@ def _answer(s: Sample) -> Any:
 
 
 def run_inspect(path: str | Path, *, out: str | Path | None = None, samples: int = 6,
-                media_root: str | Path | None = None, fmt: str = "auto", stream: TextIO | None = None) -> int:
-    report = inspect_dataset(path, out=out, samples=samples, media_root=media_root, fmt=fmt, progress=True)
+                media_root: str | Path | None = None, fmt: str = "auto", columns: dict[str, str] | None = None,
+                stream: TextIO | None = None) -> int:
+    report = inspect_dataset(path, out=out, samples=samples, media_root=media_root, fmt=fmt, columns=columns,
+                             progress=True)
     print(report.table(), file=stream or sys.stdout)
     return 0

@@ -373,7 +373,8 @@ def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
     missing = [k for k in ("id", "problem_type", "question", "answer") if k not in data or data[k] is None]
     if missing:
         reasons.append(f"missing field(s) {', '.join(missing)}; every record needs id, problem_type, question "
-                       "and answer (use `columns=` / --columns to map differently named fields)")
+                       "and answer (map differently named fields with data.columns={source: field} in a run, "
+                       "--columns '{source: field}' in mmrl data validate / inspect)")
     sid = data.get("id")
     if sid is not None and not isinstance(sid, (str, int)):
         reasons.append(f"'id' must be a string, got {type(sid).__name__}")

@@ -77,12 +77,13 @@ def run_validate(
     *,
     media_root: str | Path | None = None,
     fmt: str = "auto",
+    columns: dict[str, str] | None = None,
     out: TextIO | None = None,
     progress: bool = False,
 ) -> int:
     """Validate and print; returns the exit status (0 all good, 1 any bad record)."""
     out = out or sys.stdout
-    report = validate_dataset(path, media_root=media_root, fmt=fmt, progress=progress)
+    report = validate_dataset(path, media_root=media_root, fmt=fmt, columns=columns, progress=progress)
     for problem in report.problems:
         print(problem, file=out)
     print(numbering_note(report.problems) + report.summary(), file=out)

@@ -77,11 +77,66 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub-)command ``argv`` names (``mmrl data validate`` -> validate's), for its usage."""
+    for token in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and token in subs[0].choices:
+            parser = subs[0].choices[token]
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; KEY=VALUE overrides may stand anywhere among the flags (``train.steps=5 --quiet
+    data.on_bad_sample=skip``), and an argument no command takes is an error under that command's usage."""
+    args, extra = parser.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        kv = [a for a in extra if "=" in a and not a.startswith("-")]
+        args.overrides = [*(args.overrides or []), *kv]
+        extra = [a for a in extra if a not in kv]
+    if extra:
+        _command_parser(parser, argv).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def quiet_third_party() -> None:
+    """Drop DeepSpeed's "Setting accelerator to CPU" warning, printed on stdout whenever anything imports
+    deepspeed (accelerate does, inside every ``save_pretrained``) on a machine without a GPU: it says nothing
+    about the run. A filter on DeepSpeed's logger (which DeepSpeed's own set-up keeps); deepspeed is not
+    imported here, and its other messages still print."""
+    import logging
+
+    ds = logging.getLogger("DeepSpeed")
+    if not any(getattr(f, "mmrl", False) for f in ds.filters):
+        def no_cpu_notice(record: logging.LogRecord) -> bool:
+            return "Setting accelerator to CPU" not in record.getMessage()
+
+        no_cpu_notice.mmrl = True  # type: ignore[attr-defined]
+        ds.addFilter(no_cpu_notice)
+
+
+PROGRESS_INTERVAL_NO_TTY = 60  # seconds between progress-bar updates when stderr is a file or a pipe
+
+
+def calm_progress_bars(stream: Any = None) -> None:
+    """When stderr is not a terminal (``mmrl train ... 2> log``, nohup, a compare run's train.log), progress bars
+    update once a minute instead of several times a second, so a log file gets a few ``\\r`` updates instead of
+    thousands (tqdm reads TQDM_MININTERVAL when it is imported, so :func:`main` calls this first; the variable
+    reaches the processes mmrl starts too, and a value the user set wins)."""
+    import os
+
+    stream = sys.stderr if stream is None else stream
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        os.environ.setdefault("TQDM_MININTERVAL", str(PROGRESS_INTERVAL_NO_TTY))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_party()
+    calm_progress_bars()
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if not argv else 2

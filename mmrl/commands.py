@@ -6,14 +6,18 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-OVERRIDE_HELP = ("dotted config overrides, e.g. train.steps=50 rollout.group_size=4 grpo.kl_coef=0.01 "
-                 "(see configs/*.yaml for every key)")
+OVERRIDE_HELP = ("dotted config overrides, e.g. train.steps=50 rollout.group_size=4 grpo.kl_coef=0.01; they may "
+                 "stand anywhere among the flags (mmrl config show lists every key)")
+EVAL_OVERRIDE_HELP = ("dotted config overrides, e.g. rollout.max_new_tokens=512 data.media.max_frames=32 "
+                      "eval.min_options=4 prompt.answer_format=answer; they may stand anywhere among the flags "
+                      "(mmrl config show lists every key)")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
     from mmrl.config import task_names
 
     p.add_argument("--task", default=None,
@@ -22,12 +26,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="DIR",
                    help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder in Hugging Face format "
                         "(default: a tiny random model that mmrl builds and caches)")
-    p.add_argument("--data", default=None, metavar="FILE",
-                   help="training data (JSONL, JSON, Parquet or a datasets folder; default: the toy world)")
-    p.add_argument("--eval-data", default=None, metavar="FILE", help="held-out data for evaluation")
-    p.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>-<time>)")
+    if command == "eval":
+        p.add_argument("--data", default=None, metavar="FILE",
+                       help="a dataset whose val/test split is given as data.val/data.test; use --eval-data FILE "
+                            "for the file to evaluate (default: the toy world's held-out split)")
+        p.add_argument("--eval-data", default=None, metavar="FILE",
+                       help="the questions to evaluate (JSONL, JSON, Parquet or a datasets folder)")
+        p.add_argument("--out", default=None, metavar="DIR",
+                       help="folder for metrics.json and predictions.jsonl (default: runs/eval-<time>)")
+    else:
+        p.add_argument("--data", default=None, metavar="FILE",
+                       help="training data (JSONL, JSON, Parquet or a datasets folder; default: the toy world)")
+        p.add_argument("--eval-data", default=None, metavar="FILE", help="held-out data for evaluation")
+        p.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDE_HELP)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help=EVAL_OVERRIDE_HELP if command == "eval" else OVERRIDE_HELP)
 
 
 def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None):
@@ -63,11 +77,23 @@ def _quiet_loading(quiet: bool) -> None:
         hf_logging.disable_progress_bar()
 
 
+def _recipe_hint(cfg, section: str, key: str) -> str:
+    """For a path the task recipe itself names (a paper recipe's model or data): how to run it."""
+    from mmrl.config import task_recipe
+
+    if (task_recipe(cfg.task).get(section) or {}).get(key) != getattr(getattr(cfg, section), key):
+        return ""
+    flag = "--model DIR" if section == "model" else "--data FILE"
+    return (f"; it is the {cfg.task} recipe's own setting (configs/{cfg.task}.yaml is the paper's recipe): give "
+            f"{flag} with your copy, or run the method on the toy world with its compare spec "
+            f"(mmrl compare configs/compare/{cfg.task}.yaml)")
+
+
 def _check_paths(cfg) -> None:
     from mmrl_common.errors import ConfigError
 
     if cfg.model.path and not Path(cfg.model.path).exists():
-        raise ConfigError(f"model.path: folder not found: {cfg.model.path}")
+        raise ConfigError(f"model.path: folder not found: {cfg.model.path}{_recipe_hint(cfg, 'model', 'path')}")
     if cfg.model.path:  # fail before the data are built or loaded
         from mmrl.policy import check_model_dir
 
@@ -75,13 +101,63 @@ def _check_paths(cfg) -> None:
     for split in ("train", "val", "test"):
         path = getattr(cfg.data, split)
         if path and not Path(path).exists():
-            raise ConfigError(f"data.{split}: file not found: {path}")
+            raise ConfigError(f"data.{split}: file not found: {path}{_recipe_hint(cfg, 'data', split)}")
+
+
+REAL_MODEL_PRESET = Path(__file__).resolve().parent.parent / "configs" / "presets" / "real-model.yaml"
+REAL_MODEL_PARAMS = 100e6  # below this a --model folder is a tiny model; the toy recipes' values suit it
+
+
+def _estimated_params(model_dir: str | Path) -> float:
+    """A model folder's parameter count from its config.json (transformer blocks and embeddings; rough)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    h, layers = float(text.get("hidden_size", 0)), float(text.get("num_hidden_layers", 0))
+    inter = float(text.get("intermediate_size", 4 * h))
+    return layers * (4 * h * h + 3 * h * inter) + float(text.get("vocab_size", 0)) * h
+
+
+def _own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``mmrl train --model DIR``: the real-model preset (``configs/presets/real-model.yaml``) for a model of
+    100M+ parameters, then the settings the folder was trained with (its ``mmrl_eval.json``), both under the
+    user's own YAML, flags and overrides; None with ``--recipe-settings``, ``--resume`` or no ``--model``."""
+    from mmrl.checkpoint import read_eval_settings
+    from mmrl.config_io import deep_merge, load_yaml
+    from mmrl.policy import check_model_dir
+
+    if not args.model or getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
+        return None
+    if not Path(args.model).is_dir():
+        return None  # _check_paths names the missing folder
+    check_model_dir(args.model)
+    base: dict[str, Any] = {}
+    if _estimated_params(args.model) >= REAL_MODEL_PARAMS:
+        base = load_yaml(REAL_MODEL_PRESET)
+    trained = read_eval_settings(args.model)
+    if trained:
+        base = deep_merge(base, trained)
+    return base or None
+
+
+def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any]) -> None:
+    """Print the settings that ``base`` (the preset, the folder's training settings) changed in the recipe."""
+    from mmrl.config_io import describe
+
+    recipe = {k: v for k, v, _ in describe(_load(args))}
+    changed = [f"{k}={v}" for k, v, _ in describe(cfg) if recipe.get(k) != v]
+    if changed and not args.quiet:
+        print(f"train: --model {args.model}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
+              f"training settings change the recipe: {' '.join(changed)} (a KEY=VALUE override wins; "
+              "--recipe-settings keeps the recipe's values)", flush=True)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from mmrl.run import default_run_dir, train
 
-    cfg = _load(args)
+    base = _own_model_base(args)
+    cfg = _load(args, base=base)
+    if base:
+        _say_changes(args, cfg, base)
     _check_paths(cfg)
     w = _join_world(cfg)
     run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
@@ -128,7 +204,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
-    result = run_sft(cfg, policy, samples, log=RunLog(run_dir), show_progress=not args.quiet)
+    from mmrl.config_io import to_dict
+
+    log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=not args.quiet)
+    try:
+        result = run_sft(cfg, policy, samples, log=log, show_progress=not args.quiet)
+    finally:
+        log.close()
     save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
     print(f"sft: {cfg.sft.steps} steps, last loss {result.get('loss', float('nan')):.4f}; model: {run_dir / 'final'}")
     return 0
@@ -192,14 +274,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main, checks=_checks(args))
     if not w.is_main:
         return 0
-    out = Path(cfg.out) if cfg.out else None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        with (out / "predictions.jsonl").open("w") as f:
-            for p in preds:
-                f.write(json.dumps(p, default=str) + "\n")
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    with (out / "predictions.jsonl").open("w") as f:
+        for p in preds:
+            f.write(json.dumps(p, default=str) + "\n")
     print(_table(metrics))
+    print(f"metrics and predictions: {out / 'metrics.json'}, {out / 'predictions.jsonl'}")
     return 0
 
 
@@ -262,6 +344,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                                    "built-in toy videos.")
     _common(p)
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--recipe-settings", action="store_true",
+                   help="with --model: keep the recipe's (toy-sized) values instead of the real-model preset "
+                        "(configs/presets/real-model.yaml: lr 1e-6, bf16, 2 fps up to 32 frames, Qwen's pixel "
+                        "budgets, 768 new tokens, think/answer) and the folder's own mmrl_eval.json")
     p.set_defaults(func=cmd_train)
 
 
@@ -304,8 +390,13 @@ def add_config_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate a model on a held-out split (accuracy per problem type and task)")
-    _common(p)
+    p = sub.add_parser("eval", help="evaluate a model on a held-out split (accuracy per problem type and task)",
+                       description="Answer every held-out question with the model, print the accuracy per "
+                                   "problem type and task, and write metrics.json and predictions.jsonl (one line "
+                                   "per question: the model's answer, the reference, the score) to --out. A model "
+                                   "folder written by mmrl is evaluated with the settings it was trained with "
+                                   "(its mmrl_eval.json).")
+    _common(p, "eval")
     p.add_argument("--split", choices=["val", "test"], default=None,
                    help="the held-out split of the data (default eval.split; --eval-data sets test)")
     p.add_argument("--limit", type=int, default=None, help="evaluate at most this many questions")

@@ -2,7 +2,8 @@
 
 Every (arm, seed) is an ordinary run folder ``OUT/<arm>/seed-<s>/`` made by ``mmrl train`` in a subprocess
 (its output goes to ``train.log`` there). A re-run skips finished runs, resumes interrupted ones
-(``--resume``) and starts missing ones. ``OUT/compare.md`` holds one table (per metric and arm: mean, sample
+(``--resume``) and starts missing ones; a finished or interrupted run whose saved ``config.yaml`` differs from
+what the spec now asks is refused with the differences named (``--force`` reuses it). ``OUT/compare.md`` holds one table (per metric and arm: mean, sample
 standard deviation, 95% t-interval over seeds, difference to the base arm) and the overlaid curves;
 ``OUT/compare.json`` holds the same numbers.
 
@@ -97,10 +98,18 @@ def summarize(values: list[float]) -> Stats:
 
 
 def intervals_overlap(a: Stats, b: Stats) -> bool | None:
-    """Whether the two 95% intervals overlap; None when either has fewer than two values."""
-    if a.lo is None or b.lo is None:
+    """Whether the two 95% intervals overlap; None when either has fewer than two values or is degenerate
+    (zero width: every seed gave the same value, e.g. the same share of a handful of questions)."""
+    if a.lo is None or b.lo is None or not a.sd or not b.sd:
         return None
     return a.lo <= b.hi and b.lo <= a.hi
+
+
+def clip_interval(s: Stats, bounds: tuple[float, float] | None) -> Stats:
+    """``s`` with its interval clipped to the metric's range (an accuracy's is [0, 1], a gain's [-1, 1])."""
+    if bounds is None or s.lo is None:
+        return s
+    return Stats(s.n, s.mean, s.sd, max(s.lo, bounds[0]), min(s.hi, bounds[1]))
 
 
 # ---------------------------------------------------------------------------------------------------- spec
@@ -281,6 +290,41 @@ class PlannedRun:
     dir: Path
     action: str  # skip (finished), resume (interrupted), start (missing)
     command: list[str]
+    differences: list[str] = field(default_factory=list)  # saved config.yaml vs the spec (skip / resume)
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_differences(arm: Arm, seed: int, folder: Path) -> list[str]:
+    """The settings in which the run's saved ``config.yaml`` differs from what the spec asks now, as
+    ``key: run's value -> spec's value`` (keys the saved file lacks, added by a newer mmrl, are not compared)."""
+    import yaml
+
+    from mmrl.config import load_run_config
+    from mmrl.config_io import to_dict
+
+    try:
+        saved = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    if not isinstance(saved, dict):
+        return []
+    cfg = load_run_config(arm.task, arm.config, [*arm.all_overrides, f"train.seed={seed}"],
+                          extra={"out": str(folder)})
+    now = _flat(yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False)))
+    before = _flat(saved)
+
+    def show(v: Any) -> str:
+        return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+    return [f"{k}: {show(v)} -> {show(now[k])}" for k, v in before.items() if k in now and now[k] != v]
 
 
 def train_command(arm: Arm, seed: int, folder: Path, *, resume: bool) -> list[str]:
@@ -303,8 +347,26 @@ def plan(spec: Spec) -> list[PlannedRun]:
             folder = run_dir(spec, arm.name, seed)
             act = action[run_status(folder)]
             runs.append(PlannedRun(arm.name, seed, folder, act,
-                                   [] if act == "skip" else train_command(arm, seed, folder, resume=act == "resume")))
+                                   [] if act == "skip" else train_command(arm, seed, folder, resume=act == "resume"),
+                                   config_differences(arm, seed, folder) if act != "start" else []))
     return runs
+
+
+def check_reuse(runs: list[PlannedRun], *, force: bool) -> None:
+    """Refuse to skip or resume runs whose saved configuration differs from the spec (their numbers would be
+    averaged with runs of other settings), naming each difference; ``force`` reuses them and says so."""
+    stale = [r for r in runs if r.differences]
+    if not stale:
+        return
+    lines = [f"  {r.arm} seed {r.seed} ({r.dir}, {'finished' if r.action == 'skip' else 'interrupted'}): "
+             + "; ".join(r.differences) for r in stale]
+    if force:
+        print(f"--force: reusing {len(stale)} runs made with other settings than the spec asks:", *lines, sep="\n")
+        return
+    raise MmrlError(f"{len(stale)} runs in the output folder were made with other settings than the spec now asks "
+                    "(run's value -> spec's value):\n" + "\n".join(lines) + "\nMove or delete those run folders to "
+                    "run them again with the spec's settings, give another --out, or pass --force to reuse them "
+                    "as they are.")
 
 
 def execute(runs: list[PlannedRun], parallel: int, *, show_progress: bool = True) -> dict[tuple[str, int], int]:
@@ -386,6 +448,24 @@ def metric_value(name: str, summary: dict[str, Any], rows: list[dict[str, Any]])
     return AGGREGATES[kind](values) if values else None
 
 
+_COUNTS = ("n", "n_total", "skipped", "seconds", "excluded")
+
+
+def metric_bounds(name: str) -> tuple[float, float] | None:
+    """The range a metric's values cannot leave: [0, 1] for the evaluations' accuracies (any
+    ``eval_before_rl`` / ``eval_after_rl`` path but counts and seconds) and for metrics.jsonl keys that are
+    accuracies; [-1, 1] for a gain of accuracies; None for anything else."""
+    kind, arg = parse_metric(name)
+    if kind in ("summary", "gain"):
+        parts = (arg if kind == "summary" else f"eval_after_rl.{arg}").split(".")
+        if parts[0] in ("eval_before_rl", "eval_after_rl") and parts[-1] not in _COUNTS:
+            return (0.0, 1.0) if kind == "summary" else (-1.0, 1.0)
+        return None
+    if kind in AGGREGATES and "accuracy" in arg.split("/")[-1]:
+        return 0.0, 1.0
+    return None
+
+
 @dataclass
 class RunData:
     arm: str
@@ -398,19 +478,28 @@ class RunData:
     error: str = ""  # the last line of the log of a run that did not finish
 
 
+_ERROR_LINE = re.compile(r"^(error:|[\w.]*(Error|Exception|Interrupt)\b|Killed\b|interrupted\b|"
+                         r"RuntimeError|Segmentation fault|torch.distributed.*(failed|error))", re.IGNORECASE)
+_NOISE_LINE = re.compile(r"warn|^\[.*\]\s*\[?(INFO|DEBUG)|\r|\d+%\|", re.IGNORECASE)
+
+
 def _log_tail(log: Path) -> tuple[int | None, str]:
-    """The exit status of the last attempt in a run's log (None while running or killed), and its last line."""
+    """The exit status of the last attempt in a run's log (None while running or killed), and the line that
+    says why it stopped: its last error line (``error: ...``, an exception, ``Killed``), else its last line
+    that is neither a third-party warning nor a progress bar ("" when there is none)."""
     if not log.is_file():
         return None, ""
-    code, last = None, ""
+    code, last, error = None, "", ""
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith(EXIT_MARK) and line[len(EXIT_MARK):].strip().lstrip("-").isdigit():
             code = int(line[len(EXIT_MARK):])
         elif line.startswith("$ "):
-            code = None
-        elif line.strip():
+            code, last, error = None, "", ""
+        elif _ERROR_LINE.match(line.strip()):
+            error = line.strip()
+        elif line.strip() and not _NOISE_LINE.search(line):
             last = line.strip()
-    return code, last[:160]
+    return code, (error or last)[:160]
 
 
 def collect(spec: Spec) -> list[RunData]:
@@ -425,7 +514,7 @@ def collect(spec: Spec) -> list[RunData]:
             if status == "finished":
                 runs.append(RunData(arm, seed, folder, status, _read_json(folder / "summary.json") or {},
                                     read_metrics(folder), code))
-            elif status == "missing" and code is None and not last:
+            elif status == "missing" and not (folder / LOG).is_file():
                 runs.append(RunData(arm, seed, folder, "not run"))
             else:
                 runs.append(RunData(arm, seed, folder, "failed" if code else "unfinished", exit=code, error=last))
@@ -461,7 +550,7 @@ def table(spec: Spec, runs: list[RunData]) -> dict[str, dict[str, dict[str, Any]
         for arm in spec.arms:
             finished = [r for r in runs if r.arm == arm and r.status == "finished"]
             values[arm] = {r.seed: v for r in finished if (v := metric_value(metric, r.summary, r.rows)) is not None}
-            stats[arm] = summarize(list(values[arm].values()))
+            stats[arm] = clip_interval(summarize(list(values[arm].values())), metric_bounds(metric))
         base = stats[spec.base]
         result[metric] = {}
         for arm, s in stats.items():
@@ -499,6 +588,23 @@ def mean_curve(series: list[dict[int, float]]) -> list[tuple[int, float, float]]
     return out
 
 
+def curve_points(run: RunData, key: str) -> dict[int, float]:
+    """``step -> value`` of a metrics.jsonl key over the RL steps; for an evaluation key (``eval/accuracy``) with
+    the evaluation before RL at step 0 and the one after RL at the last step (from summary.json)."""
+    points = {r["step"]: float(r[key]) for r in run.rows if r.get("stage") == "rl" and _num(r.get(key))}
+    if key.startswith("eval/"):
+        path = key[len("eval/"):].replace("/", ".")
+        before, after = _at(run.summary, f"eval_before_rl.{path}"), _at(run.summary, f"eval_after_rl.{path}")
+        last = _at(run.summary, "stages.rl.steps")
+        if not _num(last):
+            last = max((r["step"] for r in run.rows if r.get("stage") == "rl" and _num(r.get("step"))), default=None)
+        if _num(before):
+            points[0] = float(before)
+        if _num(after) and last is not None:
+            points[int(last)] = float(after)
+    return dict(sorted(points.items()))
+
+
 def plot_curves(spec: Spec, runs: list[RunData]) -> dict[str, str]:
     """One PNG per curve: each arm's mean over seeds (smoothed) with a +-1 sd band; returns key -> file."""
     import matplotlib
@@ -511,13 +617,12 @@ def plot_curves(spec: Spec, runs: list[RunData]) -> dict[str, str]:
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
         drawn = False
         for arm in spec.arms:
-            series = [{r["step"]: float(r[key]) for r in run.rows if r.get("stage") == "rl" and _num(r.get(key))}
-                      for run in runs if run.arm == arm and run.status == "finished"]
+            series = [curve_points(run, key) for run in runs if run.arm == arm and run.status == "finished"]
             points = mean_curve([s for s in series if s])
             if not points:
                 continue
             steps, mean, sd = (list(x) for x in zip(*points))
-            k = max(1, len(steps) // 20)
+            k = 1 if key.startswith("eval/") else max(1, len(steps) // 20)  # evaluations are few: not smoothed
             mean, sd = _smooth(mean, k), _smooth(sd, k)
             line, = ax.plot(steps, mean, lw=2, label=f"{arm} ({len([s for s in series if s])} seeds)")
             ax.fill_between(steps, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
@@ -538,9 +643,30 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-NOTES = ("sd: sample standard deviation over seeds (n − 1). 95% interval: mean ± t(0.975, n − 1)·sd/√n. "
+NOTES = ("sd: sample standard deviation over seeds (n − 1). 95% interval: mean ± t(0.975, n − 1)·sd/√n, "
+         "clipped to the metric's range (accuracies [0, 1], gains [−1, 1]). "
          "Δ: the arm's mean minus the base arm's mean. \"overlap\": the two 95% intervals overlap, so these seeds "
-         "do not separate the arms; \"no overlap\": they do (a conservative test). Only finished runs count.")
+         "do not separate the arms; \"no overlap\": they do (a conservative test); no test where an arm has fewer "
+         "than two seeds or a zero-width interval (every seed gave the same value: with few questions or seeds "
+         "that says nothing about the spread). Only finished runs count.")
+
+
+def _no_test(spec: Spec, arms: dict[str, dict[str, Any]], arm: str) -> str:
+    """Why a row has no interval comparison with the base arm."""
+    if arm == spec.base:
+        return "–"
+    if arms[spec.base]["n"] == 0:
+        return "no test: the base arm has no value of this metric"
+    if arms[arm]["n"] < 2 or arms[spec.base]["n"] < 2:
+        return "too few seeds (n < 2)"
+    which = "this arm's" if arms[arm].get("sd") == 0 else "the base arm's"
+    return f"no test: {which} interval has zero width (every seed the same value)"
+
+
+def _eval_sizes(runs: list[RunData]) -> list[int]:
+    """The numbers of held-out questions behind the finished runs' accuracies."""
+    return sorted({int(n) for r in runs if r.status == "finished"
+                   for stage in ("eval_before_rl", "eval_after_rl") if _num(n := _at(r.summary, f"{stage}.n"))})
 
 
 def _table_rows(spec: Spec, runs: list[RunData], numbers: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
@@ -550,7 +676,7 @@ def _table_rows(spec: Spec, runs: list[RunData], numbers: dict[str, dict[str, di
         for arm, s in arms.items():
             ci = "–" if s["ci95"] is None else f"[{_f(s['ci95'][0])}, {_f(s['ci95'][1])}]"
             seeds = str(s["n"]) if s["n"] == len(spec.seeds) else f"{s['n']} of {len(spec.seeds)}"
-            note = {True: "overlap", False: "**no overlap**", None: "–" if arm == spec.base else "n < 2"}
+            note = {True: "overlap", False: "**no overlap**", None: _no_test(spec, arms, arm)}
             rows.append(f"| {_cell(metric)} | {arm}{' (base)' if arm == spec.base else ''} | {seeds} | "
                         f"{_f(s['mean'])} | {_f(s['sd'])} | {ci} | {_f(s['diff_to_base'], sign=True)} | "
                         f"{note[s['intervals_overlap']]} |")
@@ -558,7 +684,8 @@ def _table_rows(spec: Spec, runs: list[RunData], numbers: dict[str, dict[str, di
         if r.status == "finished":
             continue
         what = f"failed (exit {r.exit})" if r.status == "failed" else r.status
-        where = "" if r.status == "not run" else f"log `{r.dir / LOG}`" + (f": {_cell(r.error)}" if r.error else "")
+        why = r.error or ("no exit status and no error line: killed, or still running" if r.exit is None else "")
+        where = "" if r.status == "not run" else f"log `{r.dir / LOG}`" + (f": {_cell(why)}" if why else "")
         rows.append(f"| **run {what}** | {r.arm} | seed {r.seed} | | | | | {where} |")
     return rows
 
@@ -571,8 +698,14 @@ def write_report(spec: Spec) -> Path:
     curves = plot_curves(spec, runs)
     header = (f"Spec `{spec.path}`; base arm `{spec.base}`; seeds {', '.join(map(str, spec.seeds))}; each run "
               f"is a folder `{spec.out}/<arm>/seed-<s>/` (report.md, summary.json, {LOG}).")
-    lines = [f"# mmrl compare: {spec.path.name}", "", header, "", *_table_rows(spec, runs, numbers), "", NOTES,
-             "", "## Arms", ""]
+    lines = [f"# mmrl compare: {spec.path.name}", "", header, ""]
+    sizes = _eval_sizes(runs)
+    if sizes and sizes[0] < 30:
+        lines += [(f"**Few questions**: the held-out accuracies come from {', '.join(map(str, sizes))} questions per "
+                  f"run, so each is a multiple of 1/{sizes[0]}; seeds often tie, and intervals over so few questions "
+                  "and seeds cannot separate the arms. Use a larger held-out split (data.toy_size, --eval-data) and "
+                  "more seeds."), ""]
+    lines += [*_table_rows(spec, runs, numbers), "", NOTES, "", "## Arms", ""]
     shared = next(iter(spec.arms.values())).shared
     if shared:
         lines.append("- every arm: overrides " + " ".join(f"`{o}`" for o in shared))
@@ -617,6 +750,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise MmrlError(f"--arms {args.arms!r}: {', '.join(unknown) or 'no arm named'} not in {spec.path.name} "
                             f"(its arms: {', '.join(spec.arms)})")
         runs = [r for r in runs if r.arm in chosen]
+    check_reuse(runs, force=args.force)
     todo = [r for r in runs if r.action != "skip"]
     counts = {a: sum(r.action == a for r in runs) for a in ("skip", "resume", "start")}
     print(f"{len(runs)} runs in {spec.out} (parallel {spec.parallel}): {counts['skip']} finished, "
@@ -642,7 +776,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "OUT/<arm>/seed-<s>/, its output in train.log there), then write OUT/compare.md (per metric\n"
                     "and arm: mean, sd and 95% t-interval over seeds, difference to the base arm; overlaid\n"
                     "curves) and OUT/compare.json. A re-run skips finished runs, resumes interrupted ones and\n"
-                    "starts missing ones.",
+                    "starts missing ones; a run whose saved config.yaml differs from what the spec now asks is\n"
+                    "refused with the differences named (--force reuses it).",
         epilog="spec (YAML):\n"
                "  arms:                      # name -> {task, config, overrides}; the first is the base\n"
                "    grpo: {task: video-qa}\n"
@@ -666,5 +801,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arms", default=None, metavar="A,B",
                    help="run only these arms (e.g. one added to a measured spec); the report covers every arm "
                         "that has run folders")
+    p.add_argument("--force", action="store_true",
+                   help="reuse finished or interrupted runs whose saved config.yaml differs from what the spec now "
+                        "asks (by default such runs are refused with the differences named)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)

@@ -279,6 +279,13 @@ class RolloutConfig:
                               "(every rollout of a group would be the same greedy answer); use e.g. 1.0")
         if self.max_turns < 1:
             raise ConfigError(f"rollout.max_turns={self.max_turns}: must be >= 1")
+        if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
+            raise ConfigError(f"rollout.max_new_tokens={self.max_new_tokens}: a completion needs at least one new "
+                              "token; use e.g. 64 (the toy answers) or 512-1024 (reasoning)")
+        if self.backend not in ("hf", "vllm"):  # another backend is one an imports: module registered
+            from mmrl.rollout import BACKENDS
+
+            BACKENDS.get(self.backend)  # a ConfigError naming the nearest and the valid backends
 
 
 @dataclass
@@ -342,6 +349,12 @@ class TrainConfig:
     health_window: int = 20
     """Steps over which the run-health warnings look (no reward signal, one answer for everything, mostly
     equal-reward groups); each warns once, on the console and in the report. 0: off."""
+    report_to: list[str] | str = field(default_factory=list)
+    """Experiment trackers that get every step's metrics and the logged rollouts, besides metrics.jsonl and
+    rollouts.jsonl (always written): tensorboard (event files in <run>/tensorboard; pip install
+    'mmrl[tensorboard]') and/or wandb (a run in <run>/wandb, offline unless an API key is set and wandb's
+    server is reachable, or as WANDB_MODE says; WANDB_PROJECT names the project, default mmrl; pip install
+    'mmrl[wandb]'). Empty: none."""
 
     def __post_init__(self) -> None:
         if self.offload != "none" and not self.deepspeed:
@@ -349,6 +362,11 @@ class TrainConfig:
                               "or zero3 too")
         if self.dist_timeout_minutes <= 0:
             raise ConfigError(f"train.dist_timeout_minutes={self.dist_timeout_minutes}: must be > 0")
+        if isinstance(self.report_to, str):  # train.report_to=wandb
+            self.report_to = [] if self.report_to in ("", "none") else [self.report_to]
+        from mmrl.run_log import check_trackers
+
+        check_trackers(self.report_to)
 
 
 @dataclass
@@ -391,6 +409,11 @@ class EvalConfig:
     """Above 0: the headline accuracy counts only multiple-choice questions with at least this many options
     (0: every question counts); the questions left out are named with the reason."""
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1):
+            raise ConfigError(f"eval.max_new_tokens={self.max_new_tokens}: an answer needs at least one new token; "
+                              "use e.g. 64, or null for rollout.max_new_tokens")
+
 
 @dataclass
 class RunConfig:
@@ -413,6 +436,13 @@ class RunConfig:
     """Method plugins by registered name (samplers, curricula, callbacks) with their settings."""
     imports: list[str] = field(default_factory=list)
     """Modules or .py files to import first (they register rewards, samplers, plug-ins, shapers, ...)."""
+
+    def __post_init__(self) -> None:
+        from rewards.registry import resolve_reward
+
+        for i, spec in enumerate(self.rewards):  # a typo fails when the config loads (config show too)
+            if isinstance(spec, RewardSpec) and isinstance(spec.name, str):
+                resolve_reward(spec.name, where=f"rewards[{i}]")
 
 
 def task_names() -> list[str]:

@@ -289,6 +289,28 @@ class Policy:
         return self.processor.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
+    def prompt_text(self, seq: TokenSeq) -> str:
+        """The prompt of ``seq`` as the model saw it (the tokens before its first trained token, chat-template
+        and vision tokens included), each run of a repeated media placeholder shown once with its count
+        (``<|video_pad|>×96``), for the logged rollouts."""
+        end = next((i for i, m in enumerate(seq.loss_mask) if m), len(seq.ids))
+        ids, parts = seq.ids[:end], []
+        i = 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and ids[j] == ids[i] and seq.mm_types[j] != TEXT:
+                j += 1
+            if j - i > 1:
+                parts.append(f"{self.tokenizer.decode([ids[i]])}×{j - i}")
+                i = j
+                continue
+            j = i + 1
+            while j < len(ids) and seq.mm_types[j] == TEXT:
+                j += 1
+            parts.append(self.tokenizer.decode(ids[i:j]))
+            i = j
+        return "".join(parts)
+
     def encode(self, text: str, media: Sequence[MediaInput] = ()) -> TokenSeq:
         """Tokenise rendered text with its media (placeholders expanded by the processor).
 

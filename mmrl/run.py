@@ -158,16 +158,16 @@ def default_run_dir(cfg: RunConfig) -> Path:
 def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress: bool = True) -> dict[str, Any]:
     """Run (or with ``resume`` continue) the stages in ``run_dir``; returns the summary. A session that ends
     with an error or Ctrl-C still adds its time to the run's total."""
-    states: list[RunState] = []
+    states: list[RunState | RunLog] = []
     try:
         return _train(cfg, run_dir=run_dir, resume=resume, show_progress=show_progress, states=states)
     except BaseException:
-        for state in states:
-            state.save()
+        for state in states:  # the run's time so far; the trackers' files closed
+            state.close() if isinstance(state, RunLog) else state.save()
         raise
 
 
-def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, states: list[RunState]
+def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, states: list[RunState | RunLog]
            ) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
@@ -186,8 +186,14 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     cfg_path = run_dir / "config.yaml"
     if resume and not cfg_path.exists():
         raise MmrlError(f"--resume: {run_dir} holds no run (no config.yaml)")
-    if not resume and RunState(run_dir).data["stages"]:
-        raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+    earlier = RunState(run_dir).data["stages"]
+    if not resume and earlier:
+        if _rl_started(run_dir, earlier):
+            raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
+        if w.is_main:  # an attempt that failed before its first RL step: nothing to keep, start again
+            _clear_attempt(run_dir)
+            print(f"{run_dir} holds a run that stopped before its first RL step ({', '.join(earlier)} done); "
+                  "starting it again with this configuration", flush=True)
     if resume and w.is_main:
         _note_schedule_change(cfg_path, cfg, run_dir)
     w.barrier()  # every rank has checked the folder before rank 0 writes into it
@@ -195,7 +201,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         cfg_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     state = RunState(run_dir)
     states.append(state)
-    log = RunLog(run_dir)
+    log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show_progress)
+    states.append(log)
     threads = set_cpu_threads(cfg.train.cpu_threads, show=show_progress, earlier=state.data.get("torch_threads"))
     state.data["torch_threads"] = threads  # a resume continues with the same count (bitwise the same steps)
     state.save()
@@ -209,6 +216,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         eval_samples = eval_samples[:cfg.eval.limit]
     if not train_samples:
         raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
+    check_rewards(cfg, train_samples[0])
     # ZeRO-3 on several ranks: the model is built already partitioned, unless this run has a cold start (the
     # SFT stage trains the whole model on each rank)
     cold_start = cfg.sft.steps > 0 and not (cfg.sft.target == "random_answer" and cfg.model.path)
@@ -305,6 +313,54 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
             print(f"report: {report}")
     log.close()
     return summary
+
+
+def _rl_started(run_dir: Path, stages: dict[str, Any]) -> bool:
+    """Whether the run in ``run_dir`` took an RL step (a checkpoint, an RL row in metrics.jsonl, RL done)."""
+    from mmrl.checkpoint import latest_checkpoint
+    from mmrl.run_log import read_metrics
+
+    return ("rl" in stages or latest_checkpoint(run_dir) is not None or (run_dir / "final").exists()
+            or any(r.get("stage") == "rl" for r in read_metrics(run_dir)))
+
+
+def _clear_attempt(run_dir: Path) -> None:
+    """Remove what an attempt that never reached RL left (its state, logs, cold-start model, event files)."""
+    import shutil
+
+    for name in ("run_state.json", "metrics.jsonl", "rollouts.jsonl", "summary.json", "report.md"):
+        (run_dir / name).unlink(missing_ok=True)
+    for name in ("sft-model", "tensorboard"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
+def check_rewards(cfg: RunConfig, sample: Any) -> None:
+    """Call the rewards brought from outside mmrl (``trl:NAME``, ``module.function``) on one training sample with
+    its reference answer as the completion, before the model loads: a reward that cannot read mmrl's columns
+    fails here, in seconds, with the sample named (not after the model loaded and the evaluation ran)."""
+    from mmrl.evaluate import RewardState, dataset_columns, prompt_messages, reward_columns
+    from rewards import CombinedReward
+    from rewards.registry import REWARDS, RewardSpec
+
+    outside = [s for s in cfg.rewards if isinstance(s, RewardSpec) and isinstance(s.name, str)
+               and REWARDS.canonical(s.name) is None]
+    if not outside:
+        return
+    answer = sample.answer if not isinstance(sample.answer, (list, tuple)) else ", ".join(map(str, sample.answer))
+    text = (f"<think>checking</think><answer>{answer}</answer>" if cfg.prompt.answer_format == "think_answer"
+            else f"<answer>{answer}</answer>")
+    columns: dict[str, Any] = reward_columns([sample])
+    columns.update(prompts=[prompt_messages(sample, cfg.prompt)], completion_ids=[[]], transcript=[text],
+                   env_info=[None], entropies=None, trainer_state=RewardState(0, cfg.train.steps, "default"),
+                   log_extra=lambda *a: None, log_metric=lambda *a: None)
+    combined = CombinedReward(outside, where="rewards")
+    try:
+        combined.compute([text], columns, messages=[[{"role": "assistant", "content": text}]],
+                         dataset_columns=dataset_columns([sample]))
+    except MmrlError as exc:
+        raise MmrlError(f"{exc} (checked on the first training sample, {sample.id}, with its reference answer as "
+                        "the completion, before the model loads; the reward reads the columns id, problem_type, "
+                        "question, options, answer, meta and each meta key)") from None
 
 
 def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:

@@ -706,7 +706,8 @@ class GRPOTrainer:
         for i in range(n):
             a = None if adv is None else float(adv[i] if adv.dim() == 1 else adv[i][batch.loss_mask[i] > 0].mean())
             records.append({
-                "id": batch.samples[i].id, "answer": batch.samples[i].answer, "turns": batch.turns[i],
+                "id": batch.samples[i].id, "answer": batch.samples[i].answer,
+                "prompt": self.policy.prompt_text(batch.seqs[i]), "turns": batch.turns[i],
                 "rewards": {k: float(v[i]) for k, v in batch.reward_components.items()},
                 "advantage": a, "response_length": int(batch.response_length[i]),
             })

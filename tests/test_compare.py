@@ -13,6 +13,8 @@ from tiny_runs import TINY_RUN
 from mmrl.cli import main
 from mmrl.compare import (
     LOG,
+    RunData,
+    curve_points,
     intervals_overlap,
     load_spec,
     mean_curve,
@@ -186,7 +188,90 @@ out: {tmp_path / 'out'}
     assert "ppo not in spec.yaml (its arms: grpo, kl)" in capsys.readouterr().err
 
 
+def test_runs_made_with_other_settings_are_refused_unless_forced(tmp_path: Path, capsys) -> None:
+    import yaml
+
+    from mmrl.config import load_run_config
+    from mmrl.config_io import to_dict
+
+    out = tmp_path / "out"
+    spec_path = write_spec(tmp_path, f"arms: {{grpo: {{}}, kl: {{overrides: [grpo.kl_coef=0.05]}}}}\n"
+                                     f"seeds: [0]\noverrides: [train.steps=30]\nout: {out}\n")
+    for arm, steps, extra in (("grpo", 15, []), ("kl", 30, ["grpo.kl_coef=0.05"])):  # grpo: made with 15 steps
+        folder = out / arm / "seed-0"
+        make_run(folder)
+        cfg = load_run_config("video-qa", overrides=[f"train.steps={steps}", *extra, "train.seed=0"],
+                              extra={"out": str(folder)})
+        (folder / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    runs = {r.arm: r for r in plan(load_spec(spec_path))}
+    assert runs["grpo"].differences == ["train.steps: 15 -> 30"] and runs["kl"].differences == []
+    assert main(["compare", str(spec_path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"grpo seed 0 ({out / 'grpo' / 'seed-0'}, finished): train.steps: 15 -> 30" in err
+    assert "kl seed" not in err and "--force" in err and "Traceback" not in err
+    assert main(["compare", str(spec_path), "--dry-run", "--arms", "kl"]) == 0  # kl's run matches the spec
+    assert main(["compare", str(spec_path), "--dry-run", "--force"]) == 0
+    printed = capsys.readouterr().out
+    assert "--force: reusing 1 runs" in printed and "2 finished, 0 to resume, 0 to start" in printed
+
+
 # ------------------------------------------------------------------------------------------------ the report
+
+def test_report_says_when_intervals_cannot_separate_and_why_runs_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec_path = write_spec(tmp_path, f"arms: {{grpo: {{}}, method: {{}}}}\nseeds: [0, 1, 2]\nout: {out}\n"
+                                     "metrics: [eval_after_rl.accuracy, gain]\n")
+    for seed in (0, 1):  # two questions: every seed of an arm lands on the same accuracy
+        make_run(out / "grpo" / f"seed-{seed}", before=0.5, after=0.5)
+        make_run(out / "method" / f"seed-{seed}", before=0.5, after=1.0)
+    for arm in ("grpo", "method"):
+        state = json.loads((out / arm / "seed-0" / "run_state.json").read_text())
+        summary = json.loads((out / arm / "seed-0" / "summary.json").read_text())
+        assert state["stages"]["eval_after_rl"]["n"] == summary["eval_after_rl"]["n"] == 10
+    killed, failed = out / "grpo" / "seed-2", out / "method" / "seed-2"
+    killed.mkdir(parents=True)
+    (killed / LOG).write_text("$ python -m mmrl train ...\n[2026-11-26 02:00:01,000] [WARNING] "
+                              "[real_accelerator.py:209:get_accelerator] Setting ds_accelerator to cpu\n"
+                              "rl:  45%|####5     | 9/20 [00:40<00:49,  4.5s/step]\n")
+    failed.mkdir(parents=True)
+    (failed / LOG).write_text("$ python -m mmrl train ...\nRuntimeError: CUDA error: device-side assert\n"
+                              "[2026-11-26 02:00:01,000] [WARNING] [real_accelerator.py:209] Setting ds_accelerator"
+                              "\n[mmrl compare] exit status 1\n")
+    assert main(["compare", str(spec_path), "--report-only"]) == 0
+    md = (out / "compare.md").read_text()
+    rows = {line.split(" | ")[0] + line.split(" | ")[1]: line for line in md.splitlines() if line.startswith("| ")}
+    assert "**no overlap**" not in md  # two zero-width intervals [0.5, 0.5] and [1.0, 1.0] separate nothing
+    assert "interval has zero width" in rows["| eval_after_rl.accuracymethod"]
+    assert "Few questions" in md and "10 questions per run" in md
+    assert "real_accelerator" not in md
+    assert f"log `{killed / LOG}`: no exit status and no error line: killed, or still running |" in md
+    assert f"log `{failed / LOG}`: RuntimeError: CUDA error: device-side assert |" in md
+
+
+def test_bounded_metrics_keep_their_intervals_inside_their_range(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec_path = write_spec(tmp_path, f"arms: {{grpo: {{}}}}\nseeds: [0, 1]\nout: {out}\n"
+                                     "metrics: [eval_after_rl.accuracy, gain, eval_after_rl.n, last:reward]\n")
+    make_run(out / "grpo" / "seed-0", before=0.0, after=0.05, rewards=(2.0,))
+    make_run(out / "grpo" / "seed-1", before=0.0, after=0.95, rewards=(5.0,))
+    assert main(["compare", str(spec_path), "--report-only"]) == 0
+    m = json.loads((out / "compare.json").read_text())["metrics"]
+    half = 12.706205 * math.sqrt(0.405) / math.sqrt(2)  # t-interval half width of (0.05, 0.95)
+    assert m["eval_after_rl.accuracy"]["grpo"]["ci95"] == [0.0, 1.0]  # 0.5 -+ 5.7
+    assert m["gain"]["grpo"]["ci95"] == [-1.0, 1.0]
+    assert m["last:reward"]["grpo"]["ci95"] == [pytest.approx(3.5 - 3 * half / 0.9), pytest.approx(3.5 + 3 * half / 0.9)]
+    assert m["last:reward"]["grpo"]["ci95"][0] < 0  # a reward has no known range: not clipped
+
+
+def test_eval_curve_has_the_points_before_and_after_rl() -> None:
+    summary = {"eval_before_rl": {"accuracy": 0.25}, "eval_after_rl": {"accuracy": 0.75},
+               "stages": {"rl": {"steps": 30}}}
+    rows = [{"stage": "rl", "step": s, "reward": 0.1} for s in range(1, 31)]
+    rows[9]["eval/accuracy"], rows[19]["eval/accuracy"] = 0.4, 0.6
+    run = RunData("grpo", 0, Path("x"), "finished", summary, rows)
+    assert curve_points(run, "eval/accuracy") == {0: 0.25, 10: 0.4, 20: 0.6, 30: 0.75}
+    assert curve_points(run, "reward") == {s: 0.1 for s in range(1, 31)}  # not an evaluation: RL steps only
+
 
 def test_report_statistics_on_hand_made_runs(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -213,12 +298,12 @@ curves: [reward, reward/accuracy]
     base = m["eval_after_rl.accuracy"]["grpo"]
     half = 4.302653 * 0.2 / math.sqrt(3)
     assert base["n"] == 3 and base["mean"] == pytest.approx(0.4) and base["sd"] == pytest.approx(0.2)
-    assert base["ci95"] == [pytest.approx(0.4 - half), pytest.approx(0.4 + half)]
+    assert base["ci95"] == [0.0, pytest.approx(0.4 + half)]  # 0.4 - half < 0: clipped
     assert base["diff_to_base"] is None
     arm = m["eval_after_rl.accuracy"]["method"]  # the failed seed does not count: values 0.7, 0.8
     half2 = 12.706205 * math.sqrt(0.005) / math.sqrt(2)
     assert arm["n"] == 2 and arm["mean"] == pytest.approx(0.75) and arm["sd"] == pytest.approx(math.sqrt(0.005))
-    assert arm["ci95"] == [pytest.approx(0.75 - half2), pytest.approx(0.75 + half2)]
+    assert arm["ci95"] == [pytest.approx(0.75 - half2), 1.0]  # 0.75 + half2 > 1: clipped
     assert arm["diff_to_base"] == pytest.approx(0.35) and arm["intervals_overlap"] is True
     assert m["gain"]["grpo"]["mean"] == pytest.approx(0.3)
     assert m["eval_after_rl.by_task.shape"]["method"]["n"] == 1 and m["eval_after_rl.by_task.shape"]["grpo"]["n"] == 0
@@ -227,8 +312,9 @@ curves: [reward, reward/accuracy]
     assert runs[("method", 2)]["status"] == "failed" and runs[("method", 2)]["exit"] == 2
     md = (out / "compare.md").read_text()
     table_rows = [line for line in md.splitlines() if line.startswith("| ")]
-    assert "| eval_after_rl.accuracy | grpo (base) | 3 | 0.400 | 0.200 | [-0.097, 0.897] | – | – |" in table_rows
-    assert ("| eval_after_rl.accuracy | method | 2 of 3 | 0.750 | 0.071 | [0.115, 1.385] | +0.350 | overlap |"
+    # the t-intervals [-0.097, 0.897] and [0.115, 1.385] clipped to an accuracy's range
+    assert "| eval_after_rl.accuracy | grpo (base) | 3 | 0.400 | 0.200 | [0.000, 0.897] | – | – |" in table_rows
+    assert ("| eval_after_rl.accuracy | method | 2 of 3 | 0.750 | 0.071 | [0.115, 1.000] | +0.350 | overlap |"
             in table_rows)
     failed = [line for line in table_rows if "failed" in line]
     log = out / "method" / "seed-2" / LOG

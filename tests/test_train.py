@@ -119,6 +119,9 @@ def test_run_folder_and_final_model(runs: dict[str, Path], cache: Path, tmp_path
     assert all("reward" in r and "loss" in r for r in records if r["stage"] == "rl")
     rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert rollouts and all(r["turns"] and "rewards" in r for r in rollouts)
+    # the prompt as the model saw it: the chat template, the question, the video as one counted placeholder run
+    assert all(r["prompt"].startswith("<|im_start|>") and r["prompt"].rstrip().endswith("assistant")
+               and "<|video_pad|>×" in r["prompt"] for r in rollouts)
     report = (run / "report.md").read_text()
     pngs = [line.split("(")[-1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
     assert len(pngs) >= 3

@@ -16,8 +16,8 @@ Defaults and why:
 * ``loss_agg="token-mean"`` -- DAPO / Lite PPO token-level loss; no length bias between long and short
   answers of a group. ``seq-mean-token-sum-norm`` uses ``loss_norm_const`` or else
   ``max_response_length`` as its constant.
-* ``kl_estimator="k3"``, ``kl_coef=0.0`` -- KL is off by default (DAPO, Dr. GRPO, GSPO, Lite PPO drop it and
-  it saves the reference model); when turned on, k3 is the GRPO / verl recommendation (e.g. 0.001-0.04).
+* ``kl_estimator="k3"``, ``kl_coef=0.0`` -- mmrl's default has no KL term (DAPO, Dr. GRPO, GSPO, Lite PPO drop
+  it and it saves the reference model); when turned on, k3 is the GRPO / verl recommendation (e.g. 0.001-0.04).
 * ``ppo_epochs=1`` -- one pass per rollout batch (TRL, Lite PPO); then ratio = 1 and clipping is inert unless
   the batch is split into several optimizer mini-batches (``ppo_mini_batch_size``, as verl and EasyR1).
 * ``kl_reward_estimator="k1"`` -- the KL folded into the reward (``kl_in_reward``) has its own estimator.
@@ -46,7 +46,11 @@ from .shaping import TokenShaper, build_shaper, get_shaper
 class GRPOConfig:
     # advantages
     advantage_estimator: str = "grpo"
+    """How each rollout's advantage comes from its group's rewards: grpo (minus the group mean, over the group
+    std; DeepSeekMath, TRL, verl), dr_grpo (minus the mean, no std), rloo (minus the mean of the others),
+    batch_std (over the batch's std), or a registered estimator."""
     adv_eps: float = 1e-6
+    """Added to the standard deviation before dividing (a group of equal rewards gets advantage 0)."""
     # policy loss
     policy_loss: str = "ppo"
     clip_low: float = 0.2
@@ -57,10 +61,19 @@ class GRPOConfig:
     {ratio, lb, ub}; kl_cov: {ratio, coef}); the loss reads them merged as ``loss_settings``."""
     # aggregation
     loss_agg: str = "token-mean"
+    """How the per-token losses of a batch are averaged into one number: token-mean (every token of the batch
+    weighs the same; DAPO, Lite PPO: no length bias), seq-mean-token-mean (each sequence's mean, then the mean
+    over sequences; GRPO paper), seq-mean-token-sum (each sequence's sum), seq-mean-token-sum-norm (each sum over a
+    constant, Dr. GRPO: loss_norm_const, else max_response_length)."""
     loss_norm_const: float | None = None
+    """The constant of seq-mean-token-sum-norm (null: grpo.max_response_length)."""
     # KL to the reference
     kl_estimator: str = "k3"
+    """The per-token estimator of the KL to the reference model: k3 (GRPO, verl), k1, k2, abs, none."""
     kl_coef: float = 0.0
+    """Weight of the KL-to-reference term in the loss. 0 turns it off and no reference model is kept (DAPO,
+    Dr. GRPO, GSPO, Lite PPO drop it); GRPO and verl use 0.001-0.04. mmrl's own default is 0; a recipe may
+    set it (the value above is the one this run uses)."""
     kl_in_reward: bool = False
     kl_reward_estimator: str = "k1"
     """The estimator of the KL folded into the reward (``kl_in_reward``): k1, as classic RLHF-PPO and verl."""

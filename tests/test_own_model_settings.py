@@ -1,0 +1,77 @@
+"""``mmrl train --model DIR``: a user's own model starts from the real-model preset, not the toy recipe's values,
+and from the settings the folder was trained with (its mmrl_eval.json), under everything the user sets."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mmrl.cli import build_parser
+from mmrl.commands import REAL_MODEL_PARAMS, _estimated_params, _load, _own_model_base, _say_changes
+from mmrl.config_io import load_yaml
+from mmrl.tiny_models import ensure_tiny
+
+
+@pytest.fixture()
+def tiny(tmp_path) -> Path:
+    out = tmp_path / "tiny"
+    shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
+    (out / "mmrl_eval.json").unlink(missing_ok=True)
+    return out
+
+
+def _as_7b(folder: Path) -> Path:
+    """The folder's config.json with Qwen2.5-VL-7B's text sizes (the preset reads sizes, not weights)."""
+    cfg = json.loads((folder / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    text.update(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, vocab_size=152064)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _cfg(*argv: str):
+    args = build_parser().parse_args(["train", *argv])
+    base = _own_model_base(args)
+    return args, base, _load(args, base=base)
+
+
+def test_a_real_model_starts_from_the_preset_and_says_what_changed(tiny, capsys) -> None:
+    big = _as_7b(tiny)
+    assert _estimated_params(big) > REAL_MODEL_PARAMS
+    preset = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "presets" / "real-model.yaml")
+    args, base, cfg = _cfg("--model", str(big))
+    assert cfg.train.lr == preset["train"]["lr"] == 1e-6 and cfg.model.dtype == "bf16"
+    assert cfg.prompt.answer_format == "think_answer" and cfg.rollout.max_new_tokens >= 512
+    assert cfg.data.media.max_frames == preset["data"]["media"]["max_frames"] >= 16
+    assert next(s for s in cfg.rewards if s.name == "format").kwargs["mode"] == "think_answer"
+    _say_changes(args, cfg, base)
+    said = capsys.readouterr().out
+    assert "train.lr=1e-06" in said and "prompt.answer_format=think_answer" in said
+    # the user's override wins over the preset; --recipe-settings keeps the recipe
+    _, _, cfg = _cfg("--model", str(big), "train.lr=5e-7")
+    assert cfg.train.lr == 5e-7
+    _, base, cfg = _cfg("--model", str(big), "--recipe-settings")
+    assert base is None and cfg.train.lr == _cfg()[2].train.lr
+
+
+def test_a_tiny_model_keeps_the_recipe_but_takes_its_own_training_settings(tiny) -> None:
+    _, base, cfg = _cfg("--model", str(tiny))
+    assert base is None and cfg.train.lr == _cfg()[2].train.lr  # a tiny model: the toy recipe suits it
+    (tiny / "mmrl_eval.json").write_text(json.dumps({"prompt": {"answer_format": "think_answer"},
+                                                     "data": {"media": {"max_frames": 6}}}))
+    _, base, cfg = _cfg("--model", str(tiny))
+    assert cfg.prompt.answer_format == "think_answer" and cfg.data.media.max_frames == 6
+    _, _, cfg = _cfg("--model", str(tiny), "data.media.max_frames=5")
+    assert cfg.data.media.max_frames == 5
+
+
+def test_a_paper_recipe_without_its_model_says_how_to_run_it(capsys) -> None:
+    from mmrl.cli import main
+
+    assert main(["train", "--task", "earl", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "configs/earl.yaml is the paper's recipe" in err and "--model DIR" in err
+    assert "mmrl compare configs/compare/earl.yaml" in err
+    assert main(["train", "--task", "earl", "--quiet", "--model", "/no/such/folder"]) == 2
+    assert "paper's recipe" not in capsys.readouterr().err  # the user's own path: no recipe hint
