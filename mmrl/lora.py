@@ -128,6 +128,12 @@ def save_adapters(policy: Any, folder: str | Path, *, state: dict[str, torch.Ten
     wrapper.save_pretrained(str(folder), safe_serialization=True, **kwargs)
     if not had_readme and readme.exists():
         readme.unlink()  # PEFT's model-card stub: nothing to say that the config does not
+    config_path = folder / ADAPTER_CONFIG
+    config = json.loads(config_path.read_text())
+    base = config.get("base_model_name_or_path")
+    if base and Path(base).is_dir() and not Path(base).is_absolute():  # found from any working directory later
+        config["base_model_name_or_path"] = str(Path(base).resolve())
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
     return folder
 
 

@@ -118,6 +118,9 @@ def check_model_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise MmrlError(f"model folder not found: {path}")
+    if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+        adapter_base(path)  # a LoRA checkpoint: its base model must be found
+        return path
     if not (path / "config.json").is_file():
         raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
     has_processor = any((path / name).is_file() for name in (
@@ -149,6 +152,8 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
     path = check_model_dir(path)
+    if not (path / "config.json").is_file():  # a LoRA checkpoint: its base with the adapters merged in
+        return _load_adapter_checkpoint(path, dtype=dtype, attn_implementation=attn_implementation, device=device)
     config = AutoConfig.from_pretrained(path)
     if config.model_type not in FAMILIES:
         raise MmrlError(f"{path}: model type '{config.model_type}' is not supported; "
@@ -163,6 +168,44 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     policy.load_args = {"path": str(path), "dtype": dtype, "attn_implementation": attn_implementation,
                         "device": device}
     return policy
+
+
+def adapter_base(folder: Path) -> Path:
+    """The base model of a LoRA checkpoint (``adapter_config.json``'s ``base_model_name_or_path``): as saved
+    when it is a folder; a relative one also against the run folder, whose ``config.yaml`` names the model the
+    run started from. Errors say where it looked."""
+    import json
+
+    saved = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    tried = [Path(saved)] if saved else []
+    if saved and not Path(saved).is_absolute():
+        tried.append(folder.parent / saved)
+    run_cfg = folder.parent / "config.yaml"
+    if run_cfg.is_file():
+        import yaml
+
+        start = ((yaml.safe_load(run_cfg.read_text()) or {}).get("model") or {}).get("path")
+        if start:
+            tried.append(Path(start) if Path(start).is_absolute() else folder.parent / start)
+    for cand in tried:
+        if (cand / "config.json").is_file():
+            return cand.resolve()
+    raise MmrlError(f"{folder}: a LoRA checkpoint whose base model was not found (base_model_name_or_path "
+                    f"{saved!r}; looked in {', '.join(str(t) for t in tried) or 'nothing'}); evaluate the run's "
+                    "final/ folder (the merged model), or set base_model_name_or_path in its adapter_config.json")
+
+
+def _load_adapter_checkpoint(folder: Path, **kwargs: Any) -> Policy:
+    """A LoRA checkpoint (adapters and processor) as a model: the base loaded, the adapters merged in."""
+    from peft import PeftModel
+
+    policy = load_policy(adapter_base(folder), **kwargs)
+    merged = PeftModel.from_pretrained(policy.model, str(folder)).merge_and_unload()
+    from transformers import AutoProcessor
+
+    out = Policy(merged, AutoProcessor.from_pretrained(folder))
+    out.load_args = {**policy.load_args, "path": str(folder)}
+    return out
 
 
 class Policy:

@@ -199,6 +199,34 @@ def test_the_runs_merged_export_answers_as_its_adapters(lora_run: Path, tmp_path
     assert json.loads((out / "metrics.json").read_text())["n"] == info["used"]
 
 
+def test_a_lora_checkpoint_evaluates_as_its_merged_model(lora_run: Path, tmp_path: Path) -> None:
+    """``mmrl eval --model runs/r/checkpoint-N`` on a LoRA run: the checkpoint holds adapters only; it loads
+    as its base model with the adapters merged (the same answers as the run's merged final export, taken after
+    the same last step), and a base that cannot be found is a clear error."""
+    import shutil
+
+    from mmrl_common.errors import MmrlError
+
+    ckpt = lora_run / "checkpoint-3"
+    saved = json.loads((ckpt / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert Path(saved).is_absolute()  # found from any working directory
+    from_ckpt, final = load_policy(ckpt, device="cpu"), load_policy(lora_run / "final", device="cpu")
+    seqs = _prompts(final)
+    assert _greedy(from_ckpt, seqs) == _greedy(final, seqs)
+    from mmrl.config import resume_run_config
+    from mmrl.run import load_split
+
+    _, info = load_split(resume_run_config(lora_run / "config.yaml"), "test", show_progress=False)
+    assert cli.main(["eval", "--quiet", "--model", str(ckpt), "--eval-data", info["path"],
+                     "--out", str(tmp_path / "eval")]) == 0
+    lost = tmp_path / "moved" / "checkpoint-3"
+    shutil.copytree(ckpt, lost)
+    cfg = json.loads((lost / "adapter_config.json").read_text())
+    (lost / "adapter_config.json").write_text(json.dumps({**cfg, "base_model_name_or_path": "models/gone"}))
+    with pytest.raises(MmrlError, match="base model was not found.*models/gone"):
+        load_policy(lost, device="cpu")
+
+
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_merged_export_loads_and_gives_the_adapter_models_greedy_answers(family: str, tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
