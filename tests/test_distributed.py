@@ -221,6 +221,19 @@ def test_zero3_generation_gathers_the_weights_once_per_call(env: dict[str, str],
     assert max(report[0]["lengths"]) > max(report[1]["lengths"])  # the ranks ran different numbers of passes
 
 
+def _one_and_two_ranks(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[list[dict], list[dict]]:
+    """``mmrl ARGS`` in one process (into tmp_path/one) and on 2 torchrun ranks (tmp_path/two): both
+    runs' predictions."""
+    for ranks, name in ((1, "one"), (2, "two")):
+        launch = [MMRL] if ranks == 1 else [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "mmrl"]
+        done = subprocess.run([*launch, *args, "--out", str(tmp_path / name)], env=env, check=False,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    one, two = ([json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+                for name in ("one", "two"))
+    return one, two
+
+
 def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_path: Path) -> None:
     """``mmrl eval`` under torchrun: each rank answers its share (5 questions: 3 and 2), the predictions are
     gathered in order, and the score equals the single-process one."""
@@ -231,13 +244,7 @@ def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_p
             "data.toy_tasks=[color]", "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
             "data.media.min_frames=4", "data.media.max_frames=4", "eval.batch_size=1", "eval.max_new_tokens=6",
             "train.cpu_threads=1"]
-    for ranks, name in ((1, "one"), (2, "two")):
-        launch = [MMRL] if ranks == 1 else [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "mmrl"]
-        done = subprocess.run([*launch, *args, "--out", str(tmp_path / name)], env=env, check=False,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    one, two = ([json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
-                for name in ("one", "two"))
+    one, two = _one_and_two_ranks(args, env, tmp_path)
     assert len(one) == 5 and [p["id"] for p in two] == [p["id"] for p in one]  # each question once, in order
     assert [p["completion"] for p in two] == [p["completion"] for p in one]
     m1, m2 = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
@@ -256,13 +263,7 @@ def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp
     args = ["eval", "--quiet", "--benchmark", "videomme", "--data-root", str(root), "--model", str(model),
             "--frames", "4", "--max-pixels", "3136", "--batch-size", "2", "--workers", "0",
             "eval.max_new_tokens=6", "train.cpu_threads=1"]
-    for ranks, name in ((1, "one"), (2, "two")):
-        launch = [MMRL] if ranks == 1 else [TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "mmrl"]
-        done = subprocess.run([*launch, *args, "--out", str(tmp_path / name)], env=env, check=False,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    one, two = ([json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
-                for name in ("one", "two"))
+    one, two = _one_and_two_ranks(args, env, tmp_path)
     assert [p["id"] for p in two] == [p["id"] for p in one] and len(one) >= 4
     assert [p["completion"] for p in two] == [p["completion"] for p in one]
     assert not list((tmp_path / "two").glob("predictions.rank*.jsonl"))  # merged, then removed

@@ -9,6 +9,7 @@ examples/reward_function/aepo.py; "paper" = the ARES README and the paper's summ
 from __future__ import annotations
 
 import pytest
+from published import assert_published
 
 from mmrl.config import load_run_config
 
@@ -53,23 +54,9 @@ PUBLISHED = [
 ]
 
 
-def lookup(cfg, dotted: str):
-    head, *rest = dotted.split(".")
-    if head == "plugins":
-        node = cfg.plugins
-        for k in rest:
-            node = node[k]
-        return node
-    node = getattr(cfg, head)
-    for k in rest:
-        node = getattr(node, k)
-    return node
-
-
 @pytest.mark.parametrize(("key", "value", "source"), PUBLISHED, ids=[row[0] for row in PUBLISHED])
 def test_recipe_equals_the_published_setting(key, value, source):
-    cfg = load_run_config("ares")
-    assert lookup(cfg, key) == value, f"{key}: published {value!r} ({source})"
+    assert_published("ares", key, value, source)
 
 
 def test_hwe_window_relaxation_is_on():

@@ -7,6 +7,7 @@ results came from this code."""
 from __future__ import annotations
 
 import pytest
+from published import assert_published
 
 from mmrl.config import load_run_config
 
@@ -34,17 +35,9 @@ PUBLISHED = [
 PUBLISHED_REWARD = {"format_weight": 0.5, "iou_weight": 0.5, "format_mode": "think_answer", "clip_to_shown": False}
 
 
-def _get(cfg: object, path: str) -> object:
-    for part in path.split("."):
-        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
-    return cfg
-
-
 @pytest.mark.parametrize(("path", "value", "source"), PUBLISHED, ids=[row[0] for row in PUBLISHED])
 def test_recipe_value_is_the_published_one(path: str, value: object, source: str) -> None:
-    got = _get(load_run_config("temporal-grounding"), path)
-    assert got == pytest.approx(value) if isinstance(value, float) else got == value, (
-        f"configs/temporal-grounding.yaml {path} = {got!r}, published {value!r} ({source})")
+    assert_published("temporal-grounding", path, value, source)
 
 
 def test_dual_reward_is_the_released_one() -> None:

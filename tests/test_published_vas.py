@@ -6,6 +6,7 @@ and ``released_code`` / ``weighting: minmax`` selects the code."""
 from __future__ import annotations
 
 import pytest
+from published import assert_published
 
 from mmrl.config import load_run_config
 
@@ -36,17 +37,9 @@ PUBLISHED = [
 ]
 
 
-def _get(cfg: object, path: str) -> object:
-    for part in path.split("."):
-        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
-    return cfg
-
-
 @pytest.mark.parametrize(("path", "value", "source"), PUBLISHED, ids=[row[0] for row in PUBLISHED])
 def test_recipe_value_is_the_published_one(path: str, value: object, source: str) -> None:
-    got = _get(load_run_config("vas"), path)
-    assert got == pytest.approx(value) if isinstance(value, float) else got == value, (
-        f"configs/vas.yaml {path} = {got!r}, published {value!r} ({source})")
+    assert_published("vas", path, value, source)
 
 
 def test_the_sampler_built_from_the_recipe_draws_in_proportion_to_vps() -> None:
