@@ -328,7 +328,8 @@ def _table(m: dict[str, Any]) -> str:
     f = score_text
     rows = [f"accuracy {f(m['accuracy'])} on {m['n']} questions ({m['n_total']} evaluated, {m['skipped']} skipped)"]
     for k, v in m["by_problem_type"].items():
-        rows.append(f"  {k:<22} {f(v)}")
+        how = (m.get("scored_as") or {}).get(k)
+        rows.append(f"  {k:<22} {f(v)}" + (f"  ({how})" if how and k != "multiple_choice" else ""))
     for k, v in m["by_task"].items():
         rows.append(f"  task {k:<17} {f(v)}")
     for name, check in CHECKS.items():  # each check's section, in its own words

@@ -25,6 +25,7 @@ from transformers import TrainerState
 from mmrl.service import RolloutService
 from mmrl_common.errors import MediaError
 from mmrl_common.registry import Registry
+from rewards.accuracy import SCORED_AS
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ def summarize(predictions: list[dict[str, Any]], *, min_options: int = 0,
         "min_options": min_options,
         "excluded": [*excluded, *unreadable],
         "by_problem_type": {k: mean(v) for k, v in sorted(by_type.items())},
+        "scored_as": {k: SCORED_AS.get(k, "the accuracy reward's score") for k in sorted(by_type)},
         "by_task": {k: mean(v) for k, v in sorted(by_task.items())},
     }
 

@@ -47,6 +47,7 @@ from rewards.registry import normalize_completions, per_sample_error, register_r
 from rewards.video_r1_metrics import ocr_score, rouge_mean
 
 __all__ = [
+    "SCORED_AS",
     "SCORERS",
     "TEXT_METRICS",
     "available_scorers",
@@ -120,6 +121,18 @@ def _references(row: Mapping[str, Any]) -> list[str]:
         raise ValueError("the sample has no gold answer")
     return refs
 
+
+SCORED_AS: dict[str, str] = {
+    "multiple_choice": "the option letter read equals the gold one (1/0)",
+    "yes_no": "yes/no equals the gold (1/0)",
+    "numeric": "the number equals the gold (1/0)",
+    "open": "token F1 against the reference (SQuAD-style, partial credit; not exact match)",
+    "free_form": "mean of ROUGE-1/2/L F-measures against the reference (Video-R1)",
+    "ocr": "1 - word error rate against the reference (Video-R1)",
+    "temporal_grounding": "temporal IoU of the predicted span with the gold one",
+}
+"""What each built-in scorer's number means, with its default settings (evaluation reports say it beside each
+problem type's score; a registered scorer of another type is "the accuracy reward's score")."""
 
 TEXT_METRICS: Registry[Callable[[Any, Any], float]] = Registry("text metric", register_error=ConfigError)
 """The metrics of the ``open``, ``free_form`` and ``ocr`` scorers (settings ``open_metric``, ``free_form_metric``,
