@@ -179,6 +179,20 @@ class RunLog:
                 self.trackers.append(TensorBoardTracker(run_dir) if name == "tensorboard"
                                      else WandbTracker(run_dir, config, show))
 
+    def last_step(self, stage: str) -> int:
+        """The last step of ``stage`` in ``metrics.jsonl`` (0: none)."""
+        if not self.enabled or not self.metrics_path.exists():
+            return 0
+        last = 0
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("stage") == stage:
+                last = max(last, int(rec.get("step", 0)))
+        return last
+
     def truncate_after(self, stage: str, step: int) -> None:
         """Drop events of ``stage`` after ``step`` (and everything logged after them) before a resume."""
         if not self.enabled:

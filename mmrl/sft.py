@@ -158,6 +158,10 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
     encoded: dict[str, Any] = {}
     bad = 0
     if log is not None:
+        cut = log.last_step("sft")
+        if cut:
+            tqdm.write(f"cold start: the earlier session stopped at SFT step {cut} of {s.steps}; the cold start keeps "
+                       "no checkpoints, so it runs again from step 0 (its earlier log rows are replaced)")
         log.truncate_after("sft", 0)  # a cold start that was killed is redone from its first step
     policy.model.train()
     last = {}
