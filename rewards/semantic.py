@@ -109,13 +109,18 @@ class SemanticScorer:
     def _pair(self, a: Any, b: Any) -> float:
         raise NotImplementedError
 
-    def similarity(self, predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    def _embedded(self, predictions: Sequence[str], references: Sequence[str]
+                  ) -> tuple[list[str], list[str], dict[str, Any]]:
+        """The stripped texts and one embedding per distinct non-empty text (one ``embed`` call)."""
         if len(predictions) != len(references):
             raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
         preds = [str(p).strip() for p in predictions]
         refs = [str(r).strip() for r in references]
         texts = [t for t in preds + refs if t]
-        vecs = dict(zip(texts, self.embed(texts))) if texts else {}
+        return preds, refs, dict(zip(texts, self.embed(texts))) if texts else {}
+
+    def similarity(self, predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+        preds, refs, vecs = self._embedded(predictions, references)
         return [0.0 if not p or not r else self._pair(vecs[p], vecs[r]) for p, r in zip(preds, refs)]
 
 
@@ -234,12 +239,7 @@ class BertScoreScorer(SemanticScorer):
     def scores(self, predictions: Sequence[str], references: Sequence[str], *,
                idf: dict[int, float] | None = None) -> list[tuple[float, float, float]]:
         """(precision, recall, F1) of each prediction against its reference; an empty side scores 0."""
-        if len(predictions) != len(references):
-            raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
-        preds = [str(x).strip() for x in predictions]
-        refs = [str(x).strip() for x in references]
-        texts = [t for t in preds + refs if t]
-        vecs = dict(zip(texts, self.embed(texts))) if texts else {}
+        preds, refs, vecs = self._embedded(predictions, references)
         return [(0.0, 0.0, 0.0) if not p or not r else self._pair(vecs[p], vecs[r], idf) for p, r in zip(preds, refs)]
 
     def similarity(self, predictions: Sequence[str], references: Sequence[str], *, part: str = "f1",
