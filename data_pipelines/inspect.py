@@ -60,9 +60,12 @@ class InspectReport:
         if self.media_probed < self.media_total:
             lines.append(f"(media statistics from {self.media_probed} of {self.media_total} files)")
         if self.media_errors:
-            lines += ["", (f"{len(self.media_errors)} media files could not be read "
-                          "(run `mmrl data validate` for details):")]
+            lines += ["", (f"{len(self.media_errors)} media files could not be read (each named at its first "
+                          "record; re-encode or replace them, or pass data.on_bad_sample=skip to train without "
+                          "their records; `mmrl data validate` lists every record):")]
             lines += [f"  {e}" for e in self.media_errors[:5]]
+            if len(self.media_errors) > 5:
+                lines.append(f"  ... and {len(self.media_errors) - 5} more")
         if self.contact_sheet is not None:
             lines += ["", f"contact sheet: {self.contact_sheet}"]
         return "\n".join(lines)
@@ -104,7 +107,7 @@ def inspect_dataset(
         "answer (multiple choice)": Counter(str(s.answer) for s in result.samples
                                             if s.problem_type == "multiple_choice"),
     }
-    _media_stats(result.samples, report, max_media, progress)
+    _media_stats(result.samples, report, max_media, progress, result.locations)
     if samples > 0:
         out_dir = Path(out) if out is not None else (path if path.is_dir() else path.parent) / "inspect"
         chosen = pick_samples(result.samples, samples)
@@ -113,27 +116,33 @@ def inspect_dataset(
     return report
 
 
-def _media_stats(samples: list[Sample], report: InspectReport, max_media: int, progress: bool) -> None:
+def _media_stats(samples: list[Sample], report: InspectReport, max_media: int, progress: bool,
+                 locations: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     files: dict[str, str] = {}
-    for s in samples:
+    first_use: dict[str, str] = {}  # file -> "FILE:LINE: sample 'id'" of its first record
+    for i, s in enumerate(samples):
         for m in s.media:
             if not m.is_remote():
                 files.setdefault(m.path, m.type)
+                if locations is not None and i < len(locations):
+                    first_use.setdefault(m.path, f"{locations[i]}: sample {s.id!r}")
     report.media_total = len(files)
     items = list(files.items())[:max_media]
     report.media_probed = len(items)
     stats: dict[str, list[float]] = {k: [] for k in ("duration_s", "fps", "width", "height", "num_frames")}
     with quiet_native_stderr() as console:  # the decoders' own messages would repeat ours
         for p, kind in tqdm(items, desc="media", unit="file", leave=False, file=console, disable=not progress):
-            _probe(p, kind, stats, report)
+            _probe(p, kind, stats, report, first_use.get(p))
     report.video_stats = stats if stats["duration_s"] else {}
 
 
-def _probe(p: str, kind: str, stats: dict[str, list[float]], report: InspectReport) -> None:
+def _probe(p: str, kind: str, stats: dict[str, list[float]], report: InspectReport, where: str | None = None
+           ) -> None:
     from mmrl_common.errors import MediaError, MmrlError
 
+    at = f"{where}: " if where else ""
     try:
         if kind == "video":
             from video.reader import open_video
@@ -148,9 +157,9 @@ def _probe(p: str, kind: str, stats: dict[str, list[float]], report: InspectRepo
             img = open_image(p)
             report.image_sizes.append((img.width, img.height))
     except MediaError as exc:  # its reason may name the file again
-        report.media_errors.append(f"{p}: {short_reason(exc.reason, p)}")
+        report.media_errors.append(f"{at}{p}: {short_reason(exc.reason, p)}")
     except (MmrlError, OSError, ValueError) as exc:
-        report.media_errors.append(f"{p}: {exc}")
+        report.media_errors.append(f"{at}{p}: {short_reason(str(exc), p)}")
 
 
 def pick_samples(samples: list[Sample], n: int) -> list[Sample]:

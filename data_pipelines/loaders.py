@@ -43,7 +43,9 @@ class RawRecord:
 
 @dataclass
 class LoadResult:
-    """What :func:`load_samples` read. ``locations[i]`` is ``file:line`` of ``samples[i]``."""
+    """What :func:`load_samples` read. ``locations[i]`` is ``file:line`` of ``samples[i]``. ``total`` counts
+    records (a JSONL file's blank lines are none); ``lines`` is the number of lines of a JSONL file (None for
+    other formats); ``skipped_by`` counts the skipped records by why (:data:`SKIP_KINDS`), each record once."""
 
     path: Path
     file_format: str
@@ -54,6 +56,13 @@ class LoadResult:
     skipped: int = 0
     total: int = 0
     base_dir: Path | None = None
+    lines: int | None = None
+    skipped_by: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def blank_lines(self) -> int:
+        """Blank lines of a JSONL file (read and passed over; no record)."""
+        return 0 if self.lines is None else self.lines - self.total
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -351,6 +360,8 @@ def load_samples(
         if checked.problems or sample is None:
             result.problems.extend(checked.problems)
             result.skipped += 1
+            why = skip_kind(checked.problems)
+            result.skipped_by[why] = result.skipped_by.get(why, 0) + 1
             continue
         if resolve_paths:
             for item in sample.media:
@@ -359,12 +370,31 @@ def load_samples(
         result.samples.append(sample)
         result.locations.append(checked.location)
     result.record_format = checker.record_format
+    if file_fmt == "jsonl":  # numbered as _iter_jsonl numbers them (FILE:N), blank lines included
+        with open(path, "rb") as fh:
+            result.lines = sum(1 for _ in fh)
     if result.problems and on_bad_sample == "raise":
         shown = "\n".join(f"  {p}" for p in result.problems)
         raise DataError(f"{result.skipped} bad record(s) of {result.total} in {path}:\n{shown}\n"
                         f"{numbering_note(result.problems)}"
                         f"fix them, or {skip_hint} to load the good records and skip these")
     return result
+
+
+SKIP_KINDS = {"json": "broken JSON", "fields": "bad fields", "duplicate": "duplicate id",
+              "media": "bad media"}
+"""Why a record is skipped, as :attr:`LoadResult.skipped_by` counts it, and how reports name it."""
+
+
+def skip_kind(problems: list[Problem]) -> str:
+    """The one reason a record with ``problems`` counts as skipped for (a key of :data:`SKIP_KINDS`): a line
+    that cannot be read, else a bad field (any non-media problem), else a duplicate id, else bad media."""
+    kinds = {p.kind for p in problems}
+    if "json" in kinds:
+        return "json"
+    if kinds - {"media", "duplicate"} or not kinds:
+        return "fields"
+    return "duplicate" if "duplicate" in kinds else "media"
 
 
 def numbering_note(problems: list[Problem]) -> str:

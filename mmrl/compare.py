@@ -629,12 +629,13 @@ def plot_curves(spec: Spec, runs: list[RunData]) -> dict[str, str]:
                             color=line.get_color(), alpha=0.2, lw=0)
             drawn = True
         if drawn:
-            ax.set(xlabel="step", title=f"{key}: mean over seeds, band ±1 sd")
+            from mmrl.report import save_figure
+
+            ax.set(xlabel="step")
             ax.grid(alpha=0.3)
             ax.legend(loc="best", fontsize=8)
-            fig.tight_layout()
             made[key] = f"curve-{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.png"
-            fig.savefig(spec.out / made[key])
+            save_figure(fig, ax, f"{key}: mean over seeds, band ±1 sd", spec.out / made[key])
         plt.close(fig)
     return made
 

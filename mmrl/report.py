@@ -35,6 +35,33 @@ def _smooth(values: list[float], k: int) -> list[float]:
     return out
 
 
+def save_figure(fig: Any, ax: Any, title: str, path: Path) -> None:
+    """Title ``ax`` with ``title``, lay the figure out and write it to ``path``. A title wider than the figure
+    is wrapped onto more lines until it fits (``tight_layout`` makes room for the lines, the axis labels and the
+    tick labels, but never narrows a title, which matplotlib centres over the axes and cuts at the edges)."""
+    import textwrap
+
+    def wrap(width: int) -> list[str]:
+        return textwrap.wrap(title, width, break_on_hyphens=False) or [title]
+
+    text = ax.set_title(title)
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    width, margin = len(title), 4  # characters per line; pixels kept clear of the figure's edges
+    for _ in range(len(title)):
+        box = text.get_window_extent(renderer)
+        if (box.x0 >= margin and box.x1 <= fig.bbox.width - margin) or width <= 8:
+            break
+        room = 2 * min(box.x0 + box.width / 2, fig.bbox.width - box.x0 - box.width / 2) - 2 * margin
+        width = max(8, min(width - 1, int(width * room / max(box.width, 1.0))))
+        n = len(wrap(width))  # as few lines as fit, then as even as those lines allow (no one-word last line)
+        longest = max((len(word) for word in title.split()), default=0)  # split inside a word only if it must
+        even = next(w for w in range(max(-(-len(title) // n), min(longest, width)), width + 1) if len(wrap(w)) <= n)
+        text.set_text("\n".join(wrap(even)))
+        fig.tight_layout()  # room for the added lines
+    fig.savefig(path)
+
+
 def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) -> list[tuple[str, str]]:
     """Write one PNG per curve found in metrics.jsonl; returns ``(title, file)`` pairs. The accuracy curve
     carries the held-out evaluations: those during RL (``eval/accuracy``) and ``held_out`` (step, accuracy)
@@ -64,11 +91,9 @@ def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) 
         if evals:
             ax.plot(*zip(*evals), "o-", color="#c50", label="held-out eval")
         ax.set_xlabel("step")
-        ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(run_dir / fname)
+        save_figure(fig, ax, title, run_dir / fname)
         plt.close(fig)
         made.append((title, fname))
     return made
@@ -85,13 +110,36 @@ def _plot_family(plt: Any, rows: list[dict[str, Any]], prefix: str, title: str, 
         steps, vals = zip(*pts)
         ax.plot(steps, _smooth(list(vals), max(1, len(vals) // 20)), lw=1.6, label=k[len(prefix):] or k)
     ax.set_xlabel("step")
-    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, ax, title, path)
     plt.close(fig)
     return True
+
+
+def data_line(role: str, d: dict[str, Any]) -> str:
+    """One split's counts as the file has them: lines read (JSONL: blank ones too), records, loaded, skipped and
+    why, and the samples used (good records a setting leaves out, named). ``d`` is ``mmrl.run.load_split``'s
+    info; ``role`` is ``train`` or ``eval``."""
+    from data_pipelines.loaders import SKIP_KINDS
+
+    split = d.get("split")
+    head = f"- **{role} data**" + (f" ({split} split)" if split and split != role else "")
+    if not d.get("path"):
+        return f"{head}: none (no data.{split or role} file given)"
+    where = f"{head} `{d['path']}`: "
+    if d.get("records") is None:  # a summary written before these counts were kept
+        return f"{where}{d['used']} samples used of {d['loaded']} loaded ({d['skipped']} bad records skipped)"
+    lines, blank = d.get("lines"), d.get("blank_lines") or 0
+    read = (f"{lines} lines read{f' ({blank} blank)' if blank else ''}, " if lines is not None else "") + \
+        f"{d['records']} records: {d['loaded']} loaded, {d['skipped']} skipped"
+    why = d.get("skipped_by") or {}
+    if why:
+        read += " (" + ", ".join(f"{n} {SKIP_KINDS.get(k, k)}" for k, n in why.items()) + ")"
+    left_out = d.get("left_out") or {}
+    used = f"; {d['used']} used" + (" (" + ", ".join(f"{n} left out by {k}" for k, n in left_out.items()) + ")"
+                                    if left_out else "")
+    return where + read + used
 
 
 def _fmt(v: Any) -> str:
@@ -152,8 +200,7 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
         if name == "data":
             for split, d in info.items():
                 if d:
-                    lines.append(f"- **{split} data**: {d['used']} samples used of {d['loaded']} loaded "
-                                 f"({d['skipped']} bad records skipped) from `{d['path']}`")
+                    lines.append(data_line(split, d))
                     for rec in d.get("skipped_records") or []:
                         who = f" sample `{rec['id']}`:" if rec.get("id") else ""
                         lines.append(f"  - skipped `{rec['where']}`:{who} {'; '.join(rec['reasons'])}")

@@ -83,7 +83,7 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
         if cfg.data.train is not None:
             if split == "train":
                 raise ConfigError("data.train is required")
-            return [], {}
+            return [], {"split": split, "path": None}  # the report says there was none
         from data_pipelines.toy import ensure_toy
 
         toy = ensure_toy(seed=cfg.data.toy_seed, size=cfg.data.toy_size or "default",
@@ -97,15 +97,20 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
                           check_media=check or False, progress=show_progress,
                           skip_hint="pass data.on_bad_sample=skip")
     samples = list(result.samples)
+    left_out: dict[str, int] = {}  # good records the run's settings leave out, by setting
     if cfg.data.toy_tasks and getattr(cfg.data, split) is None:  # toy-world settings never filter user data
-        samples = [s for s in samples if s.meta.get("task") in cfg.data.toy_tasks]
+        kept = [s for s in samples if s.meta.get("task") in cfg.data.toy_tasks]
+        left_out["data.toy_tasks"], samples = len(samples) - len(kept), kept
     if cfg.data.problem_types:
-        samples = [s for s in samples if s.problem_type in cfg.data.problem_types]
+        kept = [s for s in samples if s.problem_type in cfg.data.problem_types]
+        left_out["data.problem_types"], samples = len(samples) - len(kept), kept
     skipped: dict[str, dict[str, Any]] = {}
     for p in result.problems:
         rec = skipped.setdefault(p.location(), {"where": p.location(), "id": p.sample_id, "reasons": []})
         rec["reasons"].append(p.reason)
-    info = {"path": str(path), "loaded": len(result.samples), "used": len(samples), "skipped": result.skipped,
+    info = {"path": str(path), "split": split, "lines": result.lines, "blank_lines": result.blank_lines,
+            "records": result.total, "loaded": len(result.samples), "used": len(samples), "skipped": result.skipped,
+            "skipped_by": dict(result.skipped_by), "left_out": {k: n for k, n in left_out.items() if n},
             "skipped_records": list(skipped.values())}
     if skipped:
         from data_pipelines.loaders import numbering_note
@@ -214,6 +219,9 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
     if cfg.eval.limit:
         eval_samples = eval_samples[:cfg.eval.limit]
+        if len(eval_samples) < eval_info.get("used", 0):  # the report counts what is evaluated
+            eval_info["left_out"]["eval.limit"] = eval_info["used"] - len(eval_samples)
+            eval_info["used"] = len(eval_samples)
     if not train_samples:
         raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
     check_rewards(cfg, train_samples[0])

@@ -7,9 +7,14 @@ processors do); ``duration == num_frames / fps``.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import importlib.util
 import os
-from collections.abc import Sequence
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +39,81 @@ def decord_available() -> bool:
 
 def _check_file(path: Path) -> None:
     check_media_path(path, "video")
+
+
+# ------------------------------------------------------------------------------ the decoders' own output
+# decord logs through its bundled FFmpeg (``[mov,mp4,m4a,3gp,3g2,mj2 @ 0x...] moov atom not found``), which
+# decord.logging.set_level turns off, and through dmlc's C++ logger (``[04:49:43] .../video_reader.cc:83: ERROR
+# opening: ...``), which nothing turns off: it writes to file descriptor 2 directly. PyAV keeps FFmpeg's log
+# off unless the user turns it on (av.logging.set_level), which is left as the user set it.
+_NATIVE_NOISE = re.compile(r"^\s*(\[\d\d:\d\d:\d\d\] \S+:\d+: |\[[\w,.-]+ @ (0x)?[0-9a-fA-F]+\] |Stack trace|\[bt\] )")
+_held_lock = threading.Lock()
+_held: dict[str, Any] = {"depth": 0, "saved": None, "file": None}
+_decord_quiet = False
+
+
+@contextlib.contextmanager
+def native_output_held() -> Iterator[None]:
+    """Hold back what the decoders' C code writes to file descriptor 2 while any thread is inside.
+
+    The first thread in sends fd 2 to a temporary file; the last one out restores it and writes back every
+    line that is not a decoder's own message (decord's and FFmpeg's log lines, C++ stack traces), so a
+    warning printed meanwhile by anything else still appears. Nothing is held back when fd 2 cannot be
+    redirected (no real stderr)."""
+    with _held_lock:
+        if _held["depth"] == 0:
+            try:
+                sys.stderr.flush()
+                saved = os.dup(2)
+            except (OSError, ValueError, AttributeError):
+                saved = None
+            if saved is not None:
+                tmp = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by the last thread out
+                os.dup2(tmp.fileno(), 2)
+                _held["saved"], _held["file"] = saved, tmp
+        _held["depth"] += 1
+    try:
+        yield
+    finally:
+        with _held_lock:
+            _held["depth"] -= 1
+            if _held["depth"] == 0 and _held["saved"] is not None:
+                saved, tmp = _held["saved"], _held["file"]
+                _held["saved"] = _held["file"] = None
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                kept = [line for line in tmp.read().splitlines(keepends=True)
+                        if not _NATIVE_NOISE.match(line.decode("utf-8", "replace"))]
+                tmp.close()
+                if kept:
+                    with contextlib.suppress(OSError):
+                        os.write(2, b"".join(kept))
+
+
+def _quiet_decord() -> None:
+    """Turn off the log of decord's bundled FFmpeg (once; mmrl reports a bad file itself)."""
+    global _decord_quiet
+    if not _decord_quiet:
+        import decord
+
+        decord.logging.set_level(decord.logging.QUIET)
+        _decord_quiet = True
+
+
+def _decoder_reason(exc: BaseException) -> str:
+    """A decoder's error in one short line: without decord's ``[time] file.cc:line:`` prefixes, its
+    ``Check failed: ... (a vs. b)`` expression and C++ stack trace, and without PyAV's ``[Errno N]`` and
+    the quoted path or function name it appends."""
+    text = str(exc)
+    text = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", text)
+    text = re.split(r"\n|Stack trace", text.strip())[0]
+    text = re.sub(r"Check failed: .*?\(-?\d+ vs\. -?\d+\)\s*", "", text)
+    text = re.sub(r"^\[Errno -?\d+\] ", "", text)
+    text = re.sub(r": '[^']*'$", "", text).strip(" :")
+    return text or type(exc).__name__
 
 
 class VideoReader:
@@ -82,7 +162,8 @@ class VideoReader:
         except MediaError:
             raise
         except Exception as exc:  # decoder failures on corrupt data
-            raise MediaError(self.path, f"cannot decode frames ({type(exc).__name__}: {exc})") from exc
+            raise MediaError(self.path, f"cannot decode frames (truncated or corrupt?): {_decoder_reason(exc)}"
+                             ) from exc
 
     def get_frames_at(self, timestamps: Sequence[float]) -> tuple[np.ndarray, list[int]]:
         """Frames nearest to ``timestamps`` (seconds) and the frame indices chosen."""
@@ -118,22 +199,26 @@ class DecordReader(VideoReader):
 
         self.path = Path(path)
         _check_file(self.path)
+        _quiet_decord()
         try:
-            self._vr: Any = decord.VideoReader(str(self.path), ctx=decord.cpu(0), num_threads=num_threads)
-        except Exception as exc:
+            with native_output_held():
+                self._vr: Any = decord.VideoReader(str(self.path), ctx=decord.cpu(0), num_threads=num_threads)
+                self.num_frames = len(self._vr)
+                fps = float(self._vr.get_avg_fps())
+                if self.num_frames > 0:
+                    self.height, self.width = self._vr[0].shape[:2]  # decodes the first frame
+                    self._vr.seek(0)
+        except Exception as exc:  # decord.DECORDError and whatever its FFmpeg raises
             raise MediaError(
-                self.path, f"cannot open the video (truncated or corrupt?): decord: {_first_line(exc)}"
+                self.path, f"cannot open the video (truncated or corrupt?): decord: {_decoder_reason(exc)}"
             ) from exc
-        self.num_frames = len(self._vr)
-        fps = float(self._vr.get_avg_fps())
         if self.num_frames <= 0 or not np.isfinite(fps) or fps <= 0:
             raise MediaError(self.path, f"decord reports {self.num_frames} frames at {fps} fps")
         self.fps = fps
-        self.height, self.width = self._vr[0].shape[:2]
-        self._vr.seek(0)
 
     def _read(self, indices: list[int]) -> np.ndarray:
-        return np.ascontiguousarray(self._vr.get_batch(indices).asnumpy(), dtype=np.uint8)
+        with native_output_held():
+            return np.ascontiguousarray(self._vr.get_batch(indices).asnumpy(), dtype=np.uint8)
 
     def close(self) -> None:
         self._vr = None
@@ -158,7 +243,8 @@ class PyAVReader(VideoReader):
         try:
             self._container: Any = av.open(str(self.path))
         except Exception as exc:
-            raise MediaError(self.path, f"cannot open the video (truncated or corrupt?): {_first_line(exc)}") from exc
+            raise MediaError(self.path, f"cannot open the video (truncated or corrupt?): {_decoder_reason(exc)}"
+                             ) from exc
         try:
             if not self._container.streams.video:
                 raise MediaError(self.path, "no video stream in the file")
@@ -173,7 +259,8 @@ class PyAVReader(VideoReader):
             raise
         except Exception as exc:
             self.close()
-            raise MediaError(self.path, f"cannot read the video (truncated or corrupt?): {_first_line(exc)}") from exc
+            raise MediaError(self.path, f"cannot read the video (truncated or corrupt?): {_decoder_reason(exc)}"
+                             ) from exc
 
     def _index_packets(self) -> None:
         pts: list[int] = []
@@ -275,11 +362,6 @@ class PyAVReader(VideoReader):
             self._container = None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def open_video(path: str | os.PathLike[str], backend: Backend = "auto") -> VideoReader:
     """Open a video. ``"auto"`` tries decord, then PyAV when decord is missing or cannot open the file.
 
@@ -302,5 +384,6 @@ def open_video(path: str | os.PathLike[str], backend: Backend = "auto") -> Video
             try:
                 return PyAVReader(p)
             except MediaError as exc:
-                raise MediaError(p, f"{exc.reason}; decord also failed: {decord_error.reason}") from exc
+                decord_said = decord_error.reason.split("decord: ", 1)[-1]  # the same "cannot open" said once
+                raise MediaError(p, f"{exc.reason}; decord also failed: {decord_said}") from exc
     return PyAVReader(p)
