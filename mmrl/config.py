@@ -268,6 +268,10 @@ class RolloutConfig:
     """Draw each prompt's rollouts from a random stream of its own (seeded by train.seed, the step and the
     prompt's place in the step's draw): the same rollouts whatever the number of ranks or the batching, so
     a run on N ranks reproduces a single-process run. Costs HF generate its batching across prompts."""
+    prefill_once: bool = True
+    """HF backend: run each prompt (vision tokens included) through the model once and decode its group_size
+    samples from copies of its KV cache, instead of computing the prompt once per sample: the same tokens,
+    log-probabilities up to fp32 round-off (false: plain transformers generate; vLLM caches prefixes itself)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -296,6 +300,18 @@ class TrainConfig:
     """Prompts per step; each is rolled out group_size times."""
     micro_batch_size: int = 16
     """Sequences per forward/backward pass; gradients accumulate over the step's micro-batches."""
+    micro_batch_tokens: int = 0
+    """Micro-batches by a token budget instead of micro_batch_size: sequences join a micro-batch, in order,
+    while their summed lengths (prompt and completion tokens) stay within this; a longer sequence is a
+    micro-batch alone. With padding_free a pass costs about its token count, so long and short rollouts
+    make evenly sized passes. The loss is the same either way (normalised over the whole mini-batch). 0: off."""
+    padding_free: bool = True
+    """Log-prob passes put their sequences back to back without padding, each with its own positions and
+    attending only to itself (flash_attention_2: one row and flash attention's variable-length kernel; sdpa
+    and eager: a block-diagonal mask over rows sized by the model's compute costs). The shared-prefix path
+    packs its prompt pass. The same log-probs and gradients as padded, within round-off, and faster: on CPU
+    (sdpa) a tiny model's forward and backward of 16 rollouts of 35-154 tokens took 140 ms instead of 236 ms.
+    Off: right-padded batches."""
     lr: float = 1e-6
     """Peak learning rate (AdamW)."""
     warmup_steps: int = 0
@@ -362,6 +378,8 @@ class TrainConfig:
                               "or zero3 too")
         if self.dist_timeout_minutes <= 0:
             raise ConfigError(f"train.dist_timeout_minutes={self.dist_timeout_minutes}: must be > 0")
+        if self.micro_batch_tokens < 0:
+            raise ConfigError(f"train.micro_batch_tokens={self.micro_batch_tokens}: must be >= 0 (0: off)")
         if isinstance(self.report_to, str):  # train.report_to=wandb
             self.report_to = [] if self.report_to in ("", "none") else [self.report_to]
         from mmrl.run_log import check_trackers

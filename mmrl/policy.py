@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from mmrl import rope
+from mmrl import packing, rope
 from mmrl_common.errors import MediaError, MmrlError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -610,6 +610,35 @@ class Policy:
     # The prompt once per group in log-prob passes (see :meth:`forward_logprobs`); False: every sequence whole,
     # in one padded batch (set from train.shared_prefix).
     shared_prefix_forward: bool = True
+    # Padding-free log-prob passes (:mod:`mmrl.packing`; set from train.padding_free): the plain pass and the
+    # shared-prefix path's first pass pack their sequences without padding
+    padding_free: bool = True
+
+    def _packing_impl(self) -> str | None:
+        """The attention implementation to pack for (see :attr:`padding_free`), or None: padded (off, or an
+        implementation packing is not known to be exact with)."""
+        return packing.attention_impl(self.base.language_model) if self.padding_free else None
+
+    # Packed rows: None: one row under flash attention, under sdpa/eager the rows that cost least
+    # (:func:`mmrl.packing.layout`); True: one row always (the GPU's layout, for tests and measurements)
+    pack_one_row: bool | None = None
+    _row_cost: Any = None  # packing.row_cost of the language model, on first use
+
+    def _pack(self, batch: dict[str, torch.Tensor], position_ids: torch.Tensor, src: Sequence[int],
+              lengths: Sequence[int], impl: str) -> packing.Packed:
+        """Sequences ``src[j]`` (their first ``lengths[j]`` tokens) of the padded ``batch``, packed for ``impl``."""
+        one_row = impl in packing.FLASH or bool(self.pack_one_row)
+        cost = None
+        if not one_row:
+            if self._row_cost is None:
+                self._row_cost = packing.row_cost(self.base.language_model)
+            cost = self._row_cost
+        return packing.pack(batch["input_ids"], batch["mm_token_type_ids"], position_ids, src, lengths,
+                            one_row=one_row, pad_id=self.pad_id, cost=cost)
+
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype of the language model's activations (an additive attention mask is built in it)."""
+        return self.base.language_model.embed_tokens.weight.dtype
 
     def forward_logprobs(
         self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0, with_entropy: bool = False,
@@ -639,6 +668,12 @@ class Policy:
         with vision tokens after it take the padded path (in the same prefix pass, whole); so does the whole
         micro-batch with :attr:`share_vision_features` off. Activation checkpointing works as usual (the
         prefix's keys and values are written once and only read afterwards, so recomputation is exact).
+
+        Padding-free (:attr:`padding_free`, :mod:`mmrl.packing`): the padded path and the shared-prefix path's
+        first pass put their sequences back to back without padding, each with its own positions and attending
+        to itself only (flash attention: one row and the kernel's variable-length call; sdpa/eager: a
+        block-diagonal causal mask over the rows that cost least, :func:`mmrl.packing.layout`). The results and
+        gradients are the padded batch's within round-off.
         """
         batch = self.pad(seqs, left=False)
         position_ids = self.position_ids(batch, seqs)
@@ -654,6 +689,20 @@ class Policy:
             plan = [([i], 0) for i in range(len(seqs))]
         if plan is not None:
             hidden_rows = self._shared_prefix_hidden(seqs, batch, position_ids, plan, rows, cols)
+        elif (impl := self._packing_impl()) is not None:  # padding-free: the sequences back to back
+            lengths = [len(s) for s in seqs]
+            packed = self._pack(batch, position_ids, range(len(seqs)), lengths, impl)
+            # media in the order their placeholders appear in the packed rows
+            encoder_outputs, anchor = self._encoder_outputs([seqs[j] for j in packed.order])
+            out = self.base(
+                input_ids=packed.input_ids, position_ids=packed.position_ids,
+                mm_token_type_ids=packed.mm_token_type_ids, mm_encoder_outputs=encoder_outputs or None,
+                use_cache=False, **packed.model_kwargs(impl, self._compute_dtype()),
+            )
+            flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+            hidden_rows = flat[packed.flat_index(rows, cols - 1)]
+            if anchor is not None:
+                hidden_rows = hidden_rows + anchor
         else:
             encoder_outputs, anchor = self._encoder_outputs(seqs)
             out = self.base(
@@ -739,10 +788,13 @@ class Policy:
         """Last hidden states at ``(rows, cols - 1)`` of the padded batch, each shared prefix run once.
 
         Pass 1 runs one row per shared group (its prefix, with the vision features) and every unshared row
-        whole, right-padded together, recording each layer's keys and values. Pass 2 runs every shared row's
-        continuation, right-padded, attending to its group's recorded keys and values (selected along the
-        batch: their gradient sums over the group) and its own, with the continuation's slice of the full
-        sequence's M-RoPE positions and a 2-D mask over the prefix (its padding excluded) and the continuation.
+        whole, right-padded together or, padding-free (:meth:`_packing_impl`), packed back to back, recording
+        each layer's keys and values. Pass 2 runs every shared row's continuation, right-padded, attending to
+        its group's recorded keys and values (selected along the batch, or gathered out of the packed rows:
+        their gradient sums over the group) and its own, with the continuation's slice of the full sequence's
+        M-RoPE positions and a 2-D mask over the prefix (its padding excluded) and the continuation. Pass 2
+        stays padded: its continuations read different prefixes, which a packed row cannot express with one
+        block-diagonal mask or flash attention's variable-length call (its keys are not the queries' own).
         """
         recorder_cls, reader_cls = _prefix_caches()
         dev = batch["input_ids"].device
@@ -771,18 +823,26 @@ class Policy:
         width = max(pre_len)
         src = torch.tensor(pre_src, device=dev)
         keep = torch.arange(width, device=dev)[None, :] < torch.tensor(pre_len, device=dev)[:, None]
-        pre_ids = batch["input_ids"][src, :width].masked_fill(~keep, self.pad_id)
-        pre_types = batch["mm_token_type_ids"][src, :width] * keep
         pre_attn = keep.long()
-        pre_pos = position_ids[:, src, :width] * keep
         pre_seqs = [replace(seqs[i], ids=seqs[i].ids[:k], mm_types=seqs[i].mm_types[:k],
                             loss_mask=seqs[i].loss_mask[:k]) for i, k in zip(pre_src, pre_len)]
-        encoder_outputs, anchor = self._encoder_outputs(pre_seqs)
+        impl = self._packing_impl()
+        packed = None
+        if impl is not None:  # padding-free pass 1: the prefixes and unshared rows back to back
+            packed = self._pack(batch, position_ids, pre_src, pre_len, impl)
+            encoder_outputs, anchor = self._encoder_outputs([pre_seqs[j] for j in packed.order])
+            inputs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                      "mm_token_type_ids": packed.mm_token_type_ids,
+                      **packed.model_kwargs(impl, self._compute_dtype())}
+        else:
+            encoder_outputs, anchor = self._encoder_outputs(pre_seqs)
+            inputs = {"input_ids": batch["input_ids"][src, :width].masked_fill(~keep, self.pad_id),
+                      "attention_mask": pre_attn, "position_ids": position_ids[:, src, :width] * keep,
+                      "mm_token_type_ids": batch["mm_token_type_ids"][src, :width] * keep}
         recorded = recorder_cls()
         second_pass = bool(suf_src) or self.rank_invariant  # rank-invariant: pass 2 runs on every rank
         with self._cache_under_checkpointing():
-            out = self.base(input_ids=pre_ids, attention_mask=pre_attn, position_ids=pre_pos,
-                            mm_token_type_ids=pre_types, mm_encoder_outputs=encoder_outputs or None,
+            out = self.base(**inputs, mm_encoder_outputs=encoder_outputs or None,
                             past_key_values=recorded if second_pass else None, use_cache=False)
         pre_hidden = out.last_hidden_state
         if anchor is not None:
@@ -791,13 +851,22 @@ class Policy:
         pos = cols - 1
         split = torch.tensor(row_split, device=dev)[rows]
         in_pre = pos < split
-        pre_index = torch.tensor(row_pre, device=dev)[rows] * width + pos
+        pre_row = torch.tensor(row_pre, device=dev)[rows]
+        if packed is not None:
+            pre_index = packed.flat_index(pre_row, pos.clamp(max=split - 1))
+            rec_width = packed.width
+            # pass 2 reads each group's prefix out of the packed rows, into a padded (prefix, width) layout
+            last = packed.start + packed.start.new_tensor(pre_len) - 1
+            prefix_cols = (packed.start[:, None] + torch.arange(width, device=dev)[None, :]).minimum(last[:, None])
+        else:
+            pre_index = pre_row * width + pos
+            rec_width, prefix_cols = width, None
         if not suf_src:
             hidden = pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index]
             if second_pass:  # a one-token dummy continuation, attending to nothing of pass 1's
                 owner = torch.zeros(1, dtype=torch.long, device=dev)
-                attn = torch.cat([torch.zeros_like(pre_attn[:1]), torch.ones(1, 1, dtype=pre_attn.dtype, device=dev)],
-                                 dim=1)
+                attn = torch.cat([pre_attn.new_zeros(1, rec_width),
+                                  torch.ones(1, 1, dtype=pre_attn.dtype, device=dev)], dim=1)
                 with self._cache_under_checkpointing():
                     dummy = self.base(input_ids=torch.full((1, 1), self.pad_id, device=dev), attention_mask=attn,
                                       position_ids=position_ids[:, :1, :1] * 0,
@@ -816,10 +885,11 @@ class Policy:
         suf_pos = position_ids[:, sidx, take] * suf_attn
         owner = torch.tensor(suf_pre, device=dev)
         attn = torch.cat([pre_attn[owner], suf_attn], dim=1)
+        take = None if packed is None else (packed.row[owner][:, None], prefix_cols[owner])
         with self._cache_under_checkpointing():
             suf_out = self.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
                                 mm_token_type_ids=torch.zeros_like(suf_ids),
-                                past_key_values=reader_cls(recorded, owner), use_cache=False)
+                                past_key_values=reader_cls(recorded, owner, take), use_cache=False)
         suf_hidden = suf_out.last_hidden_state
         suf_index = torch.tensor(row_suf, device=dev)[rows].clamp(min=0) * suf_width + (pos - split).clamp(min=0)
         # gather each pass's rows, then put them back in (rows, cols) order
@@ -829,6 +899,11 @@ class Policy:
         return gathered[torch.cat([first, second]).argsort()]
 
     # ---------------------------------------------------------------------------------------- generate
+    # Sampling several continuations of a prompt computes the prompt once and decodes its samples from copies
+    # of its KV cache (:mod:`mmrl.generation`); False: generate repeats each prompt before its prefill
+    # (set from rollout.prefill_once).
+    prefill_once: bool = True
+
     @torch.no_grad()
     def generate(
         self, seqs: Sequence[TokenSeq], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -840,6 +915,10 @@ class Policy:
         Log-probabilities are those of the temperature-scaled distribution (before top-p/top-k), the same
         quantity :meth:`forward_logprobs` computes for training. They need every step's full-vocabulary
         logits; ``with_logprobs=False`` skips them (the trainer recomputes log-probs itself).
+
+        With :attr:`prefill_once` (the default) and ``num_return_sequences`` > 1, each prompt (vision tokens
+        included) goes through the model once and its samples are decoded from copies of its KV cache; the
+        tokens drawn and their log-probs are those of the plain call (up to fp32 round-off).
         """
         if not do_sample and num_return_sequences > 1:  # greedy: n equal copies (HF refuses n > 1 here)
             once = self.generate(seqs, max_new_tokens=max_new_tokens, do_sample=False, stop=stop,
@@ -849,8 +928,12 @@ class Policy:
                      for _ in range(num_return_sequences)] for g in once]
         from transformers import GenerationConfig
 
+        from mmrl.generation import can_prefill_once, prefill_once_inputs
+
         batch = self.pad(seqs, left=True)
         encoder_outputs, _ = self._encoder_outputs(seqs)  # one tower call for the batch's media
+        # each prompt through the model once, its samples decoded from copies of its cache (mmrl.generation)
+        prefilled = can_prefill_once(self, seqs, num_return_sequences)
         # Finished rows are padded with a suppressed token (never sampled), so padding can never be
         # mistaken for a sampled EOS (the tokenizer's pad, <|endoftext|>, is an EOS of Qwen checkpoints).
         fill = self.suppress_ids[0] if self.suppress_ids else self.pad_id
@@ -861,7 +944,8 @@ class Policy:
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0, "typical_p": 1.0,
                     "epsilon_cutoff": 0.0, "eta_cutoff": 0.0} if do_sample else {}
         gen = GenerationConfig(
-            max_new_tokens=max_new_tokens, do_sample=do_sample, num_return_sequences=num_return_sequences,
+            max_new_tokens=max_new_tokens, do_sample=do_sample,
+            num_return_sequences=1 if prefilled else num_return_sequences,
             eos_token_id=self.eos_ids, pad_token_id=fill, suppress_tokens=self.suppress_ids or None,
             output_logits=with_logprobs or with_entropies, return_dict_in_generate=True, repetition_penalty=1.0,
             encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
@@ -874,7 +958,9 @@ class Policy:
                                   "synced_gpus": False}
         if stop:
             kwargs["tokenizer"] = self.tokenizer
-        if encoder_outputs:
+        if prefilled:  # the B*n rows, positions and the prompts' expanded cache (which holds the media)
+            kwargs.update(prefill_once_inputs(self, batch, seqs, encoder_outputs, num_return_sequences))
+        elif encoder_outputs:
             kwargs["mm_encoder_outputs"] = encoder_outputs
             kwargs.update(self._grid_kwargs(seqs))
         out = self.model.generate(**kwargs)
@@ -918,9 +1004,9 @@ def _prefix_caches() -> tuple[type, type]:
 
     * the recorder (pass 1) keeps each layer's first keys and values (its prefix rows) and returns them as
       they are; a recomputation's second write is ignored;
-    * the reader (pass 2) returns, per layer, the recorded rows selected for each continuation (``owner``)
-      followed by the continuation's own keys and values, and stores nothing; its length (for the attention
-      mask) is the recorded width.
+    * the reader (pass 2) returns, per layer, the recorded rows selected for each continuation (``owner``;
+      after a packed pass 1, its prefix's tokens gathered out of the packed rows by ``take``) followed by the
+      continuation's own keys and values, and stores nothing.
     """
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -936,16 +1022,34 @@ def _prefix_caches() -> tuple[type, type]:
             return key_states, value_states
 
     class Reader(DynamicCache):
-        def __init__(self, recorded: DynamicCache, owner: torch.Tensor) -> None:
+        def __init__(self, recorded: DynamicCache, owner: torch.Tensor,
+                     take: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
             super().__init__()
             self.layers = list(recorded.layers)
             self.owner = owner
+            # packed pass 1: each continuation's packed row (n, 1) and its prefix's columns there (n, width)
+            self.take = take
+
+        def _rows(self, t: torch.Tensor) -> torch.Tensor:
+            if self.take is None:
+                return t.index_select(0, self.owner)
+            row, col = self.take  # (rows, heads, width, dim)[row, :, col] is (n, width, heads, dim)
+            return t[row, :, col].transpose(1, 2)
+
+        # the length the attention mask is built for: the recorded width, or the gathered prefixes' width
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return super().get_seq_length(layer_idx) if self.take is None else int(self.take[1].shape[1])
+
+        def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+            if self.take is None:
+                return super().get_mask_sizes(query_length, layer_idx)
+            return int(self.take[1].shape[1]) + query_length, 0
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             layer = self.layers[layer_idx]
-            return (torch.cat([layer.keys.index_select(0, self.owner), key_states], dim=-2),
-                    torch.cat([layer.values.index_select(0, self.owner), value_states], dim=-2))
+            return (torch.cat([self._rows(layer.keys), key_states], dim=-2),
+                    torch.cat([self._rows(layer.values), value_states], dim=-2))
 
     return Recorder, Reader
 

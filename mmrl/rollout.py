@@ -114,6 +114,7 @@ def backend_from_config(cfg: Any, policy: Policy) -> RolloutBackend:
     """The rollout backend of a run configuration (:class:`mmrl.config.RunConfig`): ``rollout.backend`` with
     its settings (``rollout.vllm`` for vLLM)."""
     r = cfg.rollout
+    policy.prefill_once = r.prefill_once  # Policy.generate: each prompt computed once per group
     if r.backend == "vllm":
         from mmrl.vllm_backend import settings_from_config
 

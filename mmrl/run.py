@@ -237,6 +237,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
             print(f"warning: {line}", flush=True)
     policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
     policy.shared_prefix_forward = cfg.train.shared_prefix
+    policy.padding_free = cfg.train.padding_free
     policy.cache_vision_features = cfg.model.cache_vision_features
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)

@@ -53,6 +53,7 @@ from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
 from mmrl.memory import peak_gb, reset_peak
 from mmrl.optim import lr_lambda, make_updater, set_peak_lr
+from mmrl.packing import token_budget_chunks
 from mmrl.plugins import StepContext, build_plugins
 from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
@@ -270,6 +271,7 @@ class GRPOTrainer:
             self.ref.logprob_chunk_tokens = self.policy.logprob_chunk_tokens
             self.ref.cache_vision_features = self.policy.cache_vision_features
             self.ref.shared_prefix_forward = self.policy.shared_prefix_forward
+            self.ref.padding_free = self.policy.padding_free
         elif self._zero3():
             raise MmrlError("a KL reference reset mid-run (a curriculum stage's reset_reference) is not supported "
                             "under ZeRO-3 yet: use train.deepspeed=zero2, or a stage without reset_reference")
@@ -469,9 +471,18 @@ class GRPOTrainer:
         size = self.cfg.grpo.ppo_mini_batch_size or n
         return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
-    def _chunks(self, rows: Sequence[int]) -> list[list[int]]:
-        mb = max(1, self.cfg.train.micro_batch_size)
+    def _chunks(self, rows: Sequence[int], batch: RolloutBatch | None = None) -> list[list[int]]:
+        """Micro-batches of ``rows``, in order: ``train.micro_batch_size`` rows each or, with
+        ``train.micro_batch_tokens`` and the ``batch`` the rows index, by that token budget (rows join while
+        their summed lengths stay within it; a longer row alone). Consecutive rows stay together, so a group's
+        rows meet in one micro-batch wherever they fit (the shared-prefix forward needs them side by side).
+        The loss needs no change for either: each micro-batch's terms are normalised by the whole mini-batch's
+        counts (``global_counts``), so their sum is the same however the rows are split."""
         rows = list(rows)
+        budget = self.cfg.train.micro_batch_tokens
+        if budget > 0 and batch is not None:
+            return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget)
+        mb = max(1, self.cfg.train.micro_batch_size)
         return [rows[i:i + mb] for i in range(0, len(rows), mb)]
 
     def _logprobs(self, policy: Policy, batch: RolloutBatch, *, entropies: bool = False
@@ -502,9 +513,10 @@ class GRPOTrainer:
         unused, :meth:`_dummy_seq`) so that the ranks' collectives line up."""
         rows = list(rows)
         if not self.world.active:
-            return [(c, False) for c in self._chunks(rows)]
+            return [(c, False) for c in self._chunks(rows, batch)]
         owner = batch.extra["rank"]
-        per_rank = [self._chunks([i for i in rows if int(owner[i]) == r]) for r in range(self.world.size)]
+        # every rank holds the whole batch (its lengths too), so each computes every rank's chunks alike
+        per_rank = [self._chunks([i for i in rows if int(owner[i]) == r], batch) for r in range(self.world.size)]
         mine = [(c, False) for c in per_rank[self.world.rank]]
         most = max(len(c) for c in per_rank)
         return mine + [([], True)] * (most - len(mine))

@@ -174,6 +174,7 @@ def test_prompt_tokens_once_per_group(policy_of, family: str) -> None:
     seqs = group(policy, pa, [5] * 4, seed=0) + group(policy, pb, [5] * 3, seed=10)
     placeholders = sum(1 for t in pa.ids + pb.ids if t in (policy.image_token_id, policy.video_token_id))
     counts = {}
+    policy.padding_free = False  # the padded layouts' counts (padding-free ones: tests/test_packing.py)
     for shared in (False, True):
         counter = TokenCounter(policy)
         try:
@@ -182,6 +183,7 @@ def test_prompt_tokens_once_per_group(policy_of, family: str) -> None:
         finally:
             counter.close()
         counts[shared] = counter
+    policy.padding_free = True
     padded, once = counts[False], counts[True]
     assert padded.layer0 == 7 * (len(pa) + n_ans)  # every row whole, padded to the longest
     assert padded.placeholders == 4 * pa.ids.count(policy.video_token_id) + 3 * pb.ids.count(policy.image_token_id)

@@ -1,0 +1,215 @@
+"""Padding-free forward passes and micro-batches by a token budget.
+
+**Packing.** The sequences of one forward pass go into as few rows as possible, back to back, with no padding
+between them. Every sequence keeps its own positions (for the Qwen-VL models the ``(3, L)`` M-RoPE positions
+of the padded batch, which equal the ones the model computes for the sequence alone) and attends only to its
+own earlier tokens. How the attention is confined to each sequence depends on the attention implementation:
+
+* **flash attention** (``flash_attention_2``/``_3``, GPU): all sequences in **one** row and no mask; the
+  decoder layers receive ``cu_seq_lens_q/k`` and ``max_length_q/k`` (transformers'
+  ``FlashAttentionKwargs``), so ``_flash_attention_forward`` runs ``flash_attn_varlen_func`` over the
+  sequences directly. The text position row (the first of four, the layout transformers' Qwen-VL text models
+  read as ``text_position_ids``) restarts at 0 per sequence, which is also what transformers falls back on
+  (``_is_packed_sequence`` / ``prepare_fa_kwargs_from_position_ids``) when the lengths are not passed. This
+  is the layout of TRL's ``padding_free`` and verl's ``use_remove_padding`` (``input_ids`` of shape
+  ``(1, total)``, ``attention_mask=None``, M-RoPE ``position_ids`` of shape ``(3, 1, total)``).
+* **sdpa / eager** (CPU): a block-diagonal causal 4-D mask (boolean for sdpa, additive for eager), which
+  transformers passes through as it is. These kernels compute the masked blocks too, so one long row would
+  trade the padding's linear-layer work for quadratic attention work; the sequences are filled first-fit by
+  decreasing length into rows of the capacity (the longest length times 1, 2, 4, ...) whose rows cost least
+  by the model's own sizes (:func:`row_cost`), with no larger a mask than the padded batch's: a tiny model
+  gets rows about as long as the longest sequence, a 7B model, whose linear layers dominate up to tens of
+  thousands of tokens, the fewest rows that mask allows. A row's unused tail is a segment of its own (each
+  tail token sees itself), so no query row is fully masked.
+
+Either way the log-probs and gradients equal the padded batch's within fp32 round-off.
+
+**Token budget.** :func:`token_budget_chunks` splits rows, in order, into micro-batches whose lengths sum to
+at most a budget (a longer row alone): the cost of a padding-free pass is about its token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FLASH = ("flash_attention_2", "flash_attention_3")
+MASKED = ("sdpa", "eager")
+
+
+def token_budget_chunks(rows: Sequence[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of ``rows`` (order kept): a row joins the current micro-batch while the micro-batch's
+    summed ``lengths`` stay within ``budget``; a row longer than the budget is a micro-batch alone."""
+    if budget <= 0:
+        raise ValueError(f"token budget must be > 0, got {budget}")
+    out: list[list[int]] = []
+    used = 0
+    for r, n in zip(rows, lengths, strict=True):
+        if out and used + n <= budget:
+            out[-1].append(r)
+            used += n
+        else:
+            out.append([r])
+            used = n
+    return out
+
+
+def attention_impl(model: torch.nn.Module) -> str | None:
+    """The language model's attention implementation when packing is exact with it (flash attention: one
+    row, the sequence lengths passed to the kernel; sdpa or eager: a block-diagonal 4-D mask), else None."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None)
+    impl = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+    return impl if impl in FLASH or impl in MASKED else None
+
+
+@dataclass
+class Packed:
+    """One packed pass: the model inputs and where each sequence lies in them.
+
+    ``row[j]``/``start[j]``: the packed row and first column of sequence ``j``; ``segments``: ``(R, W)`` the
+    sequence index of each packed token (``-1 - r`` for row ``r``'s unused tail); ``order``: the sequences
+    in packed (row-major) order, the order in which their media placeholders appear."""
+
+    input_ids: torch.Tensor  # (R, W)
+    mm_token_type_ids: torch.Tensor  # (R, W)
+    position_ids: torch.Tensor  # (4, R, W): text positions, then the three M-RoPE axes
+    segments: torch.Tensor  # (R, W)
+    row: torch.Tensor  # (n,)
+    start: torch.Tensor  # (n,)
+    lengths: list[int]
+    order: list[int]
+
+    @property
+    def width(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def flat_index(self, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Index into the flattened ``(R * W)`` packed tokens of token ``pos`` of sequence ``seq``."""
+        return self.row[seq] * self.width + self.start[seq] + pos
+
+    def model_kwargs(self, impl: str, dtype: torch.dtype) -> dict[str, Any]:
+        """The attention inputs for attention implementation ``impl``: the flash-attention variable-length
+        arguments (one row), or a 4-D block-diagonal causal mask (boolean for sdpa, additive in ``dtype`` for
+        eager)."""
+        if impl in FLASH:
+            if self.input_ids.shape[0] != 1:
+                raise ValueError("flash-attention packing takes one row")
+            dev = self.input_ids.device
+            lens = torch.tensor([self.lengths[j] for j in self.order], dtype=torch.int32, device=dev)
+            cu = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+            most = int(lens.max())
+            return {"attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+                    "max_length_q": most, "max_length_k": most}
+        seg = self.segments
+        width = seg.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
+        allowed = (seg[:, :, None] == seg[:, None, :]) & causal  # (R, W, W)
+        if impl == "sdpa":
+            return {"attention_mask": allowed[:, None]}
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        return {"attention_mask": mask[:, None]}
+
+
+def row_cost(model: torch.nn.Module) -> Callable[[int], float]:
+    """The forward cost of one row of ``w`` tokens through the decoder layers, in multiply-adds per layer:
+    ``w * (P + 2 * w * q)``, P the parameters of one decoder layer (the linear layers' work per token) and q the
+    query width (attention scores and their weighted sum: ``2 * w * q`` per token with a dense mask, which
+    sdpa and eager compute whole). Only ratios matter (it picks between layouts)."""
+    layer = model.layers[0]
+    params = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in layer.parameters())
+    cfg = model.config
+    heads = int(cfg.num_attention_heads)
+    q = heads * int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    return lambda w: float(w) * (params + 2.0 * w * q)
+
+
+def _first_fit(lengths: Sequence[int], cap: int) -> list[list[int]]:
+    """First-fit by decreasing length (ties in order) into rows of ``cap`` tokens; each row in original order."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for j in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        for r, left in enumerate(room):
+            if lengths[j] <= left:
+                rows[r].append(j)
+                room[r] -= lengths[j]
+                break
+        else:
+            rows.append([j])
+            room.append(cap - lengths[j])
+    return [sorted(r) for r in rows]
+
+
+def layout(lengths: Sequence[int], *, one_row: bool,
+           cost: Callable[[int], float] | None = None) -> list[list[int]]:
+    """Sequences per packed row. ``one_row``: all of them, in order. Otherwise rows filled first-fit by
+    decreasing length up to a capacity: the longest length, or, given a per-row ``cost`` of a width, the
+    capacity among the longest length times 1, 2, 4, ... and the total whose rows (all as wide as the widest)
+    cost least, among those whose 4-D mask (rows x width x width) is no larger than the padded batch's. A
+    capacity of the longest length never costs more than the padded batch (fewer rows, the same width)."""
+    if one_row:
+        return [list(range(len(lengths)))]
+    longest, total = max(lengths), sum(lengths)
+    caps = [longest]
+    while cost is not None and caps[-1] < total:
+        caps.append(min(2 * caps[-1], total))
+    best: tuple[float, list[list[int]]] | None = None
+    for cap in caps:
+        rows = _first_fit(lengths, cap)
+        width = max(sum(lengths[j] for j in r) for r in rows)
+        if best is not None and len(rows) * width ** 2 > len(lengths) * longest ** 2:
+            continue  # a larger mask than padding's (sdpa on a GPU expands it to the scores' dtype)
+        price = len(rows) * cost(width) if cost is not None else 0.0
+        if best is None or price < best[0]:
+            best = (price, rows)
+    return best[1]
+
+
+def pack(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, position_ids: torch.Tensor,
+         src: Sequence[int], lengths: Sequence[int], *, one_row: bool, pad_id: int,
+         cost: Callable[[int], float] | None = None) -> Packed:
+    """Pack sequence ``j`` = the first ``lengths[j]`` tokens of row ``src[j]`` of the right-padded
+    ``input_ids``/``mm_token_type_ids`` ``(B, L)`` and ``position_ids`` ``(3, B, L)``, in the rows of
+    :func:`layout`."""
+    dev = input_ids.device
+    rows = layout(lengths, one_row=one_row, cost=cost)
+    width = max(sum(lengths[j] for j in r) for r in rows)
+    n_rows = len(rows)
+    row = [0] * len(lengths)
+    start = [0] * len(lengths)
+    seg = torch.empty(n_rows, width, dtype=torch.long)
+    text = torch.empty(n_rows, width, dtype=torch.long)
+    dst_flat: list[torch.Tensor] = []
+    src_flat: list[torch.Tensor] = []
+    for r, members in enumerate(rows):
+        col = 0
+        for j in members:
+            k = lengths[j]
+            row[j], start[j] = r, col
+            seg[r, col:col + k] = j
+            text[r, col:col + k] = torch.arange(k)
+            dst_flat.append(torch.arange(r * width + col, r * width + col + k))
+            src_flat.append(int(src[j]) * input_ids.shape[1] + torch.arange(k))
+            col += k
+        seg[r, col:] = -1 - r  # the tail: a segment of its own
+        text[r, col:] = torch.arange(width - col)
+    dst = torch.cat(dst_flat).to(dev)
+    take = torch.cat(src_flat).to(dev)
+    ids = torch.full((n_rows * width,), pad_id, dtype=input_ids.dtype, device=dev)
+    ids[dst] = input_ids.reshape(-1)[take]
+    types = torch.zeros(n_rows * width, dtype=mm_token_type_ids.dtype, device=dev)
+    types[dst] = mm_token_type_ids.reshape(-1)[take]
+    pos = torch.zeros(3, n_rows * width, dtype=position_ids.dtype, device=dev)
+    pos[:, dst] = position_ids.reshape(3, -1)[:, take]
+    text = text.to(dev)
+    pos = torch.cat([text.reshape(1, -1).to(pos.dtype), pos]).view(4, n_rows, width)
+    # the tail's M-RoPE positions: its text positions (any value would do: nothing reads the tail)
+    tail = (seg < 0).to(dev)
+    pos[1:, tail] = text[tail].to(pos.dtype)
+    return Packed(input_ids=ids.view(n_rows, width), mm_token_type_ids=types.view(n_rows, width),
+                  position_ids=pos, segments=seg.to(dev), row=torch.tensor(row, device=dev),
+                  start=torch.tensor(start, device=dev), lengths=list(lengths),
+                  order=[j for r in rows for j in r])
