@@ -202,7 +202,7 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
         if not keep_encoded:
             policy.media.clear()
         last = {"loss": float(loss.detach()), "lr": sched.get_last_lr()[0]}
-        bar.set_postfix(loss=f"{last['loss']:.3f}")
+        bar.set_postfix(loss=f"{last['loss']:.3f}", refresh=False)  # drawn at the next update (mininterval)
         if log is not None:
             log.metrics("sft", step + 1, last)
     if keep_encoded:

@@ -866,7 +866,7 @@ class GRPOTrainer:
                 stats["eval/accuracy"] = ev["accuracy"]
             self.log.metrics("rl", self.step, stats)
             bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats.get('reward/accuracy', float('nan')):.2f}",
-                            len=f"{stats.get('response_length', 0):.0f}")
+                            len=f"{stats.get('response_length', 0):.0f}", refresh=False)  # drawn by update()
             bar.update(1)
             if t.log_every and self.step % t.log_every == 0 and self.show_progress:
                 tqdm.write(self._summary_line(stats))

@@ -235,3 +235,19 @@ def test_eval_without_out_writes_its_predictions_to_the_default_folder(
     assert len((folders[0] / "predictions.jsonl").read_text().splitlines()) == 1
     assert json.loads((folders[0] / "metrics.json").read_text())["n"] == 1
     assert f"{folders[0].relative_to(tmp_path) / 'predictions.jsonl'}" in capsys.readouterr().out
+
+
+def test_a_logged_run_redraws_its_progress_bars_rarely(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
+    """The cold start's and RL's bars with their loss/reward postfix: drawn by tqdm's interval, not every step."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_MININTERVAL"}
+    with (tmp_path / "err.log").open("w") as log:  # stderr a file, as with `2> log`
+        subprocess.run([sys.executable, "-m", "mmrl", "train", "--out", str(tmp_path / "run"), *TINY_RUN,
+                        "train.steps=30", "sft.steps=30", "sft.batch_size=2", "sft.target=random_answer"],
+                       stdout=subprocess.DEVNULL, stderr=log, env=env, check=True)
+    err = (tmp_path / "err.log").read_text()
+    for bar in ("sft", "rl"):
+        draws = [part for part in err.replace("\r", "\n").splitlines() if part.startswith(f"{bar}:")]
+        assert 1 <= len(draws) <= 6, (bar, draws)  # a few states (first, last, a redraw), not one per step
