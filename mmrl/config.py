@@ -171,6 +171,10 @@ class DataConfig:
     """With the toy world: generate only these tasks (empty: all)."""
     toy_size: dict[str, int] = field(default_factory=dict)
     """With the toy world: records per task and split, e.g. {train: 48, val: 10, test: 10} (empty: default)."""
+    toy_world: dict[str, int] = field(default_factory=dict)
+    """With the toy world: how its videos are drawn, e.g. {motion_trail: 4, needle_frames: 16} (motion_trail:
+    fading copies behind the moving square, 0 none; needle_frames: frames a needle video is sampled at, 8).
+    A toy base model is pre-trained on the same world. Empty: the world as always drawn."""
     problem_types: list[str] = field(default_factory=list)
     """Keep only these problem types (empty: all)."""
     sampler: str = "uniform"
@@ -179,6 +183,16 @@ class DataConfig:
     """Settings of the sampler."""
     media: MediaConfig = field(default_factory=MediaConfig)
     """Frame sampling and pixel budgets of images and videos."""
+
+    def __post_init__(self) -> None:
+        if self.toy_world:
+            from data_pipelines.toy.registry import world_config
+            from mmrl_common.errors import DataError
+
+            try:
+                world_config(world=self.toy_world)
+            except DataError as exc:
+                raise ConfigError(f"data.toy_world: {exc}") from None
 
 
 @dataclass

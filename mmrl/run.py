@@ -36,7 +36,8 @@ def resolve_model(cfg: RunConfig) -> Path:
         from mmrl.toy_base import BaseRecipe, ensure_toy_base
 
         return ensure_toy_base(BaseRecipe(family=cfg.model.tiny_family, seed=cfg.model.tiny_seed,
-                                          size=tuple(cfg.model.tiny_size.items()), **cfg.model.toy_base))
+                                          size=tuple(cfg.model.tiny_size.items()),
+                                          world=tuple(cfg.data.toy_world.items()), **cfg.model.toy_base))
     from mmrl.tiny_models import ensure_tiny
 
     return Path(ensure_tiny(cfg.model.tiny_family, seed=cfg.model.tiny_seed, **cfg.model.tiny_size))
@@ -87,7 +88,7 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
         from data_pipelines.toy import ensure_toy
 
         toy = ensure_toy(seed=cfg.data.toy_seed, size=cfg.data.toy_size or "default",
-                         tasks=cfg.data.toy_tasks or None, progress=show_progress)
+                         tasks=cfg.data.toy_tasks or None, world=cfg.data.toy_world, progress=show_progress)
         path = str(Path(toy) / f"{split}.jsonl")
     if not Path(path).exists():
         raise ConfigError(f"data.{split}: file not found: {path}")

@@ -82,7 +82,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress
         say(f"toy base model: writing the pre-training split ({len(recipe.tasks)} tasks x {recipe.per_task})",
             flush=True)
         data = make_pretrain(work / "data", recipe.seed + 1, tasks=recipe.tasks, per_task=recipe.per_task,
-                             letter_share=recipe.letter_share, progress=progress)
+                             letter_share=recipe.letter_share, world=dict(recipe.world), progress=progress)
         samples = load_samples(data).samples
         seed_everything(recipe.seed)
         start = make_tiny(recipe.family, work / "init", seed=recipe.seed, **dict(recipe.size))
@@ -105,7 +105,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress
         out.mkdir(parents=True, exist_ok=True)
         policy.model.save_pretrained(out, safe_serialization=True)
         policy.processor.save_pretrained(out)
-        info = {"recipe": {**dataclasses.asdict(recipe), "size": dict(recipe.size)}, "key": base_key(recipe),
+        info = {"recipe": {**dataclasses.asdict(recipe), "size": dict(recipe.size), "world": dict(recipe.world)}, "key": base_key(recipe),
                 "parameters": sum(p.numel() for p in policy.model.parameters()), "descriptions": len(samples),
                 "final_loss": last.get("loss"), "pretrain_seconds": round(time.perf_counter() - t1, 1),
                 "build_seconds": round(time.perf_counter() - t0, 1), "torch_threads": torch.get_num_threads(),

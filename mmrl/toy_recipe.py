@@ -46,6 +46,9 @@ class BaseRecipe:
     needs thousands of such steps before it maps a word to its option's letter at all, far more lettered
     requests than ``letter_share`` gives it; a quarter of the pre-training's items are then drill items too
     (``POINTER_MIX``), so that it keeps the pointer. 0: no pointer phase."""
+    world: tuple[tuple[str, int], ...] = ()
+    """The toy world's options its pre-training split is drawn with, as ``(option, value)`` pairs (a run's
+    ``data.toy_world``: the base sees the world the run's questions are drawn from; empty: the default world)."""
     size: tuple[tuple[str, int], ...] = ()
     """Size overrides of the tiny model it starts from, as ``(field, value)`` pairs of
     :class:`mmrl.tiny_models.TinySize` (a run's ``model.tiny_size``; empty: the default tiny size)."""
@@ -57,17 +60,21 @@ class BaseRecipe:
         resolve_size(self.family, **given)  # ConfigError on an unknown field or a bad value
         default = dataclasses.asdict(TinySize())  # an explicit default is no change: the same base
         object.__setattr__(self, "size", tuple(sorted((k, v) for k, v in given.items() if v != default[k])))
+        from data_pipelines.toy.registry import world_config
+
+        world = world_config(world=dict(self.world)).options()  # DataError on an unknown option; defaults dropped
+        object.__setattr__(self, "world", tuple(sorted(world.items())))
 
 
 # fields added after PRETRAIN_VERSION 3: they enter the cache key only when set, so the default base (and every
 # result measured on it) keeps its key
-LATER_FIELDS = ("letter_share", "pointer_steps", "size")
+LATER_FIELDS = ("letter_share", "pointer_steps", "size", "world")
 POINTER_ITEMS = 4096
 POINTER_BATCH = 32
 POINTER_MIX = 0.25
 """Share of pointer-drill items among the pre-training's descriptions (with ``pointer_steps``)."""
 # family, seed and size come from model.tiny_family, model.tiny_seed and model.tiny_size (as for a random tiny model)
-OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed", "size"))
+OVERRIDABLE = tuple(f.name for f in dataclasses.fields(BaseRecipe) if f.name not in ("family", "seed", "size", "world"))
 
 
 def check_overrides(given: dict[str, Any], prefix: str = "model.toy_base") -> None:
@@ -128,8 +135,8 @@ def base_key(recipe: BaseRecipe) -> str:
     for name in LATER_FIELDS:
         if fields[name] == defaults[name]:
             del fields[name]
-        elif name == "size":
-            fields[name] = dict(recipe.size)
+        elif name in ("size", "world"):
+            fields[name] = dict(getattr(recipe, name))
     if versions := task_versions(recipe.tasks):  # a toy task whose pictures changed since (e.g. scan v2) moves it
         fields["task_versions"] = versions
     blob = json.dumps({**fields, "v": PRETRAIN_VERSION, "toy": GENERATOR_VERSION}, sort_keys=True)

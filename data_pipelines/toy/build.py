@@ -33,7 +33,7 @@ import numpy as np
 from mmrl_common.errors import DataError
 
 from ..schema import option_letter
-from .registry import DIFFICULTIES, ToyConfig, ToyItem, get_task, task_versions, toy_tasks
+from .registry import DIFFICULTIES, ToyItem, get_task, task_versions, toy_tasks, world_config
 
 GENERATOR_VERSION = 3
 SPLITS = ("train", "val", "test")
@@ -133,6 +133,7 @@ def make_toy(
     tasks: Sequence[str] | None = None,
     shuffle_options: bool = False,
     resolution: int = 64,
+    world: Mapping[str, Any] | None = None,
     progress: bool = True,
 ) -> Path:
     """Generate the toy world into ``out`` and return ``out``.
@@ -140,14 +141,15 @@ def make_toy(
     ``size``: ``"small"`` (8/4/4 records per task for train/val/test), ``"default"`` (48/10/10) or a dict.
     ``tasks``: subset of :func:`toy_tasks` (default: all). ``shuffle_options``: permute multiple-choice
     options per record (default: canonical order, so the letter follows the content). ``resolution``:
-    frame/image side in pixels (even).
+    frame/image side in pixels (even). ``world``: the toy world's options (:data:`registry.WORLD_OPTIONS`,
+    e.g. ``{"motion_trail": 4}``; empty: the world as always drawn).
     """
     if resolution < 16 or resolution % 2:
         raise DataError(f"resolution must be an even number >= 16, got {resolution}")
     out = Path(out)
     sizes = _sizes(size)
     names = _task_names(tasks)
-    cfg = ToyConfig(resolution=resolution)
+    cfg = world_config(resolution, world)
     t0 = time.perf_counter()
     _prepare_out(out)
     counts: dict[str, dict[str, Any]] = {}
@@ -183,7 +185,7 @@ def make_toy(
     if bar is not None:
         bar.close()
     params = {"seed": seed, "size": sizes, "tasks": names, "shuffle_options": shuffle_options,
-              "resolution": resolution}
+              "resolution": resolution, **({"world": cfg.options()} if cfg.options() else {})}
     manifest = {"generator": "data_pipelines.toy", "version": GENERATOR_VERSION, **params,
                 "task_versions": {n: get_task(n).version for n in names},
                 "splits": counts, "total": sum(c["records"] for c in counts.values()),
@@ -221,18 +223,21 @@ def _readme(m: dict[str, Any]) -> str:
 
 
 def toy_key(seed: int = 0, *, size: str | Mapping[str, int] = "default", tasks: Sequence[str] | None = None,
-            shuffle_options: bool = False, resolution: int = 64) -> str:
+            shuffle_options: bool = False, resolution: int = 64, world: Mapping[str, Any] | None = None) -> str:
     """Short hash of the generation parameters (and generator version): the cache folder name."""
     names = _task_names(tasks)
     params = {"v": GENERATOR_VERSION, "seed": seed, "size": _sizes(size), "tasks": names,
               "shuffle_options": shuffle_options, "resolution": resolution}
+    if options := world_config(resolution, world).options():  # the default world keeps its keys
+        params["world"] = options
     if versions := task_versions(names):  # a changed task moves only the keys of the datasets that hold it
         params["task_versions"] = versions
     return hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def ensure_toy(seed: int = 0, *, size: str | Mapping[str, int] = "default", tasks: Sequence[str] | None = None,
-               shuffle_options: bool = False, resolution: int = 64, progress: bool = True) -> Path:
+               shuffle_options: bool = False, resolution: int = 64, world: Mapping[str, Any] | None = None,
+               progress: bool = True) -> Path:
     """The toy world for these parameters under ``mmrl_common.paths.cache_dir()/toy/<hash>``, built on first use.
 
     Built in a temporary folder and renamed into place, so concurrent callers never see a half-written
@@ -241,14 +246,15 @@ def ensure_toy(seed: int = 0, *, size: str | Mapping[str, int] = "default", task
     from mmrl_common.paths import cache_dir
 
     root = cache_dir() / "toy"
-    final = root / toy_key(seed, size=size, tasks=tasks, shuffle_options=shuffle_options, resolution=resolution)
+    final = root / toy_key(seed, size=size, tasks=tasks, shuffle_options=shuffle_options, resolution=resolution,
+                           world=world)
     if (final / "manifest.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         make_toy(tmp, seed, size=size, tasks=tasks, shuffle_options=shuffle_options, resolution=resolution,
-                 progress=progress)
+                 world=world, progress=progress)
         try:
             os.rename(tmp, final)
         except OSError:

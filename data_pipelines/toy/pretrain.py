@@ -25,7 +25,7 @@ letters:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from mmrl_common.errors import DataError
 from ..schema import option_letter
 from .build import _rng, _write_media
 from .draw import COLOR_NAMES, SHAPES
-from .registry import ToyConfig, ToyItem, get_task
+from .registry import ToyItem, get_task, world_config
 from .video_tasks import COUNTS, DIRECTIONS
 
 Describe = Callable[[ToyItem], str]
@@ -126,7 +126,8 @@ def pretrain_tasks() -> list[str]:
 
 
 def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None = None, per_task: int = 200,
-                  resolution: int = 64, letter_share: float = 0.0, progress: bool = True) -> Path:
+                  resolution: int = 64, letter_share: float = 0.0, world: Mapping[str, Any] | None = None,
+                  progress: bool = True) -> Path:
     """Write ``out/pretrain.jsonl`` and its media (``out/media/pretrain/<task>/``); returns the JSONL path.
     ``letter_share``: the share of requests with a word-list answer posed as a multiple-choice question
     instead (the list's words as options in a random order, never the RL splits' order; the answer is the
@@ -137,7 +138,7 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
     if unknown:
         raise DataError(f"no pre-training descriptions for toy task(s) {', '.join(unknown)}; "
                         f"described: {', '.join(DESCRIPTIONS)}")
-    cfg = ToyConfig(resolution=resolution)
+    cfg = world_config(resolution, world)  # the toy world's options, as the RL splits draw them
     records: list[dict[str, Any]] = []
     bar = None
     if progress:

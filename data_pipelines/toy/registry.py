@@ -10,7 +10,7 @@ that are not the answer, timings). Add a task with :func:`register_task`::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +24,41 @@ DIFFICULTIES = ("easy", "medium", "hard")
 
 @dataclass(frozen=True)
 class ToyConfig:
-    """Settings every task sees. ``resolution`` is the side of the square frames/images (even)."""
+    """Settings every task sees. ``resolution`` is the side of the square frames/images (even); the others are
+    the toy world's options (``data.toy_world``, :data:`WORLD_OPTIONS`), whose defaults draw the world as it
+    always was."""
 
     resolution: int = 64
+    motion_trail: int = 0
+    """Fading copies of the square drawn behind it in ``motion`` (motion blur; copy k lies 2k frames back, at
+    1 - k/(n+1) of the square's contrast; 0: none). Direction then shows within a frame, where a tiny model's
+    patch embedding sees it; without it, it shows only as a change of place across frames."""
+    needle_frames: int = 8
+    """Frames a ``needle`` video is sampled at (its records' ``sampling.nframes``): with 8 frames over 24 s a
+    0.5-2 s event falls between the sampled frames in most videos."""
+
+    def __post_init__(self) -> None:
+        for name, least in WORLD_OPTIONS.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= least):
+                raise DataError(f"toy world option {name}={value!r}: a whole number, {least} or more")
+
+    def options(self) -> dict[str, int]:
+        """The world options that differ from their defaults (what enters a cache key)."""
+        return {k: getattr(self, k) for k in WORLD_OPTIONS if getattr(self, k) != getattr(DEFAULT_WORLD, k)}
+
+
+WORLD_OPTIONS = {"motion_trail": 0, "needle_frames": 2}
+"""The toy world's options (``data.toy_world``) and their least values."""
+DEFAULT_WORLD = ToyConfig()
+
+
+def world_config(resolution: int = 64, world: Mapping[str, Any] | None = None) -> ToyConfig:
+    """A :class:`ToyConfig`; :class:`DataError` naming an unknown option and the known ones."""
+    world = dict(world or {})
+    if unknown := [k for k in world if k not in WORLD_OPTIONS]:
+        raise DataError(f"unknown toy world option(s) {', '.join(map(str, unknown))}; known: {', '.join(WORLD_OPTIONS)}")
+    return ToyConfig(resolution=resolution, **world)
 
 
 @dataclass

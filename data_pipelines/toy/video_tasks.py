@@ -26,8 +26,11 @@ DIRECTIONS = ("left", "right", "up", "down")
 COUNTS = ("1", "2", "3", "4")
 
 
+_BG_LEVEL = 50
+
+
 def _bg(rng: np.random.Generator, r: int, noise: float = 4.0) -> np.ndarray:
-    return background(r, r, rng, level=50, noise=noise)
+    return background(r, r, rng, level=_BG_LEVEL, noise=noise)
 
 
 def _video_meta(n: int, fps: float, r: int) -> dict[str, float | int]:
@@ -137,11 +140,19 @@ def motion_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem
     cross = rng.uniform(size + 2, r - size - 2)  # the coordinate that stays fixed
     lo = rng.uniform(size + 1, r - size - 1 - travel)
     direction = DIRECTIONS[cls]
-    for i in range(SHORT_FRAMES):
-        t = i / (SHORT_FRAMES - 1)
+
+    def centre(frame: int) -> tuple[float, float]:
+        t = max(frame, 0) / (SHORT_FRAMES - 1)
         along = lo + travel * (t if direction in ("right", "down") else 1 - t)
-        cx, cy = (along, cross) if direction in ("left", "right") else (cross, along)
-        paint(frames[i], square(r, r, cx, cy, size), color)
+        return (along, cross) if direction in ("left", "right") else (cross, along)
+
+    n = cfg.motion_trail
+    for i in range(SHORT_FRAMES):
+        for k in range(n, 0, -1):  # the trail, faintest (oldest) first
+            level = 1.0 - k / (n + 1)
+            faded = tuple(int(_BG_LEVEL + (c - _BG_LEVEL) * level) for c in color)
+            paint(frames[i], square(r, r, *centre(i - 2 * k), size), faded)
+        paint(frames[i], square(r, r, *centre(i), size), color)
     return ToyItem(question="In which direction does the square move?", problem_type="multiple_choice",
                    options=list(DIRECTIONS), answer=direction, difficulty=("easy", "medium")[variant],
                    frames=frames, fps=SHORT_FPS, sampling=dict(SHORT_SAMPLING),
@@ -202,7 +213,8 @@ def needle_task(rng: np.random.Generator, index: int, cfg: ToyConfig) -> ToyItem
             "video": _video_meta(NEEDLE_FRAMES, NEEDLE_FPS, r)}
     return ToyItem(question="At some point a coloured square appears briefly. What colour is it?",
                    problem_type="multiple_choice", options=list(COLOR_NAMES), answer=COLOR_NAMES[cls],
-                   difficulty=difficulty, frames=frames, fps=NEEDLE_FPS, sampling={"nframes": 8}, meta=meta)
+                   difficulty=difficulty, frames=frames, fps=NEEDLE_FPS, sampling={"nframes": cfg.needle_frames},
+                   meta=meta)
 
 
 GROUND_FPS, GROUND_FRAMES = 4.0, 32  # 8 s
