@@ -8,6 +8,9 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
   per sequence (what peer frameworks do);
 * ``rollout``: generating G=8 completions per prompt with ``num_return_sequences`` and shared features vs.
   the prompt repeated G times with one tower run per sequence;
+* ``longvideo``: generating G=8 completions of 16 tokens for 2 long-video prompts (16 frames at 336x336,
+  1,200 prompt tokens) with each prompt prefilled once per group (``rollout.prefill_once``) vs the prompt
+  repeated G times before its prefill (:mod:`perf.longvideo`);
 * ``build``: seconds to build the small toy world (``make_toy(size="small")``) and a tiny random-weight model
   of each Qwen-VL family (``make_tiny``), the fixtures every test and demo starts from;
 * ``semantic``: seconds per 1000 answers of the medical rewards' semantic scorer (all-MiniLM-L6-v2 cosine and
@@ -23,11 +26,14 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
 
 * ``trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` in one process (:mod:`perf.trl_compare`): the same
   tiny Qwen2.5-VL folder at about 1M and 23M parameters, 2 prompts x G=8 on 112x112 images, at most 16 new
-  tokens, fp32, no reference, one update per batch, the same reward; median seconds per step, samples per
-  second and the ratio; then mmrl's framework overhead on the 23M model (the share of a step outside model
-  forward, backward and ``generate``); mmrl's video GRPO step with the shared-prefix forward and the per-step
-  vision cache on vs both off (and a frozen tower's tower runs against the unique videos); HF ``generate``
-  against the vLLM engine on the CPU, and one weight push to it (when vLLM is installed).
+  tokens, fp32, no reference, one update per batch, the same reward, measured as interleaved pairs of step
+  blocks (mmrl, TRL, mmrl, TRL, ... after a warm-up pair): the per-pair ratios of samples/s and their median,
+  and the seconds per step of each stage on both sides (generation, the rest of the rollout, log-prob and
+  reference passes, forward+backward, optimizer and the rest); then mmrl's framework overhead on the 23M model
+  (the share of a step outside model forward, backward and ``generate``); mmrl's video GRPO step with the
+  shared-prefix forward and the per-step vision cache on vs both off (and a frozen tower's tower runs against
+  the unique videos); HF ``generate`` against the vLLM engine on the CPU, and one weight push to it (when vLLM
+  is installed).
 
 Repetitions of the two modes are interleaved after a warm-up, and medians are reported, so both numbers
 come from the same run on the same machine state. Builds are timed after one untimed warm-up build (imports,

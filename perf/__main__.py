@@ -1,6 +1,18 @@
-"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|build|semantic|memory|trl]``: print tables of timings
-and of memory: the peak of one training micro-batch, the optimizer update's bytes per parameter, and a ZeRO-3
-checkpoint's peak on each rank."""
+"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|longvideo|build|semantic|memory|trl]``: print
+tables of timings and of memory: the peak of one training micro-batch, the optimizer update's bytes per
+parameter, and a ZeRO-3 checkpoint's peak on each rank.
+
+* ``--only trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` as interleaved pairs of step blocks (mmrl,
+  TRL, mmrl, TRL, ... after a warm-up pair; the median of the per-pair samples/s ratios) at about 1M and 23M
+  parameters, with per-stage seconds for both (generation, the rest of the rollout, log-prob/reference
+  passes, forward+backward, optimizer and the rest) and what each side does (:mod:`perf.trl_compare`);
+* ``--only longvideo``: generation on 2 long-video prompts (16 frames at 336x336, 1,152 video tokens, a prompt of
+  1,200 tokens) x G=8 x 16 tokens with the prompt prefilled once per group (``rollout.prefill_once``) vs
+  repeated G times, interleaved repetitions after a warm-up, median seconds, the speed-up and whether both
+  drew the same tokens under the same seed (:mod:`perf.longvideo`), on the default tiny model
+  (``--longvideo-size small``: the hidden-512 x 4-layer text model);
+* the other sections: see :mod:`perf`.
+"""
 
 from __future__ import annotations
 
@@ -22,16 +34,16 @@ PROMPTS = 2
 FRAMES, SIDE = 16, 112
 
 
-def _video(path: Path, seed: int) -> Path:
+def _video(path: Path, seed: int, side: int = SIDE) -> Path:
     from video.writer import write_mp4
 
     rng = np.random.default_rng(seed)
     bg, fg = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
-    _, xx = np.mgrid[0:SIDE, 0:SIDE]
-    frames = np.empty((FRAMES, SIDE, SIDE, 3), np.uint8)
+    _, xx = np.mgrid[0:side, 0:side]
+    frames = np.empty((FRAMES, side, side, 3), np.uint8)
     for i in range(FRAMES):
-        img = (bg[None, None, :] * 0.6 + xx[..., None] * 0.4 * 255 / SIDE).astype(np.uint8)
-        x, y = (6 * i + 13 * seed) % (SIDE - 24), (4 * i + 5 * seed) % (SIDE - 24)
+        img = (bg[None, None, :] * 0.6 + xx[..., None] * 0.4 * 255 / side).astype(np.uint8)
+        x, y = (6 * i + 13 * seed) % (side - 24), (4 * i + 5 * seed) % (side - 24)
         img[y:y + 24, x:x + 24] = fg
         frames[i] = img
     return write_mp4(path, frames, 8.0)
@@ -279,9 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout", "build", "semantic", "memory", "trl"], default=None)
+    parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "memory", "trl"],
+                        default=None)
     parser.add_argument("--trl-steps", type=int, default=3, help="steps per alternating block in the TRL comparison")
-    parser.add_argument("--trl-rounds", type=int, default=3, help="timed blocks of each framework (after a warm-up)")
+    parser.add_argument("--trl-rounds", type=int, default=4,
+                        help="timed pairs of blocks (mmrl, then TRL) after a warm-up pair; the median ratio is reported")
+    parser.add_argument("--longvideo-reps", type=int, default=5,
+                        help="timed repetitions of each mode in the long-video generation case (median reported)")
+    parser.add_argument("--longvideo-size", choices=["tiny", "small"], default="tiny",
+                        help="the text model of the long-video case (tiny: hidden 128 x 2 layers, the default "
+                             "tiny model; small: hidden 512 x 4 layers)")
     parser.add_argument("--memory-seqs", type=int, default=16, help="sequences in the measured micro-batch")
     parser.add_argument("--memory-tokens", type=int, default=512, help="response tokens per sequence")
     parser.add_argument("--device", default="auto", help="device of the memory measurement (auto: CUDA if any)")
@@ -308,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.only == "memory":
         _memory_section(args)
+        return 0
+    if args.only in (None, "longvideo"):
+        from perf.longvideo import bench_longvideo, print_longvideo
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-longvideo-") as tmp:
+            print_longvideo(bench_longvideo(Path(tmp), reps=args.longvideo_reps, size=args.longvideo_size))
+        sys.stdout.flush()
+    if args.only == "longvideo":
         return 0
     if args.only in (None, "semantic"):
         from perf.semantic import bench_semantic, print_semantic

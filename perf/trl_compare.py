@@ -2,16 +2,23 @@
 
 Both train the same tiny Qwen2.5-VL folder on the same two 112x112 images (questions with open answers),
 with G=8 completions per prompt, 16 new tokens at most (a random-weight model almost never ends earlier;
-the mean completion length of each is reported; no stop strings on either side), temperature 1, fp32, no KL reference (beta 0), one
-optimizer update per batch of 16 sequences, AdamW at the same learning rate, and the same reward (the
-completion's length in characters, so groups have non-zero advantages). Blocks of steps alternate (TRL,
-mmrl, TRL, mmrl, ...) after one untimed warm-up block each, and the median seconds per step of each is
-reported with samples (completions) per second and the ratio.
+the mean completion length of each is reported; no stop strings on either side), temperature 1, fp32, no KL
+reference (beta 0), one optimizer update per batch of 16 sequences, AdamW at the same learning rate, and the
+same reward (the completion's length in characters, so groups have non-zero advantages).
+
+Measured as interleaved pairs: TRL's own training loop runs, and as each block of TRL steps begins a callback
+first runs a block of as many mmrl steps (A B A B A B ...); the first pair is a warm-up. Each pair gives a
+ratio of samples/s (TRL block seconds / mmrl block seconds); the median of those ratios is reported, with
+each side's median seconds per step. Stage clocks (instance attributes over the bound methods, nothing else
+changed) split each step into generation, the rest of the rollout, log-prob/reference passes without grad,
+forward+backward and the optimizer with the rest (:data:`STAGE_NOTES` says what each covers on each side).
 
 What could not be made equal: TRL generates with ``model.generate`` on the prompt repeated G times and
 recomputes the vision features in every pass; mmrl generates G sequences per prompt from one prompt
-encoding, shares the vision features across a group and runs the prompt once per group in training
-(``train.shared_prefix``) where those settings are on. Each framework's own defaults are otherwise kept.
+encoding, prefills each prompt once per group (``rollout.prefill_once``), shares the vision features across a
+group, runs the prompt once per group in training (``train.shared_prefix``) and packs its log-prob passes
+without padding (``train.padding_free``) where those settings are on. Activation checkpointing is off on both
+sides (TRL's default turns it on; mmrl's leaves it off). Each framework's own defaults are otherwise kept.
 """
 
 from __future__ import annotations
@@ -50,10 +57,10 @@ def _register_reward() -> None:
 
 
 class _TRLTimer:
+    """What TRL logs that the table shows: the mean completion length of each step."""
+
     def __init__(self) -> None:
-        self.times: list[float] = []
         self.lengths: list[float] = []
-        self._t0 = 0.0
 
 
 def trl_trainer(model_dir: Path, images: list[Path], out: Path, *, steps: int, group: int, tokens: int, lr: float):
@@ -65,12 +72,6 @@ def trl_trainer(model_dir: Path, images: list[Path], out: Path, *, steps: int, g
     timer = _TRLTimer()
 
     class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            timer._t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            timer.times.append(time.perf_counter() - timer._t0)
-
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 timer.lengths.append(float(logs["completions/mean_length"]))
@@ -82,7 +83,8 @@ def trl_trainer(model_dir: Path, images: list[Path], out: Path, *, steps: int, g
         output_dir=str(out), per_device_train_batch_size=len(images) * group, num_generations=group,
         gradient_accumulation_steps=1, max_completion_length=tokens, max_steps=steps, learning_rate=lr,
         beta=0.0, temperature=1.0, top_p=1.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-        bf16=False, fp16=False, seed=0, shuffle_dataset=False, dataloader_num_workers=0, disable_tqdm=True)
+        bf16=False, fp16=False, seed=0, shuffle_dataset=False, dataloader_num_workers=0, disable_tqdm=True,
+        gradient_checkpointing=False)  # TRL's default is on; mmrl's (model.gradient_checkpointing) off
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype="float32")
     processor = AutoProcessor.from_pretrained(model_dir, padding_side="left")
     trainer = GRPOTrainer(model=model, reward_funcs=[_length_reward], args=args, train_dataset=data,
@@ -117,26 +119,95 @@ def mmrl_trainer(model_dir: Path, images: list[Path], out: Path, *, group: int, 
     samples = load_samples(data).samples
     policy = load_policy(model_dir, device="cpu")
     policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
-    for name in ("shared_prefix", "cache_vision_features"):  # the speed settings, where this version has them
+    # the speed settings, where this version has them
+    for name in ("shared_prefix", "cache_vision_features", "padding_free"):
         for section in (cfg.train, cfg.model):
             if hasattr(section, name) and hasattr(policy, _POLICY_ATTR[name]):
                 setattr(policy, _POLICY_ATTR[name], getattr(section, name))
     return GRPOTrainer(cfg, policy, samples, run_dir=out / "run", show_progress=False)
 
 
-_POLICY_ATTR = {"shared_prefix": "shared_prefix_forward", "cache_vision_features": "cache_vision_features"}
+_POLICY_ATTR = {"shared_prefix": "shared_prefix_forward", "cache_vision_features": "cache_vision_features",
+                "padding_free": "padding_free"}
 
 
-def compare(root: Path, *, size: dict[str, int], steps: int = 3, rounds: int = 2, group: int = 8,
+STAGES = ("generation", "other rollout", "log-prob/ref passes", "forward+backward", "optimizer + rest")
+STAGE_NOTES = {
+    "mmrl": "generation = Policy.generate (vision tower, prompt prefill once per group, decoding); other rollout = "
+            "media/prompt preparation, rewards; log-prob/ref passes = reference_pass; forward+backward = the "
+            "micro-batches' forward_logprobs, loss and backward; optimizer + rest = AdamW step, advantages, "
+            "scheduler, step statistics",
+    "TRL": "generation = _generate_single_turn (model.generate on the prompt repeated G times, vision included); "
+           "other rollout = the rest of _prepare_inputs (chat template, image processing, tokenizing, rewards, "
+           "advantages); log-prob/ref passes = _get_per_token_logps_and_entropies without grad; forward+backward = "
+           "training_step less _prepare_inputs (compute_loss, backward); optimizer + rest = on_step_begin to "
+           "on_step_end less training_step (clipping, AdamW step, scheduler, zero_grad)",
+}
+
+
+class _Clock:
+    """Seconds per stage of the current step, added up by the wrapped methods; one dict per finished step."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, float] = {}
+        self.steps: list[dict[str, float]] = []
+
+    def add(self, key: str, seconds: float) -> None:
+        self.now[key] = self.now.get(key, 0.0) + seconds
+
+    def wrap(self, obj: Any, name: str, key: str, when=None) -> None:
+        """Time ``obj.name`` into ``key`` (an instance attribute over the bound method: timing only);
+        ``when()`` False: not counted."""
+        fn = getattr(obj, name)
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            if when is not None and not when():
+                return fn(*a, **kw)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.add(key, time.perf_counter() - t0)
+
+        setattr(obj, name, timed)
+
+    def finish(self, total: float) -> None:
+        self.now["step"] = total
+        self.steps.append(self.now)
+        self.now = {}
+
+
+def _mmrl_stages(raw: dict[str, float]) -> dict[str, float]:
+    gen, ref, fb = raw.get("generate", 0.0), raw.get("reference", 0.0), raw.get("micro_steps", 0.0)
+    rollout = raw.get("rollout", gen)
+    return {"generation": gen, "other rollout": rollout - gen, "log-prob/ref passes": ref, "forward+backward": fb,
+            "optimizer + rest": raw["step"] - rollout - ref - fb, "step": raw["step"]}
+
+
+def _trl_stages(raw: dict[str, float]) -> dict[str, float]:
+    gen, lp = raw.get("generate", 0.0), raw.get("logps_nograd", 0.0)
+    prep, train = raw.get("prepare", 0.0), raw.get("training_step", 0.0)
+    return {"generation": gen, "other rollout": prep - gen - lp, "log-prob/ref passes": lp,
+            "forward+backward": train - prep, "optimizer + rest": raw["step"] - train, "step": raw["step"]}
+
+
+def _mean_stages(steps: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.mean(s[k] for s in steps) for k in steps[0]} if steps else {}
+
+
+def compare(root: Path, *, size: dict[str, int], steps: int = 3, rounds: int = 3, group: int = 8,
             tokens: int = 16, lr: float = 1e-6) -> dict[str, Any]:
-    """Median seconds per GRPO step of TRL and mmrl, samples per second, and the ratio. TRL's loop runs and a
-    callback runs ``steps`` mmrl steps after every ``steps`` TRL steps, so the two alternate in blocks; the
-    first block of each is a warm-up."""
+    """mmrl and TRL as interleaved pairs: a block of ``steps`` mmrl steps, then a block of ``steps`` TRL steps,
+    and again (A B A B ...): one untimed warm-up pair, then ``rounds`` timed pairs. TRL's own loop runs; a
+    callback runs each mmrl block as a TRL block begins (before TRL's step timer starts). Per pair, the ratio
+    of the two blocks' samples/s (= TRL block seconds / mmrl block seconds); reported: the per-pair ratios
+    and their median, each framework's median s/step and the mean seconds per step of each stage."""
     import torch
     from safetensors.torch import load_file
     from transformers import TrainerCallback
 
     from mmrl.tiny_models import make_tiny
+    from perf.pairs import median_pair_ratio, pair_ratios
 
     model_dir = root / "model"
     if not (model_dir / "config.json").exists():
@@ -147,31 +218,60 @@ def compare(root: Path, *, size: dict[str, int], steps: int = 3, rounds: int = 2
     total = steps * (rounds + 1)
     trl, timer = trl_trainer(model_dir, images, root / "trl", steps=total, group=group, tokens=tokens, lr=lr)
     mm = mmrl_trainer(model_dir, images, root / "mmrl", group=group, tokens=tokens, lr=lr)
-    mm_times: list[float] = []
+
+    # stage clocks (instance attributes over the bound methods; nothing else changes)
+    mm_clock, trl_clock = _Clock(), _Clock()
+    mm_clock.wrap(mm.policy, "generate", "generate")
+    mm_clock.wrap(mm, "reference_pass", "reference")
+    mm_clock.wrap(mm, "_micro_step", "micro_steps")
+    trl_clock.wrap(trl, "_generate_single_turn", "generate")
+    trl_clock.wrap(trl, "_get_per_token_logps_and_entropies", "logps_nograd", when=lambda: not torch.is_grad_enabled())
+    trl_clock.wrap(trl, "_prepare_inputs", "prepare")
+    trl_clock.wrap(trl, "training_step", "training_step")
+
+    mm_blocks: list[float] = []
+    trl_blocks: list[float] = []
     mm_lengths: list[float] = []
+    t_begin = [0.0]
 
-    class Alternate(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step % steps:
-                return
-            warm = state.global_step == steps
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                stats = mm.train_step()
-                mm.step += 1
-                if not warm:
-                    mm_times.append(time.perf_counter() - t0)
+    class Pairs(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step % steps == 0:  # a new pair: first its mmrl block
+                block = 0.0
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    stats = mm.train_step()
+                    mm.step += 1
+                    took = time.perf_counter() - t0
+                    block += took
+                    mm_clock.add("rollout", float(stats.get("time/rollout_s", 0.0)))
+                    mm_clock.finish(took)
                     mm_lengths.append(float(stats.get("response_length", float("nan"))))
+                mm_blocks.append(block)
+                trl_blocks.append(0.0)
+            t_begin[0] = time.perf_counter()
 
-    trl.add_callback(Alternate())
+        def on_step_end(self, args, state, control, **kw):
+            took = time.perf_counter() - t_begin[0]
+            trl_blocks[-1] += took
+            trl_clock.finish(took)
+
+    trl.add_callback(Pairs())
     trl.train()
     n = 2 * group
-    trl_times, trl_lengths = timer.times[steps:], timer.lengths[steps:]
+    mm_times = [s["step"] for s in mm_clock.steps[steps:]]
+    trl_times = [s["step"] for s in trl_clock.steps[steps:]]
+    trl_lengths = timer.lengths[steps:]
+    ratios = pair_ratios(trl_blocks[1:], mm_blocks[1:])
     trl_s, mm_s = statistics.median(trl_times), statistics.median(mm_times)
     return {"parameters_m": params / 1e6, "trl_s_per_step": trl_s, "mmrl_s_per_step": mm_s,
-            "trl_samples_per_s": n / trl_s, "mmrl_samples_per_s": n / mm_s, "ratio": trl_s / mm_s,
+            "trl_samples_per_s": n / trl_s, "mmrl_samples_per_s": n / mm_s,
+            "pair_ratios": ratios, "ratio": median_pair_ratio(trl_blocks[1:], mm_blocks[1:]),
+            "mmrl_blocks_s": mm_blocks[1:], "trl_blocks_s": trl_blocks[1:], "steps": steps,
+            "mmrl_stages": _mean_stages([_mmrl_stages(s) for s in mm_clock.steps[steps:]]),
+            "trl_stages": _mean_stages([_trl_stages(s) for s in trl_clock.steps[steps:]]),
             "trl_mean_length": statistics.mean(trl_lengths) if trl_lengths else float("nan"),
-            "mmrl_mean_length": statistics.mean(mm_lengths), "steps_timed": len(mm_times)}
+            "mmrl_mean_length": statistics.mean(mm_lengths[steps:]), "steps_timed": len(mm_times)}
 
 
 # the two model sizes of the comparison: the default tiny model (~1M parameters) and one where model compute
@@ -191,12 +291,29 @@ def run_trl(steps: int, rounds: int) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+FAIRNESS = (
+    ("same on both sides: the same tiny Qwen2.5-VL folder and two 112x112 images, 2 prompts x G=8, <= 16 new "
+     "tokens, temperature 1, no stop strings, fp32 on the CPU, beta 0 (no reference), one AdamW update per batch of "
+     "16 at the same learning rate, the same length reward, activation checkpointing off (TRL's default is on, "
+     "mmrl's off), one process (the same torch threads)"),
+    ("mmrl (its defaults): one prompt encoding per group, vision features shared across the group, the prompt "
+     "prefilled once per group in generation (rollout.prefill_once), the shared-prefix training forward "
+     "(train.shared_prefix), the per-step vision cache, padding-free log-prob passes (train.padding_free), "
+     "chunked log-softmax"),
+    ("TRL (its defaults): model.generate with the prompt repeated G times (G prefills and vision-tower runs per "
+     "prompt), the padded batch in the loss forward (vision recomputed), no old-log-prob pass (on-policy)"),
+)
+
+
 def print_trl(rows: list[tuple[str, dict[str, Any]]]) -> None:
     import torch
 
     print(f"GRPO step, mmrl vs TRL {_trl_version()} GRPOTrainer: tiny Qwen2.5-VL, 2 prompts x G=8 on 112x112 "
           f"images, <= 16 new tokens, fp32, beta 0, one update per batch; torch {torch.get_num_threads()} "
-          "thread(s); median s/step over alternating blocks after a warm-up block each")
+          "thread(s); interleaved pairs (a block of mmrl steps, then a block of TRL steps, A B A B ...) after one "
+          "warm-up pair; ratio = the median of the per-pair ratios of samples/s")
+    for line in FAIRNESS:
+        print(f"  {line}")
     head = (f"{'model':<16} {'TRL s/step':>11} {'mmrl s/step':>12} {'TRL samples/s':>14} {'mmrl samples/s':>15} "
             f"{'mmrl/TRL':>9} {'mean len TRL/mmrl':>18}")
     print(head)
@@ -206,6 +323,26 @@ def print_trl(rows: list[tuple[str, dict[str, Any]]]) -> None:
         lengths = "{:.1f} / {:.1f}".format(r["trl_mean_length"], r["mmrl_mean_length"])
         print(f"{label:<16} {r['trl_s_per_step']:>11.3f} {r['mmrl_s_per_step']:>12.3f} "
               f"{r['trl_samples_per_s']:>14.1f} {r['mmrl_samples_per_s']:>15.1f} {r['ratio']:>8.2f}x {lengths:>18}")
+    print("(s/step and samples/s: medians over the timed steps; mmrl/TRL: the median of the per-pair ratios)\n")
+    for name, r in rows:
+        print(f"pairs, {name} ({r['parameters_m']:.1f}M), {r['steps']} steps per block:")
+        ph = f"{'pair':>5} {'mmrl block s':>13} {'TRL block s':>12} {'mmrl/TRL samples/s':>19}"
+        print(ph)
+        print("-" * len(ph))
+        for i, (a, b, q) in enumerate(zip(r["mmrl_blocks_s"], r["trl_blocks_s"], r["pair_ratios"]), 1):
+            print(f"{i:>5} {a:>13.3f} {b:>12.3f} {q:>18.2f}x")
+        print(f"{'median':>5} {'':>13} {'':>12} {r['ratio']:>18.2f}x\n")
+        print(f"per-stage seconds per step, {name} ({r['parameters_m']:.1f}M): mean over the timed steps")
+        sh = f"{'stage':<22} {'mmrl s':>8} {'TRL s':>8} {'TRL/mmrl':>9}"
+        print(sh)
+        print("-" * len(sh))
+        for stage in (*STAGES, "step"):
+            a, b = r["mmrl_stages"].get(stage, 0.0), r["trl_stages"].get(stage, 0.0)
+            ratio = f"{b / a:.2f}x" if a > 1e-4 else "-"
+            print(f"{stage:<22} {a:>8.3f} {b:>8.3f} {ratio:>9}")
+        print()
+    for side, note in STAGE_NOTES.items():
+        print(f"  stages, {side}: {note}")
     print()
 
 
@@ -327,7 +464,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
             if rep:
                 times[name].append(time.perf_counter() - t0)
                 calls[name].append(int(stats.get("vision_calls", -1)))
-    prompt_len = len(trainers["on"].prepare([0])[0].seq)
+    prompt_len = len(trainers["on"].prepare([0])[0][0].seq)
     trainers["on"].policy.clear_media()
     return {"on_s": statistics.median(times["on"]), "off_s": statistics.median(times["off"]),
             "on_calls": statistics.median(calls["on"]), "off_calls": statistics.median(calls["off"]),
