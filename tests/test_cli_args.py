@@ -246,7 +246,7 @@ def test_a_logged_run_redraws_its_progress_bars_rarely(tmp_path: Path, module_ca
     with (tmp_path / "err.log").open("w") as log:  # stderr a file, as with `2> log`
         subprocess.run([sys.executable, "-m", "mmrl", "train", "--out", str(tmp_path / "run"), *TINY_RUN,
                         "train.steps=30", "sft.steps=30", "sft.batch_size=2", "sft.target=random_answer"],
-                       stdout=subprocess.DEVNULL, stderr=log, env=env, check=True)
+                       stdout=subprocess.DEVNULL, stderr=log, env=env, check=True, timeout=600)
     err = (tmp_path / "err.log").read_text()
     for bar in ("sft", "rl"):
         draws = [part for part in err.replace("\r", "\n").splitlines() if part.startswith(f"{bar}:")]
