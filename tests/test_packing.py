@@ -426,9 +426,12 @@ def test_update_by_token_budget_equals_update_by_rows(tmp_path: Path, tmp_path_f
     by_budget, stats_budget = _update_grads(trainer, batch)
 
     assert by_rows.keys() == by_budget.keys() and "lm_head.weight" in by_rows
+    # fp32 sums in another order (other micro-batches, other thread counts): up to ~2e-4 of a tensor's largest
+    # gradient was measured with 2 threads (the LM head's, ~6e-6 at most); a wrong normalisation is off by ~100%
+    top = max(float(g.abs().max()) for g in by_rows.values())
     for name, g in by_rows.items():
         err = float((by_budget[name] - g).abs().max())
-        assert err <= 2e-5 * float(g.abs().max()) + 1e-9, f"{name}: max error {err}"
+        assert err <= 1e-3 * float(g.abs().max()) + 1e-5 * top, f"{name}: max error {err} (largest gradient {top})"
     for key in ("loss", "pg_loss", "kl_loss", "entropy"):
         assert key in stats_rows
         assert stats_budget[key] == pytest.approx(stats_rows[key], rel=1e-5, abs=1e-7), key
