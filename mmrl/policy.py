@@ -941,7 +941,13 @@ class Policy:
         # sampling distribution differ from the one training computes log-probabilities for.
         # transformers fills every unset (None) field from the checkpoint's generation config, so the
         # neutral values of the processors that change the distribution are set explicitly.
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0, "typical_p": 1.0,
+        # A neutral value that still adds a logits processor is left unset (None) where the checkpoint leaves it
+        # unset too: min_p=0.0 (it masks nothing, at a softmax and a sort per step) and min_new_tokens=0
+        # (min_length becomes the prompt length, a check per step that never fires).
+        own = getattr(self.model, "generation_config", None)
+        min_p = None if getattr(own, "min_p", None) is None else 0.0
+        min_new = None if not getattr(own, "min_new_tokens", None) else 0
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p, "typical_p": 1.0,
                     "epsilon_cutoff": 0.0, "eta_cutoff": 0.0} if do_sample else {}
         gen = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=do_sample,
@@ -949,7 +955,7 @@ class Policy:
             eos_token_id=self.eos_ids, pad_token_id=fill, suppress_tokens=self.suppress_ids or None,
             output_logits=with_logprobs or with_entropies, return_dict_in_generate=True, repetition_penalty=1.0,
             encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-            min_new_tokens=0, renormalize_logits=False, **sampling,
+            min_length=0, min_new_tokens=min_new, renormalize_logits=False, **sampling,
             **({"stop_strings": list(stop)} if stop else {}))
         # synced_gpus off: generation is each rank's own (under ZeRO-3 inside generation_weights, the whole
         # weights local; transformers would otherwise turn it on while a DeepSpeed ZeRO-3 config is alive)

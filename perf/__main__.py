@@ -6,6 +6,8 @@ parameter, and a ZeRO-3 checkpoint's peak on each rank.
   TRL, mmrl, TRL, ... after a warm-up pair; the median of the per-pair samples/s ratios) at about 1M and 23M
   parameters, with per-stage seconds for both (generation, the rest of the rollout, log-prob/reference
   passes, forward+backward, optimizer and the rest) and what each side does (:mod:`perf.trl_compare`);
+  ``--trl-sizes small`` runs one size only, ``--trl-pairs-only`` leaves out the sections after the pairs (the
+  framework overhead, the video step, HF vs vLLM generation);
 * ``--only longvideo``: generation on 2 long-video prompts (16 frames at 336x336, 1,152 video tokens, a prompt of
   1,200 tokens) x G=8 x 16 tokens with the prompt prefilled once per group (``rollout.prefill_once``) vs
   repeated G times, interleaved repetitions after a warm-up, median seconds, the speed-up and whether both
@@ -296,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trl-steps", type=int, default=3, help="steps per alternating block in the TRL comparison")
     parser.add_argument("--trl-rounds", type=int, default=4,
                         help="timed pairs of blocks (mmrl, then TRL) after a warm-up pair; the median ratio is reported")
+    parser.add_argument("--trl-sizes", default="tiny,small",
+                        help="comma-separated model sizes of the TRL comparison (tiny: ~1M, small: ~23M parameters)")
+    parser.add_argument("--trl-pairs-only", action="store_true",
+                        help="with --only trl: the interleaved pairs alone (no overhead, video-step or vLLM sections)")
     parser.add_argument("--longvideo-reps", type=int, default=5,
                         help="timed repetitions of each mode in the long-video generation case (median reported)")
     parser.add_argument("--longvideo-size", choices=["tiny", "small"], default="tiny",
@@ -311,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "trl"):
         from perf.trl_compare import print_trl, run_trl
 
-        print_trl(run_trl(args.trl_steps, args.trl_rounds))
+        print_trl(run_trl(args.trl_steps, args.trl_rounds, sizes=args.trl_sizes.split(",")))
+        sys.stdout.flush()
+    if args.only in (None, "trl") and not args.trl_pairs_only:
         from perf.trl_compare import SIZES, overhead, print_overhead, print_video_step, video_step
 
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-overhead-") as tmp:

@@ -281,11 +281,17 @@ SIZES = {"tiny": {}, "small": {"hidden_size": 512, "layers": 4, "heads": 8, "kv_
                                "vision_heads": 4, "vision_intermediate_size": 1024}}
 
 
-def run_trl(steps: int, rounds: int) -> list[tuple[str, dict[str, Any]]]:
+def run_trl(steps: int, rounds: int, sizes: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`compare` at each model size of ``sizes`` (names in :data:`SIZES`; default: all of them)."""
     import tempfile
 
+    unknown = [s for s in sizes or () if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"unknown TRL comparison size(s) {', '.join(unknown)}; choose from {', '.join(SIZES)}")
     out = []
     for name, size in SIZES.items():
+        if sizes is not None and name not in sizes:
+            continue
         with tempfile.TemporaryDirectory(prefix=f"mmrl-perf-trl-{name}-") as tmp:
             out.append((name, compare(Path(tmp), size=size, steps=steps, rounds=rounds)))
     return out

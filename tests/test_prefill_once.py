@@ -238,3 +238,31 @@ def test_config_key_reaches_the_policy(policy_of, tmp_path: Path, monkeypatch: p
     assert policy.prefill_once is False
     backend_from_config(load_run_config("video-qa"), policy)
     assert policy.prefill_once is True
+
+
+def test_no_processor_for_neutral_settings(policy_of, monkeypatch: pytest.MonkeyPatch) -> None:
+    """min_p and min_new_tokens that the checkpoint leaves unset stay unset (their neutral values would add a
+    min-p warper and a min-length check at every step that change nothing); a checkpoint's own min_p or
+    min_new_tokens is still overridden by the neutral value."""
+    policy = policy_of("qwen2_5_vl")
+    model = policy.model
+    seen: list[list[Any]] = []
+    real = type(model)._get_logits_processor
+
+    def spy(self: Any, *a: Any, **kw: Any) -> Any:
+        out = real(self, *a, **kw)
+        seen.append(list(out))
+        return out
+
+    monkeypatch.setattr(type(model), "_get_logits_processor", spy)
+    seqs = prompts_of(policy, "qwen2_5_vl", "image")
+    generate(policy, seqs, True, 1, num_return_sequences=G)
+    assert [type(p).__name__ for p in seen[-1]] == ["SuppressTokensLogitsProcessor"]
+    cfg = model.generation_config
+    monkeypatch.setattr(cfg, "min_p", 0.2)
+    monkeypatch.setattr(cfg, "min_new_tokens", 5)
+    got = generate(policy, seqs, True, 1, num_return_sequences=G)
+    names = [type(p).__name__ for p in seen[-1]]
+    assert "MinNewTokensLengthLogitsProcessor" not in names and all(g.token_ids for gens in got for g in gens)
+    # present, with the neutral 0.0 (the checkpoint's 0.2 would cut the distribution)
+    assert [p.min_p for p in seen[-1] if type(p).__name__ == "MinPLogitsWarper"] == [0.0]
