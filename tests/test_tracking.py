@@ -75,6 +75,12 @@ def test_wandb_offline_run_holds_every_step(tmp_path: Path, module_cache: None, 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = _train(tmp_path, "train.report_to=[wandb]")
+    import wandb
+
+    # run.finish() returns before wandb's service has closed the .wandb file (its last partial block is still in
+    # memory; finish only informs the service); teardown waits for the service to exit, as the CLI's exit does.
+    # Without it a loaded machine could read a file that lacked the last rows.
+    wandb.teardown()
     rows = rl_rows(run)
     files = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
