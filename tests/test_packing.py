@@ -44,7 +44,7 @@ def group(policy: Policy, p: TokenSeq, lengths: list[int], seed: int) -> list[To
 
 def loss_of(logp: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Different weights per token, so a wrong row or position shows in the gradients."""
-    w = torch.linspace(-1.0, 2.0, mask.numel()).view(mask.shape) * mask
+    w = torch.linspace(-1.0, 2.0, mask.numel(), device=mask.device).view(mask.shape) * mask
     return (logp * w).sum() + 0.3 * (ent * w.flip(-1)).sum()
 
 
