@@ -82,6 +82,9 @@ class Packed:
     start: torch.Tensor  # (n,)
     lengths: list[int]
     order: list[int]
+    # parents[j]: the packed sequence whose tokens sequence j also sees, all of them (its prompt in a
+    # one-pass shared prefix, :func:`pack` with ``parents``); -1: none
+    parents: list[int] | None = None
 
     @property
     def width(self) -> int:
@@ -98,6 +101,8 @@ class Packed:
         if impl in FLASH:
             if self.input_ids.shape[0] != 1:
                 raise ValueError("flash-attention packing takes one row")
+            if self.parents is not None and any(p >= 0 for p in self.parents):
+                raise ValueError("flash attention's variable-length call cannot let a sequence see another's tokens")
             dev = self.input_ids.device
             lens = torch.tensor([self.lengths[j] for j in self.order], dtype=torch.int32, device=dev)
             cu = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
@@ -108,6 +113,12 @@ class Packed:
         width = seg.shape[1]
         causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()
         allowed = (seg[:, :, None] == seg[:, None, :]) & causal  # (R, W, W)
+        if self.parents is not None and any(p >= 0 for p in self.parents):
+            # each query also sees its parent's tokens (which lie before it, in its row); tails see no parent
+            lookup = torch.tensor(self.parents, device=seg.device)
+            parent = torch.where(seg >= 0, lookup[seg.clamp(min=0)], torch.iinfo(seg.dtype).min)
+            parent = torch.where(parent >= 0, parent, torch.iinfo(seg.dtype).min)
+            allowed |= parent[:, :, None] == seg[:, None, :]
         if impl == "sdpa":
             return {"attention_mask": allowed[:, None]}
         mask = torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill(~allowed, torch.finfo(dtype).min)
@@ -170,12 +181,20 @@ def layout(lengths: Sequence[int], *, one_row: bool,
 
 def pack(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, position_ids: torch.Tensor,
          src: Sequence[int], lengths: Sequence[int], *, one_row: bool, pad_id: int,
-         cost: Callable[[int], float] | None = None) -> Packed:
-    """Pack sequence ``j`` = the first ``lengths[j]`` tokens of row ``src[j]`` of the right-padded
-    ``input_ids``/``mm_token_type_ids`` ``(B, L)`` and ``position_ids`` ``(3, B, L)``, in the rows of
-    :func:`layout`."""
+         cost: Callable[[int], float] | None = None, offsets: Sequence[int] | None = None,
+         parents: Sequence[int] | None = None, units: Sequence[Sequence[int]] | None = None) -> Packed:
+    """Pack sequence ``j`` = ``lengths[j]`` tokens of row ``src[j]`` of the right-padded
+    ``input_ids``/``mm_token_type_ids`` ``(B, L)`` and ``position_ids`` ``(3, B, L)``, from column
+    ``offsets[j]`` (default 0, with its positions there), in the rows of :func:`layout`.
+
+    ``parents[j]`` (default none): a sequence whose tokens ``j`` sees whole besides its own (sdpa/eager
+    masks only). ``units``: consecutive sequences that stay together, in order, in one row (a prompt and the
+    continuations that see it); :func:`layout` places the units. Default: each sequence a unit."""
     dev = input_ids.device
-    rows = layout(lengths, one_row=one_row, cost=cost)
+    offsets = list(offsets) if offsets is not None else [0] * len(lengths)
+    units = [list(u) for u in units] if units is not None else [[j] for j in range(len(lengths))]
+    unit_rows = layout([sum(lengths[j] for j in u) for u in units], one_row=one_row, cost=cost)
+    rows = [[j for u in r for j in units[u]] for r in unit_rows]
     width = max(sum(lengths[j] for j in r) for r in rows)
     n_rows = len(rows)
     row = [0] * len(lengths)
@@ -190,9 +209,9 @@ def pack(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, position_ids:
             k = lengths[j]
             row[j], start[j] = r, col
             seg[r, col:col + k] = j
-            text[r, col:col + k] = torch.arange(k)
+            text[r, col:col + k] = torch.arange(offsets[j], offsets[j] + k)
             dst_flat.append(torch.arange(r * width + col, r * width + col + k))
-            src_flat.append(int(src[j]) * input_ids.shape[1] + torch.arange(k))
+            src_flat.append(int(src[j]) * input_ids.shape[1] + offsets[j] + torch.arange(k))
             col += k
         seg[r, col:] = -1 - r  # the tail: a segment of its own
         text[r, col:] = torch.arange(width - col)
@@ -212,4 +231,4 @@ def pack(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, position_ids:
     return Packed(input_ids=ids.view(n_rows, width), mm_token_type_ids=types.view(n_rows, width),
                   position_ids=pos, segments=seg.to(dev), row=torch.tensor(row, device=dev),
                   start=torch.tensor(start, device=dev), lengths=list(lengths),
-                  order=[j for r in rows for j in r])
+                  order=[j for r in rows for j in r], parents=list(parents) if parents is not None else None)

@@ -625,8 +625,9 @@ class Policy:
     _row_cost: Any = None  # packing.row_cost of the language model, on first use
 
     def _pack(self, batch: dict[str, torch.Tensor], position_ids: torch.Tensor, src: Sequence[int],
-              lengths: Sequence[int], impl: str) -> packing.Packed:
-        """Sequences ``src[j]`` (their first ``lengths[j]`` tokens) of the padded ``batch``, packed for ``impl``."""
+              lengths: Sequence[int], impl: str, **tree: Any) -> packing.Packed:
+        """Sequences ``src[j]`` (their first ``lengths[j]`` tokens) of the padded ``batch``, packed for ``impl``
+        (``tree``: :func:`packing.pack`'s ``offsets``, ``parents`` and ``units``)."""
         one_row = impl in packing.FLASH or bool(self.pack_one_row)
         cost = None
         if not one_row:
@@ -634,7 +635,7 @@ class Policy:
                 self._row_cost = packing.row_cost(self.base.language_model)
             cost = self._row_cost
         return packing.pack(batch["input_ids"], batch["mm_token_type_ids"], position_ids, src, lengths,
-                            one_row=one_row, pad_id=self.pad_id, cost=cost)
+                            one_row=one_row, pad_id=self.pad_id, cost=cost, **tree)
 
     def _compute_dtype(self) -> torch.dtype:
         """The dtype of the language model's activations (an additive attention mask is built in it)."""
@@ -669,6 +670,11 @@ class Policy:
         micro-batch with :attr:`share_vision_features` off. Activation checkpointing works as usual (the
         prefix's keys and values are written once and only read afterwards, so recomputation is exact).
 
+        With sdpa or eager attention and padding-free passes, the shared prefix may instead run as one packed
+        pass (:meth:`_one_pass`, chosen by cost: no second call of every module, no summing of each weight's
+        gradients from two passes): each prompt once, followed by its continuations, each of which sees the
+        prompt and itself.
+
         Padding-free (:attr:`padding_free`, :mod:`mmrl.packing`): the padded path and the shared-prefix path's
         first pass put their sequences back to back without padding, each with its own positions and attending
         to itself only (flash attention: one row and the kernel's variable-length call; sdpa/eager: a
@@ -687,7 +693,9 @@ class Policy:
             else None
         if plan is None and use_shared and self.rank_invariant:  # the same two passes on every rank
             plan = [([i], 0) for i in range(len(seqs))]
-        if plan is not None:
+        if plan is not None and self._one_pass(plan, seqs):
+            hidden_rows = self._one_pass_hidden(seqs, batch, position_ids, plan, rows, cols)
+        elif plan is not None:
             hidden_rows = self._shared_prefix_hidden(seqs, batch, position_ids, plan, rows, cols)
         elif (impl := self._packing_impl()) is not None:  # padding-free: the sequences back to back
             lengths = [len(s) for s in seqs]
@@ -781,6 +789,110 @@ class Policy:
         if all(n == 0 for _, n in plan):
             return None
         return plan
+
+    # The shared prefix in one packed pass (sdpa/eager, padding-free): each group's prompt, then its
+    # continuations, each continuation seeing the prompt and itself (:meth:`_one_pass_hidden`). None: where the
+    # cost model says it is cheaper than two passes; True/False force it (tests).
+    shared_prefix_one_pass: bool | None = None
+    # the second pass's own work (summing every weight's gradients from both passes, a second call of every
+    # module) in multiply-adds per weight of a decoder layer, for the choice
+    second_pass_cost: float = 30.0
+
+    def _one_pass(self, plan: list[tuple[list[int], int]], seqs: Sequence[TokenSeq]) -> bool:
+        """Whether the shared prefix runs as one packed pass instead of two (:meth:`_shared_prefix_hidden`).
+
+        Only with a masked attention (sdpa/eager: flash attention's variable-length call cannot let a
+        continuation see its prompt) and padding-free passes on, and never where every rank must make the same
+        calls (ZeRO-3 gathers per call, and ranks may differ in whether they share a prefix). Two passes sum
+        every weight's gradient from both (a parameter-sized add per weight, and a second call of every
+        module); one pass computes each continuation's attention over its whole group's row, prompt and the
+        other continuations included (masked, yet computed by sdpa/eager). By :func:`packing.row_cost`: one
+        pass when its rows, all as wide as the widest group, cost no more than the two passes' tokens plus the
+        extra pass's parameter-sized work."""
+        if self.rank_invariant or self._packing_impl() not in packing.MASKED:
+            return False
+        if self.shared_prefix_one_pass is not None:
+            return self.shared_prefix_one_pass
+        if self._row_cost is None:
+            self._row_cost = packing.row_cost(self.base.language_model)
+        cost = self._row_cost
+        q = (cost(2) - 2 * cost(1)) / 4  # cost(w) = w * (P + 2 * w * q)
+        params = cost(1) - 2 * q
+        one_row = bool(self.pack_one_row)
+
+        def packed_price(lengths: list[int]) -> float:
+            rows = packing.layout(lengths, one_row=one_row, cost=cost)
+            return len(rows) * cost(max(sum(lengths[j] for j in r) for r in rows))
+
+        lengths = [len(s) for s in seqs]
+        one = packed_price([n + sum(lengths[i] - 1 - n for i in g) if n else lengths[i] - 1
+                            for g, n in plan for i in (g[:1] if n else g)])
+        prefixes = [n if n else lengths[i] for g, n in plan for i in (g[:1] if n else g)]
+        rest = [lengths[i] - n for g, n in plan if n for i in g]
+        width = max(rest)  # pass 2: padded continuations, each attending to the widest prefix and itself
+        two = packed_price(prefixes) + len(rest) * width * (params + 2 * (max(prefixes) + width) * q)
+        return one <= two + self.second_pass_cost * params
+
+    def _one_pass_hidden(self, seqs: Sequence[TokenSeq], batch: dict[str, torch.Tensor],
+                         position_ids: torch.Tensor, plan: list[tuple[list[int], int]],
+                         rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Last hidden states at ``(rows, cols - 1)`` of the padded batch, from one packed pass: per group,
+        its prompt (the shared prefix, with the vision features) once, then each row's continuation, which
+        sees the prompt whole and its own earlier tokens (a 4-D mask, :func:`packing.pack` with parents), with
+        its slice of the full sequence's positions; unshared rows whole. Each row's last token is left out
+        (nothing reads its hidden state). The values and gradients are the padded batch's within round-off."""
+        lengths = [len(s) for s in seqs]
+        src: list[int] = []
+        lens: list[int] = []
+        offsets: list[int] = []
+        parents: list[int] = []
+        units: list[list[int]] = []
+        item_pre = [0] * len(seqs)  # the packed item holding each row's first `split` tokens
+        item_suf = [0] * len(seqs)  # the one holding the rest (but the last)
+        split = [0] * len(seqs)
+
+        def add(i: int, off: int, k: int, parent: int) -> int:
+            src.append(i)
+            offsets.append(off)
+            lens.append(k)
+            parents.append(parent)
+            return len(src) - 1
+
+        # a row's last token is left out: its hidden state would predict a token after the row
+        for group, n in plan:
+            if n == 0:
+                for i in group:
+                    j = add(i, 0, max(lengths[i] - 1, 1), -1)
+                    item_pre[i] = item_suf[i] = j
+                    split[i] = lengths[i]
+                    units.append([j])
+                continue
+            p = add(group[0], 0, n, -1)
+            unit = [p]
+            for i in group:
+                item_pre[i], split[i] = p, n
+                if lengths[i] - 1 > n:  # else every hidden state it needs is the prompt's
+                    item_suf[i] = add(i, n, lengths[i] - 1 - n, p)
+                    unit.append(item_suf[i])
+            units.append(unit)
+        impl = self._packing_impl()
+        packed = self._pack(batch, position_ids, src, lens, impl, offsets=offsets, parents=parents, units=units)
+        # media: only prompts and unshared rows hold placeholders, in packed order
+        media_seqs = [replace(seqs[src[j]], ids=seqs[src[j]].ids[:lens[j]], mm_types=seqs[src[j]].mm_types[:lens[j]],
+                              loss_mask=seqs[src[j]].loss_mask[:lens[j]])
+                      for j in packed.order if parents[j] < 0]
+        encoder_outputs, anchor = self._encoder_outputs(media_seqs)
+        out = self.base(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                        mm_token_type_ids=packed.mm_token_type_ids, mm_encoder_outputs=encoder_outputs or None,
+                        use_cache=False, **packed.model_kwargs(impl, self._compute_dtype()))
+        flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+        dev = rows.device
+        pos = cols - 1
+        cut = torch.tensor(split, device=dev)[rows]
+        first = pos < cut
+        item = torch.where(first, torch.tensor(item_pre, device=dev)[rows], torch.tensor(item_suf, device=dev)[rows])
+        hidden = flat[packed.flat_index(item, torch.where(first, pos, pos - cut))]
+        return hidden + anchor if anchor is not None else hidden
 
     def _shared_prefix_hidden(self, seqs: Sequence[TokenSeq], batch: dict[str, torch.Tensor],
                               position_ids: torch.Tensor, plan: list[tuple[list[int], int]],

@@ -172,7 +172,11 @@ def test_shared_prefix_packed(policy_of, family: str, kind: str) -> None:
     seqs = mixed_batch(policy, family, kind)
     plan = policy._prefix_plan(seqs)
     assert plan is not None and [n > 0 for _, n in plan] == [True, True, True, False]
-    calls = assert_same(policy, seqs, shared=True)
+    policy.shared_prefix_one_pass = False  # the two passes (flash attention's; sdpa's where they cost less)
+    try:
+        calls = assert_same(policy, seqs, shared=True)
+    finally:
+        policy.shared_prefix_one_pass = None
     pass1 = sum(n for _, n in plan[:3]) + len(seqs[-1])
     assert calls["one_row"][0][0] == (1, pass1)  # each prompt once, no padding
     shared_rows = sum(len(rows) for rows, n in plan if n > 0)
@@ -435,3 +439,69 @@ def test_update_by_token_budget_equals_update_by_rows(tmp_path: Path, tmp_path_f
     for key in ("loss", "pg_loss", "kl_loss", "entropy"):
         assert key in stats_rows
         assert stats_budget[key] == pytest.approx(stats_rows[key], rel=1e-5, abs=1e-7), key
+
+
+# ------------------------------------------------------------------------------------------------ one pass
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_shared_prefix_in_one_pass(policy_of, family: str, kind: str) -> None:
+    """The shared prefix as one packed pass: each group's prompt once, then its continuations, each seeing
+    the prompt and itself; the values and every gradient of the padded batch, in the rows the cost model
+    picks and in one row; the model is called once, on no more tokens than the two passes hold."""
+    policy = policy_of(family)
+    seqs = mixed_batch(policy, family, kind)
+    plan = policy._prefix_plan(seqs)
+    policy.shared_prefix_one_pass = True
+    try:
+        calls = assert_same(policy, seqs, shared=True)
+    finally:
+        policy.shared_prefix_one_pass = None
+    # each prompt once, each continuation but its last token (whose hidden state predicts nothing)
+    tokens = sum(n + sum(len(seqs[i]) - 1 - n for i in g) if n else sum(len(seqs[i]) - 1 for i in g) for g, n in plan)
+    assert len(calls["one_row"]) == 1 and calls["one_row"][0][0] == (1, tokens)  # one call, no padding
+    assert calls["one_row"][0][1] == (1, 1, tokens, tokens)
+    assert len(calls["packed"]) == 1 and calls["packed"][0][0][0] <= len(plan)
+    with policy.inference():  # the gradient-free passes (reference, old log-probs) too
+        policy.shared_prefix_one_pass = False
+        ref = policy.forward_logprobs(seqs, with_entropy=True, shared_prefix=True)
+        policy.shared_prefix_one_pass = True
+        got = policy.forward_logprobs(seqs, with_entropy=True, shared_prefix=True)
+        policy.shared_prefix_one_pass = None
+    for a, b in zip(got[:2], ref[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
+def test_one_pass_with_one_token_continuations(policy_of) -> None:
+    """Continuations of a single token (their log-prob reads the prompt's last hidden state alone) and a row
+    of a single trained token without a group."""
+    policy = policy_of("qwen2_5_vl")
+    p = prompt(policy, [image("qwen2_5_vl", "one", seed=5)], "Yes or no?")
+    alone = prompt(policy, [image("qwen2_5_vl", "alone", seed=6)], "Alone?")
+    seqs = group(policy, p, [0, 4, 0], seed=40) + group(policy, alone, [0], seed=50)
+    assert [len(s) - len(p) for s in seqs[:3]] == [1, 5, 1]
+    policy.shared_prefix_one_pass = True
+    try:
+        calls = assert_same(policy, seqs, shared=True)
+    finally:
+        policy.shared_prefix_one_pass = None
+    assert calls["one_row"][0][0] == (1, len(p) + 4 + len(alone))
+
+
+def test_one_pass_chosen_by_cost(policy_of) -> None:
+    """Short continuations of a short prompt: one pass (the second pass's own work outweighs the extra
+    attention); long ones of a long prompt: two (one pass would compute every continuation's attention over
+    the whole row). Never where every rank must make the same calls, nor with padding-free passes off."""
+    policy = policy_of("qwen2_5_vl")
+
+    def rows(prompt: int, answers: list[int]) -> tuple[list[tuple[list[int], int]], list[list[int]]]:
+        return [(list(range(len(answers))), prompt)], [[0] * (prompt + a) for a in answers]
+
+    short, long = rows(40, [16] * 8), rows(2000, [1000] * 8)
+    assert policy._one_pass(*short) and not policy._one_pass(*long)
+    policy.rank_invariant = "calls"
+    try:
+        assert not policy._one_pass(*short)
+    finally:
+        policy.rank_invariant = None
+    policy.padding_free = False
+    assert not policy._one_pass(*short)
