@@ -68,6 +68,10 @@ def main(model_dir: str, out: str) -> None:
                        "loss": float(loss), "grad_norm": norm})
     if w.is_main:
         Path(out).write_text(json.dumps(report))
+    # a clean end: in one CI run (2026-11-26) a rank aborted in teardown ("terminate called without an active
+    # exception") after all its work, when the process group was left for interpreter exit to destroy
+    w.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
