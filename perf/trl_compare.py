@@ -16,7 +16,8 @@ forward+backward and the optimizer with the rest (:data:`STAGE_NOTES` says what 
 What could not be made equal: TRL generates with ``model.generate`` on the prompt repeated G times and
 recomputes the vision features in every pass; mmrl generates G sequences per prompt from one prompt
 encoding, prefills each prompt once per group (``rollout.prefill_once``), shares the vision features across a
-group, runs the prompt once per group in training (``train.shared_prefix``) and packs its log-prob passes
+group, runs the prompt once per group in training (``train.shared_prefix``; with sdpa, where it costs less, in
+one packed pass with the group's completions) and packs its log-prob passes
 without padding (``train.padding_free``) where those settings are on. Activation checkpointing is off on both
 sides (TRL's default turns it on; mmrl's leaves it off). Each framework's own defaults are otherwise kept.
 """
