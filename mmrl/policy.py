@@ -101,6 +101,11 @@ class TokenSeq:
             loss_mask=self.loss_mask + [1 if trained else 0] * len(ids),
         )
 
+    def head(self, k: int) -> TokenSeq:
+        """The first ``k`` tokens, with the whole media list (the shared-prefix passes cut a row to its prompt,
+        which holds every placeholder)."""
+        return replace(self, ids=self.ids[:k], mm_types=self.mm_types[:k], loss_mask=self.loss_mask[:k])
+
 
 @dataclass
 class Generation:
@@ -878,9 +883,7 @@ class Policy:
         impl = self._packing_impl()
         packed = self._pack(batch, position_ids, src, lens, impl, offsets=offsets, parents=parents, units=units)
         # media: only prompts and unshared rows hold placeholders, in packed order
-        media_seqs = [replace(seqs[src[j]], ids=seqs[src[j]].ids[:lens[j]], mm_types=seqs[src[j]].mm_types[:lens[j]],
-                              loss_mask=seqs[src[j]].loss_mask[:lens[j]])
-                      for j in packed.order if parents[j] < 0]
+        media_seqs = [seqs[src[j]].head(lens[j]) for j in packed.order if parents[j] < 0]
         encoder_outputs, anchor = self._encoder_outputs(media_seqs)
         out = self.base(input_ids=packed.input_ids, position_ids=packed.position_ids,
                         mm_token_type_ids=packed.mm_token_type_ids, mm_encoder_outputs=encoder_outputs or None,
@@ -936,8 +939,7 @@ class Policy:
         src = torch.tensor(pre_src, device=dev)
         keep = torch.arange(width, device=dev)[None, :] < torch.tensor(pre_len, device=dev)[:, None]
         pre_attn = keep.long()
-        pre_seqs = [replace(seqs[i], ids=seqs[i].ids[:k], mm_types=seqs[i].mm_types[:k],
-                            loss_mask=seqs[i].loss_mask[:k]) for i, k in zip(pre_src, pre_len)]
+        pre_seqs = [seqs[i].head(k) for i, k in zip(pre_src, pre_len)]
         impl = self._packing_impl()
         packed = None
         if impl is not None:  # padding-free pass 1: the prefixes and unshared rows back to back
