@@ -141,10 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if not argv else 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except MmrlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    if "torch.distributed" in sys.modules:  # a command that joined a process group leaves it
+        from mmrl.distributed import finish
+
+        finish()
+    return code

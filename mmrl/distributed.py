@@ -155,6 +155,21 @@ def init(device: str = "auto", timeout_minutes: float = 30) -> World:
     return _WORLD
 
 
+def finish() -> None:
+    """Leave the process group at the end of a command that succeeded: every rank waits for the others, then
+    the group is destroyed (NCCL warns, and gloo's threads may abort the interpreter at exit, when a group is
+    left to the interpreter's teardown). A command that failed does not come here: its peers may be blocked in
+    a collective, and torchrun stops them when this rank exits non-zero. Also ends the one-process group
+    DeepSpeed needs without torchrun."""
+    global _WORLD
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    _WORLD = World()
+
+
 def device_for(device: str) -> str:
     """``auto`` on a GPU rank is that rank's own GPU (``cuda:LOCAL_RANK``); ``auto`` on a machine whose GPUs
     CUDA cannot use says so (once) before running on the CPU."""

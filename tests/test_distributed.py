@@ -270,3 +270,28 @@ def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp
     m1, m2 = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
     assert m2["scores"] == m1["scores"] and m2["timing"]["ranks"] == 2
     assert m1["media_failures"] and m2["media_failures"] == m1["media_failures"]
+
+
+LEAVE_GROUP = '''
+import os, socket, sys
+import torch.distributed as dist
+from mmrl.cli import main
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+failed = main(["config", "show", "train.bogus=1"])
+print("after a failed command:", failed, dist.is_initialized())
+done = main(["config", "show"])
+print("after a command that succeeded:", done, dist.is_initialized())
+'''
+
+
+def test_a_command_that_succeeds_leaves_the_process_group(tmp_path: Path) -> None:
+    """The CLI destroys the process group when a command ends well (left to the interpreter's exit, gloo's
+    threads can abort it, and NCCL warns); a failed command leaves it alone (its peers may be in a collective)."""
+    done = subprocess.run([sys.executable, "-c", LEAVE_GROUP], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TQDM_DISABLE": "1"}, check=True)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("after")]
+    assert lines == ["after a failed command: 2 True", "after a command that succeeded: 0 False"]
