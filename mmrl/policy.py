@@ -629,18 +629,19 @@ class Policy:
     pack_one_row: bool | None = None
     _row_cost: Any = None  # packing.row_cost of the language model, on first use
 
+    def _cost(self) -> Any:
+        """:func:`packing.row_cost` of the language model (computed once)."""
+        if self._row_cost is None:
+            self._row_cost = packing.row_cost(self.base.language_model)
+        return self._row_cost
+
     def _pack(self, batch: dict[str, torch.Tensor], position_ids: torch.Tensor, src: Sequence[int],
               lengths: Sequence[int], impl: str, **tree: Any) -> packing.Packed:
         """Sequences ``src[j]`` (their first ``lengths[j]`` tokens) of the padded ``batch``, packed for ``impl``
         (``tree``: :func:`packing.pack`'s ``offsets``, ``parents`` and ``units``)."""
         one_row = impl in packing.FLASH or bool(self.pack_one_row)
-        cost = None
-        if not one_row:
-            if self._row_cost is None:
-                self._row_cost = packing.row_cost(self.base.language_model)
-            cost = self._row_cost
         return packing.pack(batch["input_ids"], batch["mm_token_type_ids"], position_ids, src, lengths,
-                            one_row=one_row, pad_id=self.pad_id, cost=cost, **tree)
+                            one_row=one_row, pad_id=self.pad_id, cost=None if one_row else self._cost(), **tree)
 
     def _compute_dtype(self) -> torch.dtype:
         """The dtype of the language model's activations (an additive attention mask is built in it)."""
@@ -818,9 +819,7 @@ class Policy:
             return False
         if self.shared_prefix_one_pass is not None:
             return self.shared_prefix_one_pass
-        if self._row_cost is None:
-            self._row_cost = packing.row_cost(self.base.language_model)
-        cost = self._row_cost
+        cost = self._cost()
         q = (cost(2) - 2 * cost(1)) / 4  # cost(w) = w * (P + 2 * w * q)
         params = cost(1) - 2 * q
         one_row = bool(self.pack_one_row)
