@@ -232,16 +232,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if getattr(args, "benchmark", None):
         from mmrl.benchmarks_eval import cli_run
 
-        if args.consistency or args.shuffled_frames or args.check:
-            from mmrl_common.errors import MmrlError
-
-            raise MmrlError("--check with --benchmark is not supported yet: the benchmark runner has its own "
-                            "prompts and scoring; export the benchmark's questions as an mmrl data file and run "
-                            "`mmrl eval --eval-data FILE --check NAME`")
-
+        checks = _checks(args)  # under the benchmark's protocol (a check without a benchmark form is refused)
         cfg = _load(args)
         _join_world(cfg)  # under torchrun: each rank answers its share of the questions
-        return cli_run(args, cfg)
+        return cli_run(args, cfg, checks=checks)
     from mmrl.distributed import device_for
     from mmrl.evaluate import evaluate
     from mmrl.policy import load_policy
@@ -411,7 +405,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                         "reasoning: OSCR, the five answer cases, accuracy with shuffled options, letter balance), "
                         "shuffled_frames (T-GRPO: every video question answered again from its frames in a random "
                         "order: accuracy with shuffled frames and the gap, per task), or one a loaded module "
-                        "registers (mmrl.evaluate.register_check)")
+                        "registers (mmrl.evaluate.register_check); with --benchmark, consistency runs under the "
+                        "benchmark's own protocol")
     p.add_argument("--consistency", action="store_true", help="the same as --check consistency")
     p.add_argument("--shuffled-frames", action="store_true", help="the same as --check shuffled_frames")
     p.add_argument("--consistency-seed", type=int, default=0,

@@ -32,11 +32,19 @@ from rewards.accuracy import SCORED_AS
 class EvalCheck:
     """``run(service, samples, rows, *, max_new_tokens, **settings)`` adds its fields to the prediction
     ``rows`` of a batch of ``samples``; ``summarize(predictions)`` is its section of the metrics;
-    ``describe(section)`` its lines of the console table (``mmrl eval``)."""
+    ``describe(section)`` its lines of the console table (``mmrl eval``).
+
+    ``benchmark(samples, rows, ask, **settings)`` (optional) is the same check on a public benchmark's
+    questions (``mmrl eval --benchmark NAME --check NAME``), asked under the benchmark's own protocol:
+    ``rows`` are the prediction records (``completion``, ``pred``: the benchmark's reading); ``ask(requests)``,
+    with ``requests`` a list of ``(i, sample, prefix)`` (``samples[i]``'s media with ``sample``'s text, the
+    answer forced to start with ``prefix``), answers each greedily and returns ``{"completion", "pred",
+    "prompt"}`` per request: the answer (``prefix`` included), the benchmark's reading of it, and the prompt."""
 
     run: Callable[..., None]
     summarize: Callable[[Sequence[dict[str, Any]]], dict[str, Any]]
     describe: Callable[[dict[str, Any]], list[str]] | None = None
+    benchmark: Callable[..., None] | None = None
 
 
 CHECKS: Registry[EvalCheck] = Registry("evaluation check", "--check")
@@ -49,10 +57,11 @@ def score_text(v: Any) -> str:
 
 def register_check(name: str, *, summarize: Callable[[Sequence[dict[str, Any]]], dict[str, Any]],
                    describe: Callable[[dict[str, Any]], list[str]] | None = None,
+                   benchmark: Callable[..., None] | None = None,
                    ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorator: register ``run`` (see :class:`EvalCheck`) as the evaluation check ``name``."""
     def deco(run: Callable[..., None]) -> Callable[..., None]:
-        CHECKS.add(name, EvalCheck(run, summarize, describe))
+        CHECKS.add(name, EvalCheck(run, summarize, describe, benchmark))
         return run
     return deco
 

@@ -282,8 +282,6 @@ def test_eval_command_consistency_and_shuffled_frames(tmp_path: Path, capsys: py
     assert all(p["case"] in (*C.CASES, "unanswered") and "shuffled_frames_score" in p for p in preds)
     printed = capsys.readouterr().out
     assert "option-shuffling consistency (OSCR)" in printed and "shuffled frames" in printed
-    assert cli.main(["eval", "--consistency", "--benchmark", "mvbench", "--data-root", str(tmp_path)]) == 2
-    assert "--check with --benchmark is not supported" in capsys.readouterr().err
     assert cli.main(["eval", "--check", "consistensy", "--out", str(tmp_path / "x"), *TINY_RUN]) == 2
     assert "unknown evaluation check 'consistensy'" in capsys.readouterr().err  # the nearest is named
 
@@ -352,3 +350,43 @@ def test_the_trained_second_turn_is_in_the_loss_mask() -> None:
     assert trained.count("<answer>") == 2 and "<answer>B</answer>" in trained and "<answer>C</answer>" in trained
     assert "another order" in masked_tail and "another order" not in trained
     assert eps[0].turns == ["<answer>B</answer>", "<answer>C</answer>"] and "acre" in eps[0].env.info
+
+
+def test_the_benchmark_form_reletters_and_reads_the_cases(tmp_path: Path) -> None:
+    """consistency_on_benchmark: multiple-choice questions whose letter was read are asked again with their
+    options permuted (labelled options re-lettered, as Video-MME stores them), the reasoning trace continued
+    when there is one; the answers, in the shuffled lettering, are mapped back and each row gets its case."""
+    from data_pipelines.benchmarks import load_benchmark
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.benchmarks_eval.protocols import plain_options, shuffled_options
+    from mmrl.methods.acre import consistency_on_benchmark
+
+    assert shuffled_options(["A. cat", "B. dog", "C. owl"], [2, 0, 1]) == ["A. owl", "B. cat", "C. dog"]
+    assert shuffled_options(["cat", "dog", "owl"], [2, 0, 1]) == ["owl", "cat", "dog"]
+    samples = [s for s in load_benchmark("videomme", write_fixture("videomme", tmp_path / "v", n=4),
+                                          media_cache=tmp_path / "m").samples][:3]
+    golds = [str(s.answer) for s in samples]
+    other = [next(c for c in "ABCD" if c != g) for g in golds]
+    rows = [{"pred": golds[0], "completion": "<think>it is red</think><answer>x</answer>"},  # stays with gold
+            {"pred": other[1], "completion": "B"},  # wrong, then moves to the gold option
+            {"pred": None, "completion": "no idea"}]
+    seen = []
+
+    def ask(requests):
+        seen.extend(requests)
+        out = []
+        for i, variant, prefix in requests:
+            perm = rows[i]["permutation"]
+            target = golds[i]  # both answer the gold option the second time, named in the shuffled lettering
+            shown = "ABCD"[perm.index("ABCD".index(target))]
+            assert plain_options(variant.options) == [plain_options(samples[i].options)[k] for k in perm]
+            assert variant.options[0].startswith("A. ") and variant.question == samples[i].question
+            out.append({"completion": prefix + shown, "pred": shown, "prompt": f"p{i}"})
+        return out
+
+    consistency_on_benchmark(samples, rows, ask, seed=3)
+    assert [r[0] for r in seen] == [0, 1]  # the unanswered question is not asked again
+    assert seen[0][2] == "<think>it is red</think><answer>" and seen[1][2] == ""  # the trace, when there is one
+    assert [r["case"] for r in rows] == ["consistent_correct", "wrong_then_correct", "unanswered"]
+    assert rows[0]["shuffled_letter"] == golds[0] and rows[2]["shuffled_letter"] is None
+    assert all(r["permutation"] != sorted(r["permutation"]) for r in rows)

@@ -177,3 +177,93 @@ def test_longvideobench_subtitles_are_interleaved_with_the_frames(roots, tiny, p
         assert all(prompt.index(t) < prompt.index("Question:") for t in shown)
         first_image = prompt.index("<|image_pad|>")
         assert all(prompt.index(t) > first_image for t in shown)
+
+
+# ------------------------------------------------------------------------------------------ evaluation checks
+LETTERS = "ABCDEFGH"
+
+
+def _reversed_check_rows(samples, rows, ask, **_):
+    """A check for the tests: asks each multiple-choice question again unchanged, and with its options in
+    reverse order and the answer forced to start with ``(C)``-style text naming C."""
+    from dataclasses import replace
+
+    from mmrl.benchmarks_eval.protocols import shuffled_options
+
+    mc = [i for i, s in enumerate(samples) if s.problem_type == "multiple_choice"]
+    perm = {i: list(range(len(samples[i].options)))[::-1] for i in mc}
+    requests = [(i, samples[i], "") for i in mc]
+    requests += [(i, replace(samples[i], options=shuffled_options(list(samples[i].options), perm[i])), "C) ")
+                 for i in mc]
+    answers = ask(requests)
+    for (i, _, prefix), a in zip(requests, answers):
+        rows[i]["same" if not prefix else "reversed"] = a
+        rows[i]["perm"] = perm[i]
+
+
+def _register_test_check() -> None:
+    from mmrl.evaluate import CHECKS, register_check
+
+    if "reask_test" not in CHECKS:
+        register_check("reask_test", summarize=lambda preds: {"n": sum("same" in p for p in preds)},
+                       describe=lambda c: [f"re-asked {c['n']} questions"],
+                       benchmark=_reversed_check_rows)(lambda *a, **kw: None)
+
+
+@pytest.mark.parametrize("name", ("mvbench", "videomme"))
+def test_a_check_reasks_under_the_benchmarks_protocol(name, roots, tiny, policy, tmp_path) -> None:
+    """A check's ``ask`` renders the question under the benchmark's own protocol with the media the first pass
+    decoded: unchanged, it reproduces the first prompt and greedy answer exactly; with the options reordered
+    (Video-MME's "A. ..." labels re-lettered) only the option lines change; a forced start is part of the
+    answer the benchmark reads. The check's fields are in the records, its section in metrics and results.md;
+    a folder made with a check resumes with it and refuses a run without it."""
+    from mmrl.benchmarks_eval.protocols import plain_options
+
+    _register_test_check()
+    m = run_benchmark(name, roots[name], tiny, policy=policy, out=tmp_path, checks={"reask_test": {}}, **FAST)
+    preds = read_predictions(tmp_path / "predictions.jsonl")
+    samples = {s.id: s for s in load_benchmark(name, roots[name], media_cache=tmp_path / "m").samples}
+    asked = [p for p in preds if "same" in p]
+    assert len(asked) == len([p for p in preds if not p.get("error")]) >= 3  # every answered question (all MC)
+    label = "({letter}) {text}" if name == "mvbench" else "{letter}. {text}"
+    for p in asked:
+        assert p["same"]["prompt"] == p["prompt"] and p["same"]["completion"] == p["completion"]
+        assert p["same"]["pred"] == p["pred"]
+        plain = plain_options(samples[p["id"]].options)
+        before = "\n".join(label.format(letter=LETTERS[k], text=t) for k, t in enumerate(plain))
+        after = "\n".join(label.format(letter=LETTERS[j], text=plain[k]) for j, k in enumerate(p["perm"]))
+        assert before in p["prompt"] and before != after
+        assert p["reversed"]["prompt"] == p["prompt"].replace(before, after) + "C) "
+        assert p["reversed"]["completion"].startswith("C) ") and p["reversed"]["pred"] == "C"
+    assert m["reask_test"] == {"n": len(asked)} and m["checks"]["reask_test"] == [f"re-asked {len(asked)} questions"]
+    assert f"## reask test\n\nre-asked {len(asked)} questions" in (tmp_path / "results.md").read_text()
+    again = run_benchmark(name, roots[name], tiny, policy=policy, out=tmp_path, checks={"reask_test": {}}, **FAST)
+    assert again["timing"]["generated_this_run"] == 0 and again["reask_test"] == m["reask_test"]
+    with pytest.raises(MmrlError, match="other settings.*checks"):
+        run_benchmark(name, roots[name], tiny, policy=policy, out=tmp_path, **FAST)
+
+
+def test_the_consistency_check_on_a_benchmark_from_the_cli(roots, tiny, tmp_path, capsys) -> None:
+    """``mmrl eval --benchmark NAME --consistency``: ACRE's option-shuffling check under the benchmark's protocol
+    (every multiple-choice record gets its permutation and case; the section is printed and written); a check
+    with no benchmark form is refused by name."""
+    from mmrl.cli import main
+    from rewards.consistency import consistency_case
+
+    args = ["eval", "--benchmark", "mvbench", "--data-root", str(roots["mvbench"]), "--model", str(tiny),
+            "--out", str(tmp_path / "out"), "--frames", "4", "--max-pixels", "3136", "--batch-size", "2",
+            "--workers", "0", "--quiet", "eval.max_new_tokens=6"]
+    assert main([*args, "--consistency"]) == 0
+    assert "option-shuffling consistency (OSCR)" in capsys.readouterr().out
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    preds = [p for p in read_predictions(tmp_path / "out" / "predictions.jsonl") if not p.get("error")]
+    assert m["consistency"]["n"] == len(preds) == 4
+    for p in preds:
+        perm = p["permutation"]
+        assert sorted(perm) == list(range(p["n_options"])) and perm != sorted(perm)
+        assert p["letter"] == p["pred"] and p["gold_letter"] == p["answer"]
+        assert p["case"] == consistency_case(p["letter"], p["shuffled_letter"], p["gold_letter"])
+        assert ("shuffled_prompt" in p) == (p["letter"] is not None)
+    assert "## consistency" in (tmp_path / "out" / "results.md").read_text()
+    assert main([*args[:8], str(tmp_path / "other"), *args[9:], "--shuffled-frames"]) == 2
+    assert "'shuffled_frames' has no benchmark form" in capsys.readouterr().err

@@ -18,8 +18,9 @@ __all__ = ["Protocol", "build_prompt", "cli_run", "headline", "make_protocol", "
            "run_benchmark", "score_item", "summarize"]
 
 
-def cli_run(args: argparse.Namespace, cfg: Any) -> int:
-    """``mmrl eval --benchmark ...``: ``cfg`` is the run config (model path, dtype, eval.* overrides)."""
+def cli_run(args: argparse.Namespace, cfg: Any, checks: dict[str, dict[str, Any]] | None = None) -> int:
+    """``mmrl eval --benchmark ...``: ``cfg`` is the run config (model path, dtype, eval.* overrides);
+    ``checks``: the evaluation checks to run too (``--check NAME``, loaded)."""
     from pathlib import Path
 
     from mmrl.distributed import device_for, world
@@ -44,9 +45,12 @@ def cli_run(args: argparse.Namespace, cfg: Any) -> int:
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=args.batch_size or cfg.eval.batch_size,
         limit=args.limit, workers=args.workers, split=args.split, subtitles=args.subtitles, dtype=cfg.model.dtype,
         show_progress=not args.quiet, backend=cfg.rollout.backend, vllm=settings_from_config(cfg),
-        on_bad_sample=cfg.data.on_bad_sample, seed=cfg.train.seed, device=device_for(cfg.model.device))
+        on_bad_sample=cfg.data.on_bad_sample, seed=cfg.train.seed, device=device_for(cfg.model.device),
+        checks=checks)
     if world().is_main:
         print(headline(metrics))
+        for lines in (metrics.get("checks") or {}).values():
+            print("\n".join(lines))
         out = metrics.get("out")
         if out:
             print(f"results: {out}")

@@ -189,6 +189,19 @@ def plain_options(options: list[str] | None) -> list[str]:
     return out
 
 
+def shuffled_options(options: list[str], perm: list[int]) -> list[str]:
+    """The options shown in another order (slot ``j`` shows ``options[perm[j]]``), as a benchmark stores them:
+    an option that carries its position's label (Video-MME's ``"A. …"``) gets the label of its new slot, in the
+    same style; plain texts stay plain."""
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    plain = plain_options(options)
+    out = []
+    for j, i in enumerate(perm):
+        label = options[i][: len(options[i]) - len(plain[i])]
+        out.append(label.replace(letters[i], letters[j], 1) + plain[i] if label else plain[i])
+    return out
+
+
 def _lines(options: list[str], fmt: str) -> str:
     return "\n".join(fmt.format(letter="ABCDEFGHIJKLMNOPQRSTUVWXYZ"[i], text=o) for i, o in enumerate(options))
 

@@ -45,7 +45,7 @@ from mmrl.policy import MediaInput
 from mmrl_common.errors import MmrlError
 
 # settings that must match for a folder's predictions to be reused
-_RESUME_KEYS = ("benchmark", "split", "model", "protocol", "subtitles")
+_RESUME_KEYS = ("benchmark", "split", "model", "protocol", "subtitles", "checks")
 
 
 @dataclass
@@ -56,6 +56,7 @@ class _Prepared:
     prefill: str = ""
     error: str | None = None
     n_frames: int = 0
+    raw: list[Any] | None = None  # the decoded media, before :meth:`_Workers.content` (for a check's re-ask)
 
 
 def media_config(p: Protocol) -> MediaConfig:
@@ -126,17 +127,21 @@ class _Workers:
                 continue
             try:
                 media = prep.prepare(s)
-                content, items, prefill, system = self.content(s, media)
-                messages: list[dict[str, Any]] = []
-                if system:
-                    messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-                messages.append({"role": "user", "content": content})
-                rendered = self.policy.render(messages) + prefill
+                rendered, items, prefill = self.render(s, media)
                 frames = sum(len(m.timestamps or []) for m in media if m.kind == "video")
-                out.append(_Prepared(s, rendered, items, prefill, n_frames=frames))
+                out.append(_Prepared(s, rendered, items, prefill, n_frames=frames, raw=media))
             except MmrlError as exc:
                 out.append(_Prepared(s, error=str(exc)))
         return out
+
+    def render(self, s: Any, media: list[Any]) -> tuple[str, list[Any], str]:
+        """The prompt as the model reads it (the pre-fill at its end), its media items in order, the pre-fill."""
+        content, items, prefill, system = self.content(s, media)
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+        messages.append({"role": "user", "content": content})
+        return self.policy.render(messages) + prefill, items, prefill
 
     def content(self, s: Any, media: list[Any]) -> tuple[list[dict[str, Any]], list[Any], str, str | None]:
         """The user turn's parts, the media items in their order, the pre-fill and the system text. With
@@ -227,6 +232,7 @@ def run_benchmark(
     subtitles: bool = False, dtype: str = "fp32", policy: Any = None, show_progress: bool = True,
     on_batch: Callable[[int], None] | None = None, backend: str = "hf", vllm: dict[str, Any] | None = None,
     on_bad_sample: str = "raise", seed: int = 0, device: str = "auto",
+    checks: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a Hugging Face Qwen-VL folder, or an already loaded ``policy``) on ``benchmark``.
 
@@ -240,6 +246,10 @@ def run_benchmark(
     (``"skip"``); either way ``metrics.json`` and ``results.md`` list it. Under torchrun each rank answers
     its share of the questions into ``predictions.rank<R>.jsonl``; rank 0 merges them into
     ``predictions.jsonl`` and scores (every rank returns the metrics).
+
+    ``checks``: ``{name: settings}`` of evaluation checks (:func:`mmrl.evaluate.register_check`, e.g. ACRE's
+    ``consistency``) to run on each batch too, under this protocol; their fields land in the prediction records,
+    their sections in ``metrics[name]`` and ``results.md``. Only checks with a benchmark form can run here.
     """
     from tqdm import tqdm
 
@@ -258,6 +268,7 @@ def run_benchmark(
                         "subtitles; for LongVideoBench's interleaved subtitles use --protocol official --subtitles")
     if on_bad_sample not in ("raise", "skip"):
         raise MmrlError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
+    runs = _bench_checks(checks or {})
     with w.main_first():
         run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
                                  frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
@@ -266,6 +277,8 @@ def run_benchmark(
                                                      run.samples)
     settings = {"benchmark": name, "split": data.info.get("split"), "data_root": str(Path(data_root).resolve()),
                 "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
+    if runs:
+        settings["checks"] = {k: v for k, (_, v) in runs.items()}
     if w.is_main:
         _check_settings(out, settings)
     w.barrier()
@@ -326,7 +339,7 @@ def run_benchmark(
                 gens = _generate(engine, seqs, params, sampled)
                 gen_s += time.perf_counter() - t0
                 texts = {id(p): g[0].text for p, g in zip(ready, gens)}
-                policy.media.clear()
+                records = []
                 for p in prepared:
                     s = p.sample
                     rec: dict[str, Any] = {"id": s.id, "problem_type": s.problem_type, "answer": s.answer,
@@ -341,6 +354,16 @@ def run_benchmark(
                         rec.update(score_item(s, texts[id(p)], benchmark=name, prefill=p.prefill))
                         rec["frames"] = p.n_frames
                         rec["prompt"] = p.text  # as rendered, the media as their placeholder tokens
+                    records.append(rec)
+                if runs and ready:
+                    t0 = time.perf_counter()
+                    answered = [r for r in records if r.get("error") is None]
+                    ask = _asker(engine, policy, workers_, ready, name, proto.max_new_tokens)
+                    for check, kw in runs.values():
+                        check.benchmark([p.sample for p in ready], answered, ask, **kw)
+                    gen_s += time.perf_counter() - t0
+                policy.media.clear()
+                for rec in records:
                     fh.write(json.dumps(rec, default=str) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -372,9 +395,57 @@ def run_benchmark(
                        "generated_this_run": generated, "resumed": resumed, "workers": workers,
                        "batch_size": batch_size, "ranks": w.size},
         }
+        text = markdown(metrics)
+        for cname, (check, _) in runs.items():
+            metrics[cname] = check.summarize(scored)
+            metrics.setdefault("checks", {})[cname] = check.describe(metrics[cname]) if check.describe else []
+            text += "\n".join(["", f"## {cname.replace('_', ' ')}", "", *metrics["checks"][cname], ""])
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-        (out / "results.md").write_text(markdown(metrics) + "\n")
+        (out / "results.md").write_text(text + "\n")
     return w.broadcast(metrics)
+
+
+def _bench_checks(checks: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """The registered evaluation checks asked for, each with its settings; one without a benchmark form is an
+    error that says where it does run."""
+    from mmrl.evaluate import CHECKS
+
+    out = {}
+    for name, settings in checks.items():
+        check = CHECKS.get(name)
+        if check.benchmark is None:
+            raise MmrlError(f"the evaluation check {name!r} has no benchmark form (it runs on a held-out split: "
+                            f"`mmrl eval --eval-data FILE --check {name}`); benchmark checks: "
+                            + (", ".join(k for k in CHECKS.names() if CHECKS.get(k).benchmark) or "none loaded"))
+        out[name] = (check, dict(settings or {}))
+    return out
+
+
+def _asker(engine: Any, policy: Any, workers: _Workers, ready: list[_Prepared], benchmark: str,
+           max_new_tokens: int) -> Callable[[list[tuple[int, Any, str]]], list[dict[str, Any]]]:
+    """A check's ``ask`` (see :class:`mmrl.evaluate.EvalCheck`) for one batch: each request's sample text under
+    this protocol with ``ready[i]``'s media (decoded once), the answer forced to begin with the prefix, greedy
+    in one call; the answer (the prefix and what followed it) read as the benchmark reads answers."""
+    from mmrl.rollout import SamplingParams
+
+    def ask(requests: list[tuple[int, Any, str]]) -> list[dict[str, Any]]:
+        if not requests:
+            return []
+        texts, seqs, prefills = [], [], []
+        for i, sample, prefix in requests:
+            rendered, items, prefill = workers.render(sample, ready[i].raw or [])
+            texts.append(rendered + prefix)
+            prefills.append(prefill)
+            seqs.append(policy.encode(texts[-1], items))
+        gens = _generate(engine, seqs, [SamplingParams(max_new_tokens=max_new_tokens, greedy=True)], False)
+        out = []
+        for (_, sample, prefix), text, prefill, g in zip(requests, texts, prefills, gens):
+            answer = prefix + g[0].text  # the forced start is part of the answer
+            read = score_item(sample, answer, benchmark=benchmark, prefill=prefill)
+            out.append({"completion": answer, "pred": read.get("pred"), "prompt": text})
+        return out
+
+    return ask
 
 
 def _question_seed(seed: int, qid: str) -> int:

@@ -20,8 +20,9 @@ there for the method and its settings).
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from mmrl.environments import Environment, Observation, register_environment
@@ -42,6 +43,7 @@ from rewards.consistency import (
     is_multiple_choice,
     letter_balance,
     oscr,
+    reasoning_trace,
     resolve_values,
     rollout_rng,
     second_pass_prefix,
@@ -219,7 +221,8 @@ class ReanswerEnvironment(Environment):
 
 
 @register_check("consistency", summarize=lambda predictions: summarize_consistency(predictions),
-                describe=lambda section: describe_consistency(section))
+                describe=lambda section: describe_consistency(section),
+                benchmark=lambda *a, **kw: consistency_on_benchmark(*a, **kw))
 def consistency_check(service: RolloutService, samples: Sequence[Any], rows: list[dict[str, Any]], *,
                       max_new_tokens: int = 64, seed: int = 0, exclude_identity: bool = True,
                       reuse_trace: bool = True) -> None:
@@ -244,6 +247,39 @@ def consistency_check(service: RolloutService, samples: Sequence[Any], rows: lis
         if "gold_letter" in row:
             row["shuffled_letter"] = second
             row["case"] = consistency_case(row["letter"], second, row["gold_letter"])
+
+
+def consistency_on_benchmark(samples: Sequence[Any], rows: list[dict[str, Any]], ask: Callable[..., Any], *,
+                             seed: int = 0, exclude_identity: bool = True, reuse_trace: bool = True) -> None:
+    """The option-shuffling check on a benchmark's multiple-choice questions, under its own protocol
+    (``mmrl eval --benchmark NAME --consistency``): each question the benchmark read a letter from is asked
+    again with its options in another order (re-lettered as the benchmark letters them; the permutation drawn
+    as in :func:`consistency_check`), greedy; when the first answer held a reasoning trace (a ``<think>``
+    template) and ``reuse_trace``, the second answer continues it, else the question is simply asked again.
+    The rows gain ``letter``, ``gold_letter``, ``permutation``, ``shuffled_letter`` (original lettering),
+    ``shuffled_completion`` (the continued trace included), ``shuffled_prompt`` and ``case``."""
+    from mmrl.benchmarks_eval.protocols import shuffled_options
+
+    requests = []
+    for i, (s, row) in enumerate(zip(samples, rows)):
+        if not is_multiple_choice(s):
+            continue
+        row["gold_letter"] = normalize_gold_choice(s.answer, s.options)
+        row["letter"] = row.get("pred")
+        perm = draw_permutation(len(s.options), rollout_rng(seed, 0, s.id, 0), exclude_identity=exclude_identity)
+        row["permutation"] = perm
+        if row["letter"] is None:
+            continue
+        trace = reuse_trace and reasoning_trace(row["completion"] or "") is not None
+        prefix = second_pass_prefix(row["completion"]) if trace else ""
+        requests.append((i, dataclasses.replace(s, options=shuffled_options(list(s.options), perm)), prefix))
+    for (i, _, _), answer in zip(requests, ask(requests)):
+        rows[i].update(shuffled_letter=from_shuffled_letter(answer["pred"], rows[i]["permutation"]),
+                       shuffled_completion=answer["completion"], shuffled_prompt=answer["prompt"])
+    for row in rows:
+        if "gold_letter" in row:
+            row.setdefault("shuffled_letter", None)
+            row["case"] = consistency_case(row["letter"], row["shuffled_letter"], row["gold_letter"])
 
 
 def describe_consistency(c: dict[str, Any]) -> list[str]:
