@@ -142,11 +142,14 @@ class CheckCache:
             self.changed = True
 
     def save(self) -> None:
+        """Write the verdicts, merged with any another process added meanwhile; those of files that no longer
+        exist are dropped (a deleted dataset's, a temporary folder's), so the file does not grow for ever."""
         if self.path is None or not self.changed:
             return
-        old = CheckCache(self.path).data  # another process may have added entries meanwhile
+        merged = {**CheckCache(self.path).data, **self.data}
+        kept = {k: v for k, v in merged.items() if os.path.exists(k.split(":", 2)[2])}
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**old, **self.data}))
+        tmp.write_text(json.dumps(kept))
         tmp.replace(self.path)
 
 

@@ -107,6 +107,15 @@ def test_file_checks_are_cached_by_path_size_and_time(planted: dict, tmp_path: P
     # a newer modification time: checked again
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert "cannot decode video" in check_files([(video, "video")], cache_file=cache)[(str(video), "video")]
+    # the verdicts of files that are gone are dropped when the cache is next written
+    other = tmp_path / "w.mp4"
+    other.write_bytes(planted["good_video"].read_bytes())
+    check_files([(other, "video")], cache_file=cache)
+    assert len(json.loads(cache.read_text())) == 2
+    video.unlink()
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))  # changed: checked and written again
+    check_files([(other, "video")], cache_file=cache)
+    assert list(json.loads(cache.read_text())) == [f"video:decode:{other}"]
 
 
 def test_inspect_names_a_bad_file_once_and_validate_says_how_records_count(planted: dict, tmp_path: Path) -> None:
