@@ -261,14 +261,19 @@ def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
     root = write_fixture("videomme", tmp_path / "videomme", n=4)
     args = ["eval", "--quiet", "--benchmark", "videomme", "--data-root", str(root), "--model", str(model),
-            "--frames", "4", "--max-pixels", "3136", "--batch-size", "2", "--workers", "0",
+            "--frames", "4", "--max-pixels", "3136", "--batch-size", "2", "--workers", "0", "--consistency",
             "eval.max_new_tokens=6", "train.cpu_threads=1"]
     one, two = _one_and_two_ranks(args, env, tmp_path)
     assert [p["id"] for p in two] == [p["id"] for p in one] and len(one) >= 4
     assert [p["completion"] for p in two] == [p["completion"] for p in one]
+    # ACRE's check ran on each rank's share: the same permutations, cases and section as one process
+    fields = ("permutation", "case", "shuffled_letter")
+    assert [[p.get(k) for k in fields] for p in two] == [[p.get(k) for k in fields] for p in one]
+    assert sum("case" in p for p in one) == len(one) - 1  # every question but the one without its video
     assert not list((tmp_path / "two").glob("predictions.rank*.jsonl"))  # merged, then removed
     m1, m2 = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("one", "two"))
     assert m2["scores"] == m1["scores"] and m2["timing"]["ranks"] == 2
+    assert m2["consistency"] == m1["consistency"] and m1["consistency"]["n"] == len(one) - 1
     assert m1["media_failures"] and m2["media_failures"] == m1["media_failures"]
 
 
