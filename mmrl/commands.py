@@ -217,18 +217,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from mmrl.distributed import launched
-
-    if launched() and getattr(args, "agent", None):
-        from mmrl_common.errors import MmrlError
-
-        raise MmrlError("mmrl eval --agent runs in one process (the agent loop does not split the questions "
-                        "across ranks yet): run it without torchrun; --benchmark and the held-out evaluation "
-                        "(--eval-data) do run on several ranks")
     if getattr(args, "agent", None):  # a method's agent loop (EARL's): held-out split or --benchmark
         from mmrl.cli import load_method
 
-        return load_method("agent", args.agent).cli_eval(args, _load(args))
+        cfg = _load(args)
+        _join_world(cfg)  # under torchrun: each rank plays its share of the questions
+        return load_method("agent", args.agent).cli_eval(args, cfg)
     if getattr(args, "benchmark", None):
         from mmrl.benchmarks_eval import cli_run
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,6 +54,19 @@ class World:
         spanning ``size`` GPUs): the ranks of a block roll out the same prompts, as one data-parallel rank."""
         size = max(1, int(size))
         return self.rank // size, max(1, self.size // size), self.rank % size
+
+    def shard(self, items: Sequence[T], engine_ranks: int = 1) -> list[T]:
+        """This rank's contiguous share of ``items`` for work that ends in :meth:`unshard`; with
+        ``engine_ranks`` > 1 (a vLLM engine spanning that many ranks) the ranks of a block share one share."""
+        index, count, _ = self.block(engine_ranks)
+        mine = World(rank=index, size=count).share(len(items))
+        return list(items)[mine.start:mine.stop]
+
+    def unshard(self, part: Sequence[T], engine_ranks: int = 1) -> list[T]:
+        """Every share's results (:meth:`shard`), concatenated in the order of the items, on every rank."""
+        if not self.active:
+            return list(part)
+        return [x for share in self.gather(list(part))[::max(1, int(engine_ranks))] for x in share]
 
     # -------------------------------------------------------------------------------------- collectives
     def gather(self, obj: T) -> list[T]:

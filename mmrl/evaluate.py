@@ -80,7 +80,7 @@ def evaluate(
 
     ``checks``: ``{name: settings}`` of registered checks to run too (None: ``service.evaluation["checks"]``,
     what the run's plug-ins turned on)."""
-    from mmrl.distributed import World, world
+    from mmrl.distributed import world
     from mmrl.rollout import rollout_session
     from rewards import get_reward
 
@@ -92,16 +92,14 @@ def evaluate(
     predictions: list[dict[str, Any]] = []
     unreadable: list[dict[str, Any]] = []
     tp = int(getattr(service.backend, "tensor_parallel_size", 1))  # a block of ranks shares one engine
-    index, count, _ = w.block(tp)
-    mine = World(rank=index, size=count).share(len(samples))
-    share = list(samples)[mine.start:mine.stop]
+    share = w.shard(samples, tp)
     bar = tqdm(total=len(share), desc=desc, unit="q", disable=not show_progress, leave=False)
     with rollout_session(service.backend):  # ZeRO-3: the weights gathered once; vLLM: the engine awake
         _answer(service, share, accuracy, predictions, unreadable, bar, max_new_tokens=max_new_tokens,
                 batch_size=batch_size, skip_bad=skip_bad, runs=runs)
     bar.close()
     if w.active:  # every block's share, in the order of ``samples``
-        parts = w.gather((predictions, unreadable))[::tp]
+        parts = w.unshard([(predictions, unreadable)], tp)
         predictions = [p for part, _ in parts for p in part]
         unreadable = [u for _, part in parts for u in part]
     metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)

@@ -132,9 +132,11 @@ def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, sam
     replaces each video's initial frame count. Returns ``(metrics, predictions)``: ``accuracy`` (as
     :func:`mmrl.evaluate.evaluate` scores it, on the final turn), ``frames`` (frames shown per answer),
     ``rounds`` (selection rounds per answer), ``iou`` (mean selection IoU over samples with gold),
-    ``invalid_actions``, per-task accuracy."""
+    ``invalid_actions``, per-task accuracy. Under torchrun each rank plays its share of ``samples`` and every
+    rank returns the metrics and predictions of all of them, in order."""
+    from mmrl.distributed import world
     from mmrl.prompts import encode_prompt
-    from mmrl.rollout import SamplingParams, get_environment, run_episodes
+    from mmrl.rollout import SamplingParams, get_environment, rollout_session, run_episodes
     from rewards import get_reward
     from rewards.evidence import EvidenceSettings, gold_cells, selected_cells
 
@@ -144,32 +146,38 @@ def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, sam
     accuracy = get_reward("accuracy")
     preds: list[dict[str, Any]] = []
     held = set(policy.media)
+    w = world()
+    samples = w.shard(samples, int(getattr(backend, "tensor_parallel_size", 1)))
+    # every rank enters together (ZeRO-3: the weights gathered once, so shares of different sizes need no
+    # matching calls; vLLM: the engine awake)
     try:
-        for start in range(0, len(samples), batch_size):
-            chunk = [_with_frames(s, nframes) if nframes else s for s in samples[start:start + batch_size]]
-            encoded = [encode_prompt(policy, preparer, s, prompt) for s in chunk]
-            media_of = {id(s): m for s, (_, m) in zip(chunk, encoded)}
-            factory = (lambda s, m=media_of: env_cls(s, m[id(s)], **kwargs)) if env_cls else None
-            episodes = run_episodes(policy, backend, [seq for seq, _ in encoded], chunk, n=1, params=params,
-                                    environment=factory, max_turns=max_turns if env_cls else 1)
-            texts = [ep.completion for ep in episodes]
-            scores = accuracy(texts, **reward_columns(chunk))
-            for s, ep, (_, media), score in zip(chunk, episodes, encoded, scores):
-                info = ep.env.info if ep.env is not None else {}
-                initial = sum(len(m.timestamps or []) for m in media if m.kind == "video")
-                gold = gold_cells(s.meta, info.get("initial_timestamps") or [], EvidenceSettings()) if info else None
-                chosen = selected_cells(info)
-                preds.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
-                              "n_options": len(s.options or []), "answer": s.answer, "turns": ep.turns,
-                              "completion": ep.completion, "score": float(score or 0.0),
-                              "frames": int(info.get("frames_shown", initial)), "rounds": int(info.get("rounds", 0)),
-                              "invalid_actions": int(info.get("invalid_actions", 0)),
-                              "iou": None if not gold else len(chosen & gold) / len(chosen | gold)})
-            for key in [k for k in policy.media if k not in held]:
-                del policy.media[key]
+        with rollout_session(backend):
+            for start in range(0, len(samples), batch_size):
+                chunk = [_with_frames(s, nframes) if nframes else s for s in samples[start:start + batch_size]]
+                encoded = [encode_prompt(policy, preparer, s, prompt) for s in chunk]
+                media_of = {id(s): m for s, (_, m) in zip(chunk, encoded)}
+                factory = (lambda s, m=media_of: env_cls(s, m[id(s)], **kwargs)) if env_cls else None
+                episodes = run_episodes(policy, backend, [seq for seq, _ in encoded], chunk, n=1, params=params,
+                                        environment=factory, max_turns=max_turns if env_cls else 1)
+                texts = [ep.completion for ep in episodes]
+                scores = accuracy(texts, **reward_columns(chunk))
+                for s, ep, (_, media), score in zip(chunk, episodes, encoded, scores):
+                    info = ep.env.info if ep.env is not None else {}
+                    initial = sum(len(m.timestamps or []) for m in media if m.kind == "video")
+                    gold = gold_cells(s.meta, info.get("initial_timestamps") or [], EvidenceSettings()) if info else None
+                    chosen = selected_cells(info)
+                    preds.append({"id": s.id, "task": s.meta.get("task"), "problem_type": s.problem_type,
+                                  "n_options": len(s.options or []), "answer": s.answer, "turns": ep.turns,
+                                  "completion": ep.completion, "score": float(score or 0.0),
+                                  "frames": int(info.get("frames_shown", initial)), "rounds": int(info.get("rounds", 0)),
+                                  "invalid_actions": int(info.get("invalid_actions", 0)),
+                                  "iou": None if not gold else len(chosen & gold) / len(chosen | gold)})
+                for key in [k for k in policy.media if k not in held]:
+                    del policy.media[key]
     finally:
         for key in [k for k in policy.media if k not in held]:
             del policy.media[key]
+    preds = w.unshard(preds, int(getattr(backend, "tensor_parallel_size", 1)))
     metrics = summarize(preds)
     n = max(1, len(preds))
     ious = [p["iou"] for p in preds if p["iou"] is not None]
@@ -258,11 +266,13 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     video, or frame by frame with labels, as the model was trained); ``think``: the tool note asks for
     reasoning before each call and the answer (a model trained with ``prompt.answer_format: think_answer``). Writes ``predictions.jsonl`` (both) and
     ``metrics.json`` into ``out``; returns the metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's
-    own), with frames and rounds per answer."""
+    own), with frames and rounds per answer. Under torchrun each rank plays its share of the questions; rank 0
+    writes the files and every rank returns the metrics."""
     from data_pipelines.benchmarks import get_benchmark
     from mmrl.benchmarks_eval.protocols import build_prompt
     from mmrl.benchmarks_eval.runner import media_config, open_benchmark_run
     from mmrl.benchmarks_eval.scoring import score_item, summarize
+    from mmrl.distributed import world
     from mmrl.methods.earl.environment import instructions
     from mmrl.prompts import media_parts, with_layout
     from mmrl.rollout import HFBackend, SamplingParams, get_environment, run_episodes
@@ -272,9 +282,11 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     spec = AGENTS[agent]
     t0 = time.perf_counter()
     name = get_benchmark(benchmark).name
-    run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol, frames=frames,
-                             max_pixels=max_pixels, prompt_template=prompt_template,
-                             max_new_tokens=max_new_tokens, split=split, limit=limit, out=out, out_suffix=agent)
+    w = world()
+    with w.main_first():  # rank 0 builds a cached model and the media cache first
+        run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
+                                 frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
+                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out, out_suffix=agent)
     policy, proto, out, samples = run.policy, run.protocol, run.out, run.samples
     from mmrl.benchmarks_eval.media import BenchMediaPreparer
 
@@ -282,6 +294,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     preparer = BenchMediaPreparer(media_config(proto), family=policy.family, extra=extra)
     env_cls = get_environment(spec["environment"])
     backend = backend or HFBackend(policy, max_batch=batch_size)
+    everything, samples = samples, w.shard(samples, int(getattr(backend, "tensor_parallel_size", 1)))
     params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
     records: dict[str, list[dict[str, Any]]] = {"agent_loop": [], "baseline": []}
     tool_note = instructions(think=think)  # a model trained with reasoning turns is asked to reason
@@ -328,18 +341,22 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                     rec.update(score_item(s, ep.completion, benchmark=name, prefill=prefill))
                     records[mode].append(rec)
         policy.media.clear()
-    with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
-        for mode, recs in records.items():
-            for rec in recs:
-                fh.write(json.dumps({"mode": mode, **rec}, default=str) + "\n")
-    result: dict[str, Any] = {"benchmark": name, "agent": agent, "out": str(out), "n": len(samples),
+    tp = int(getattr(backend, "tensor_parallel_size", 1))
+    records = {mode: w.unshard(recs, tp) for mode, recs in records.items()}
+    if w.is_main:
+        with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
+            for mode, recs in records.items():
+                for rec in recs:
+                    fh.write(json.dumps({"mode": mode, **rec}, default=str) + "\n")
+    result: dict[str, Any] = {"benchmark": name, "agent": agent, "out": str(out), "n": len(everything),
                               "protocol": proto.settings(), "seconds": time.perf_counter() - t0}
     for mode, recs in records.items():
         ok = [r for r in recs if "error" not in r]
         n = max(1, len(ok))
         result[mode] = {"scores": summarize(name, recs), "frames_per_answer": sum(r["frames"] for r in ok) / n,
                         "rounds_per_answer": sum(r["rounds"] for r in ok) / n}
-    (out / "metrics.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if w.is_main:
+        (out / "metrics.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
 
 
@@ -378,6 +395,7 @@ def _trained_layout(args: Any, cfg: Any) -> str:
 def cli_eval(args: Any, cfg: Any) -> int:
     """``mmrl eval --agent NAME``: with ``--benchmark``, :func:`run_benchmark_agent`; otherwise the run's
     held-out split through the agent loop (:func:`evaluate_agent`) beside the plain single answer."""
+    from mmrl.distributed import world
     from mmrl.media import MediaPreparer
     from mmrl.policy import load_policy
     from mmrl.rollout import backend_from_config
@@ -422,7 +440,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
     bare = dataclasses.replace(cfg.prompt, system=None) if cfg.rollout.environment else cfg.prompt
     plain, _ = evaluate_agent(policy, backend, preparer, bare, samples, environment=None, **common)
     result = {"agent": args.agent, "agent_loop": agent, "baseline": plain}
-    if cfg.out:
+    if cfg.out and world().is_main:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
