@@ -302,6 +302,23 @@ def test_agent_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_pat
     assert all(m2[k] == m1[k] for k in ("n", "agent_loop", "baseline")) and m1["n"] == 3
 
 
+def test_the_agent_eval_plugin_under_zero3_on_two_ranks(env: dict[str, str], tmp_path: Path) -> None:
+    """EARL's ``agent_eval`` plug-in in a ZeRO-3 run on 2 ranks: each rank plays its share of the held-out
+    questions (3: 2 and 1, so the ranks make different numbers of generate calls inside one weight gather),
+    every rank logs the same numbers, rank 0 alone writes ``agent_eval.json``; the run ends, it does not hang."""
+    out = tmp_path / "run"
+    run = [*RUN, f"imports=[{env['MMRL_TEST_REWARD']}, mmrl.methods.earl]", "train.steps=2", "train.save_every=0",
+           "data.toy_size={train: 4, val: 3, test: 2}", "eval.batch_size=1", "eval.max_new_tokens=4",
+           "plugins={agent_eval: {environment: none, before: true}}"]
+    train(out, env, 2, "train.deepspeed=zero3", run=run)
+    saved = json.loads((out / "agent_eval.json").read_text())
+    assert set(saved) == {"agent_eval_before@0", "agent_eval@2"}
+    rows = rl_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["agent_eval_before/accuracy"] == saved["agent_eval_before@0"]["agent_eval_before/accuracy"]
+    assert rows[1]["agent_eval/frames"] == saved["agent_eval@2"]["agent_eval/frames"] > 0
+
+
 LEAVE_GROUP = '''
 import os, socket, sys
 import torch.distributed as dist

@@ -236,6 +236,10 @@ class AgentEval(Callback):
         return out
 
     def _save(self, prefix: str, values: dict[str, Any]) -> None:
+        from mmrl.distributed import world
+
+        if not world().is_main:  # under torchrun every rank holds the same values; rank 0 writes
+            return
         path = self.ctx.run_dir / "agent_eval.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
         data[f"{prefix}@{self.ctx.step}"] = values
