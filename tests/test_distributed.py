@@ -278,27 +278,21 @@ def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp
 
 
 def test_agent_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
-    """``mmrl eval --agent earl`` under torchrun, on the held-out split and on a benchmark: each rank plays its
-    share of the questions through the agent loop (and the plain answer beside it), the episodes are gathered
-    in question order and scored as one process scores them."""
+    """``mmrl eval --agent earl --benchmark`` under torchrun: each rank plays its share of the questions through
+    the agent loop (and the plain answer beside it), the episodes are gathered in question order and scored as
+    one process scores them. (The held-out agent evaluation shares and gathers the same way: the plug-in test
+    below runs it on 2 ranks.)"""
     from data_pipelines.benchmarks.fixtures import write_fixture
     from mmrl.tiny_models import make_tiny
 
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
-    common = ["--quiet", "--model", str(model), "--agent", "earl", "eval.max_new_tokens=6", "train.cpu_threads=1"]
-    held_out = ["eval", *common, "data.toy_size={train: 1, val: 1, test: 3}", "data.toy_tasks=[color]",
-                "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136", "data.media.min_frames=4",
-                "data.media.max_frames=4", "eval.batch_size=1"]
-    one, two = _one_and_two_ranks(held_out, env, tmp_path / "held-out")
-    assert len(one) == 3 and [(p["id"], p["completion"]) for p in two] == [(p["id"], p["completion"]) for p in one]
-    m1, m2 = (json.loads((tmp_path / "held-out" / n / "metrics.json").read_text()) for n in ("one", "two"))
-    assert m2 == m1 and m1["agent_loop"]["n"] == m1["baseline"]["n"] == 3
     root = write_fixture("toy", tmp_path / "toy", n=2)
-    bench = ["eval", "--benchmark", "toy", "--data-root", str(root), "--frames", "4", "--limit", "3", *common]
-    one, two = _one_and_two_ranks(bench, env, tmp_path / "bench")
+    bench = ["eval", "--benchmark", "toy", "--data-root", str(root), "--frames", "4", "--limit", "3", "--quiet",
+             "--model", str(model), "--agent", "earl", "eval.max_new_tokens=6", "train.cpu_threads=1"]
+    one, two = _one_and_two_ranks(bench, env, tmp_path)
     assert [(p["mode"], p["id"], p["completion"]) for p in two] == [(p["mode"], p["id"], p["completion"]) for p in one]
     assert [p["mode"] for p in one] == ["agent_loop"] * 3 + ["baseline"] * 3
-    m1, m2 = (json.loads((tmp_path / "bench" / n / "metrics.json").read_text()) for n in ("one", "two"))
+    m1, m2 = (json.loads((tmp_path / n / "metrics.json").read_text()) for n in ("one", "two"))
     assert all(m2[k] == m1[k] for k in ("n", "agent_loop", "baseline")) and m1["n"] == 3
 
 
