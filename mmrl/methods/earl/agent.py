@@ -147,7 +147,8 @@ def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, sam
     preds: list[dict[str, Any]] = []
     held = set(policy.media)
     w = world()
-    samples = w.shard(samples, int(getattr(backend, "tensor_parallel_size", 1)))
+    tp = int(getattr(backend, "tensor_parallel_size", 1))  # a block of ranks shares one vLLM engine
+    samples = w.shard(samples, tp)
     # every rank enters together (ZeRO-3: the weights gathered once, so shares of different sizes need no
     # matching calls; vLLM: the engine awake)
     try:
@@ -177,7 +178,7 @@ def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, sam
     finally:
         for key in [k for k in policy.media if k not in held]:
             del policy.media[key]
-    preds = w.unshard(preds, int(getattr(backend, "tensor_parallel_size", 1)))
+    preds = w.unshard(preds, tp)
     metrics = summarize(preds)
     n = max(1, len(preds))
     ious = [p["iou"] for p in preds if p["iou"] is not None]
@@ -298,7 +299,8 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     preparer = BenchMediaPreparer(media_config(proto), family=policy.family, extra=extra)
     env_cls = get_environment(spec["environment"])
     backend = backend or HFBackend(policy, max_batch=batch_size)
-    everything, samples = samples, w.shard(samples, int(getattr(backend, "tensor_parallel_size", 1)))
+    tp = int(getattr(backend, "tensor_parallel_size", 1))  # a block of ranks shares one vLLM engine
+    everything, samples = samples, w.shard(samples, tp)
     params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
     records: dict[str, list[dict[str, Any]]] = {"agent_loop": [], "baseline": []}
     tool_note = instructions(think=think)  # a model trained with reasoning turns is asked to reason
@@ -345,7 +347,6 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                     rec.update(score_item(s, ep.completion, benchmark=name, prefill=prefill))
                     records[mode].append(rec)
         policy.media.clear()
-    tp = int(getattr(backend, "tensor_parallel_size", 1))
     records = {mode: w.unshard(recs, tp) for mode, recs in records.items()}
     if w.is_main:
         with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
