@@ -140,6 +140,27 @@ class RolloutBatch:
         for g in range(self.n_groups):
             yield (self.group_index == g).nonzero().flatten().tolist()
 
+    def minibatches(self, size: int | None) -> list[list[int]]:
+        """The rows of each optimizer step's mini-batch of about ``size`` rows (None: the whole batch), in the
+        order they are trained.
+
+        The groups are dealt round-robin over ``K = ceil(rows / size)`` mini-batches: mini-batch ``j`` holds
+        the groups ``g`` with ``g mod K == j`` (each group's rows together and in order), so mini-batches
+        differ by at most a group. Data-parallel ranks roll out contiguous shares of the groups, and a
+        contiguous run of groups holds as many of each residue as any other (within one), so every rank
+        trains an equal share (within a group) of every optimizer step. The rule reads only the group index,
+        never the number of ranks: one process and N ranks train the same rows in the same optimizer steps.
+        A mini-batch smaller than a group (``K`` at least the number of groups) is the plain cut of ``size``
+        consecutive rows."""
+        n = len(self)
+        if not size or size >= n:
+            return [list(range(n))] if n else []
+        k = -(-n // size)
+        groups = list(self.groups())
+        if k >= len(groups):
+            return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        return [[r for g in range(j, len(groups), k) for r in groups[g]] for j in range(k)]
+
     def group_rows(self) -> list[int]:
         """The first row of each group (one row per prompt)."""
         return [rows[0] for rows in self.groups()]

@@ -40,20 +40,46 @@ FLASH = ("flash_attention_2", "flash_attention_3")
 MASKED = ("sdpa", "eager")
 
 
-def token_budget_chunks(rows: Sequence[int], lengths: Sequence[int], budget: int) -> list[list[int]]:
+def token_budget_chunks(rows: Sequence[int], lengths: Sequence[int], budget: int,
+                        groups: Sequence[int] | None = None) -> list[list[int]]:
     """Consecutive runs of ``rows`` (order kept): a row joins the current micro-batch while the micro-batch's
-    summed ``lengths`` stay within ``budget``; a row longer than the budget is a micro-batch alone."""
+    summed ``lengths`` stay within ``budget``; a row longer than the budget is a micro-batch alone.
+
+    ``groups`` (each row's group id): a group is kept whole in one micro-batch wherever it fits the budget
+    (the shared-prefix pass reads a group's prompt once only when its rows meet): a group that does not fit
+    beside the current micro-batch starts the next one; a group longer than the whole budget is cut by rows
+    as above."""
     if budget <= 0:
         raise ValueError(f"token budget must be > 0, got {budget}")
     out: list[list[int]] = []
     used = 0
-    for r, n in zip(rows, lengths, strict=True):
+
+    def add(r: int, n: int) -> None:
+        nonlocal used
         if out and used + n <= budget:
             out[-1].append(r)
             used += n
         else:
             out.append([r])
             used = n
+
+    if groups is None:
+        for r, n in zip(rows, lengths, strict=True):
+            add(r, n)
+        return out
+    runs: list[tuple[int, list[tuple[int, int]]]] = []  # (group, its consecutive (row, length) pairs)
+    for r, n, g in zip(rows, lengths, groups, strict=True):
+        if runs and runs[-1][0] == g:
+            runs[-1][1].append((r, n))
+        else:
+            runs.append((g, [(r, n)]))
+    for _, run in runs:
+        total = sum(n for _, n in run)
+        if out and used + total > budget and total <= budget:
+            out.append([])  # the group fits a micro-batch of its own: it starts one
+            used = 0
+        for r, n in run:
+            add(r, n)
     return out
 
 

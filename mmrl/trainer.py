@@ -467,21 +467,24 @@ class GRPOTrainer:
         batch.rewards, batch.reward_components = rewards, components
 
     # ------------------------------------------------------------------------------------ before the update
-    def _minibatches(self, n: int) -> list[list[int]]:
-        size = self.cfg.grpo.ppo_mini_batch_size or n
-        return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+    def _minibatches(self, batch: RolloutBatch) -> list[list[int]]:
+        """The optimizer steps' mini-batches (:meth:`RolloutBatch.minibatches`: groups dealt round-robin, so
+        every rank trains a share of every optimizer step)."""
+        return batch.minibatches(self.cfg.grpo.ppo_mini_batch_size)
 
     def _chunks(self, rows: Sequence[int], batch: RolloutBatch | None = None) -> list[list[int]]:
         """Micro-batches of ``rows``, in order: ``train.micro_batch_size`` rows each or, with
         ``train.micro_batch_tokens`` and the ``batch`` the rows index, by that token budget (rows join while
-        their summed lengths stay within it; a longer row alone). Consecutive rows stay together, so a group's
-        rows meet in one micro-batch wherever they fit (the shared-prefix forward needs them side by side).
+        their summed lengths stay within it; a longer row alone; a group starts a new micro-batch rather than
+        be split where it fits one whole). Consecutive rows stay together, so a group's rows meet in one
+        micro-batch wherever they fit (the shared-prefix forward needs them side by side).
         The loss needs no change for either: each micro-batch's terms are normalised by the whole mini-batch's
         counts (``global_counts``), so their sum is the same however the rows are split."""
         rows = list(rows)
         budget = self.cfg.train.micro_batch_tokens
         if budget > 0 and batch is not None:
-            return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget)
+            return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget,
+                                       groups=[int(batch.group_index[i]) for i in rows])
         mb = max(1, self.cfg.train.micro_batch_size)
         return [rows[i:i + mb] for i in range(0, len(rows), mb)]
 
@@ -531,7 +534,7 @@ class GRPOTrainer:
         or the shaper needs them, and the KL folded into the reward (``kl_in_reward``)."""
         g = self.cfg.grpo
         needs = set(getattr(self.shaper, "requires", ()))
-        off_policy = g.ppo_epochs > 1 or len(self._minibatches(len(batch))) > 1
+        off_policy = g.ppo_epochs > 1 or len(self._minibatches(batch)) > 1
         if self.ref is not None:
             batch.ref_logprobs = self._logprobs(self.ref, batch)[0]
         kl_to_reward = g.kl_in_reward and self.ref is not None and g.kl_coef > 0
@@ -581,21 +584,24 @@ class GRPOTrainer:
         """``ppo_epochs`` passes over the batch's mini-batches, one optimizer step per mini-batch. A loss or
         gradient norm that is not finite skips that optimizer step (counted in ``skipped_updates``)."""
         g = self.cfg.grpo
-        minis = self._minibatches(len(batch))
+        minis = self._minibatches(batch)
         self.policy.model.train()
         sums: dict[str, float] = {}
         norms: list[float] = []
         self._peak_gb = 0.0
         self._fresh, self._gap = True, [0.0, 0.0]  # the rollout/training log-prob gap: |diff| sum, tokens
         n_updates = g.ppo_epochs * len(minis)
+        work: list[int] = []  # the tokens this rank trained in each optimizer step (dummy passes: none)
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
+                work.append(0)
                 # the counts the loss is normalised by: the whole mini-batch's, over every rank
                 counts = global_counts([batch.tokens("loss_mask", idx, batch.micro_batch(idx)[1])
                                         for idx in self._chunks(mini)])
                 self.updater.zero_grad()
                 finite = True
                 for idx, dummy in self._own_chunks(batch, mini):
+                    work[-1] += 0 if dummy else sum(len(batch.seqs[i]) for i in idx)
                     finite = self._micro_step(batch, idx, counts, sums, n_updates, dummy=dummy)
                     if not finite:
                         break
@@ -620,6 +626,7 @@ class GRPOTrainer:
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
         stats["skipped_updates"] = self.skipped_updates
+        stats.update(balance_stats(self.world.gather(work) if self.world.active else [work]))
         adv = batch.advantages
         seq_adv = adv if adv.dim() == 1 else (adv * batch.loss_mask).sum(-1) / batch.loss_mask.sum(-1).clamp(min=1)
         stats["advantage_abs"] = float(seq_adv.abs().mean())
@@ -876,6 +883,21 @@ class GRPOTrainer:
                 self.save_seconds.append(round(time.perf_counter() - t0, 3))
         bar.close()
 
+
+
+def balance_stats(work: list[list[int]]) -> dict[str, float]:
+    """How evenly the ranks shared the update, from ``work[rank][k]``: the tokens each rank trained in
+    optimizer step ``k``. ``balance/tokens_max_over_mean``: the busiest rank's tokens over the mean, averaged
+    over the optimizer steps (1.0: even; N on N ranks: one rank did all the work); ``balance/idle_rank_steps``:
+    the (rank, optimizer step) pairs in which a rank trained nothing while another did."""
+    ratios, idle = [], 0
+    for step in zip(*work):
+        mean = sum(step) / len(step)
+        if mean > 0:
+            ratios.append(max(step) / mean)
+            idle += sum(1 for t in step if t == 0)
+    return {"balance/tokens_max_over_mean": sum(ratios) / len(ratios) if ratios else 1.0,
+            "balance/idle_rank_steps": idle}
 
 
 @contextlib.contextmanager

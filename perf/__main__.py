@@ -1,6 +1,6 @@
-"""``python -m perf [--reps N] [--build-reps N] [--only step|rollout|longvideo|build|semantic|memory|trl]``: print
-tables of timings and of memory: the peak of one training micro-batch, the optimizer update's bytes per
-parameter, and a ZeRO-3 checkpoint's peak on each rank.
+"""``python -m perf [--reps N] [--build-reps N] [--only SECTION]`` (step, rollout, longvideo, build, semantic,
+memory, trl, scaling): print tables of timings and of memory: the peak of one training micro-batch, the
+optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each rank.
 
 * ``--only trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` as interleaved pairs of step blocks (mmrl,
   TRL, mmrl, TRL, ... after a warm-up pair; the median of the per-pair samples/s ratios) at about 1M and 23M
@@ -8,6 +8,8 @@ parameter, and a ZeRO-3 checkpoint's peak on each rank.
   passes, forward+backward, optimizer and the rest) and what each side does (:mod:`perf.trl_compare`);
   ``--trl-sizes small`` runs one size only, ``--trl-pairs-only`` leaves out the sections after the pairs (the
   framework overhead, the video step, HF vs vLLM generation);
+* ``--only scaling``: the update's weak scaling, 2 gloo ranks against one process at equal work per rank
+  (the ratio of update seconds per step; 1.0 is perfect) and the ranks' work balance (:mod:`perf.scaling`);
 * ``--only longvideo``: generation on 2 long-video prompts (16 frames at 336x336, 1,152 video tokens, a prompt of
   1,200 tokens) x G=8 x 16 tokens with the prompt prefilled once per group (``rollout.prefill_once``) vs
   repeated G times, interleaved repetitions after a warm-up, median seconds, the speed-up and whether both
@@ -293,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "memory", "trl"],
-                        default=None)
+    parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "memory", "trl",
+                                           "scaling"], default=None)
+    parser.add_argument("--scaling-ranks", type=int, default=2, help="gloo ranks of the weak-scaling case")
     parser.add_argument("--trl-steps", type=int, default=3, help="steps per alternating block in the TRL comparison")
     parser.add_argument("--trl-rounds", type=int, default=4,
                         help="timed pairs of blocks (mmrl, then TRL) after a warm-up pair; the median ratio is reported")
@@ -314,6 +317,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure at --memory-seqs even where the unchunked modes may not fit (the estimate "
                              "of five full-vocabulary tensors is an upper bound)")
     args = parser.parse_args(argv)
+    if args.only in (None, "scaling"):
+        from perf.scaling import bench_scaling, print_scaling
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-scaling-") as tmp:
+            print_scaling(bench_scaling(Path(tmp), ranks=args.scaling_ranks))
+        sys.stdout.flush()
+    if args.only == "scaling":
+        return 0
     if args.only in (None, "trl"):
         from perf.trl_compare import print_trl, run_trl
 

@@ -152,7 +152,7 @@ def test_plugin_feeds_the_controller_once_per_micro_batch():
     plug.ctx.cfg.grpo.ppo_mini_batch_size = 3
     plug.ctx.cfg.grpo.ppo_epochs = 2
     from mmrl.methods.ares import micro_batches
-    assert micro_batches(6, plug.ctx.cfg) == [[0, 1], [2], [3, 4], [5]] * 2
+    assert micro_batches(make_batch(), plug.ctx.cfg) == [[0, 1], [2], [3, 4], [5]] * 2
 
 
 # ------------------------------------------------------------------------------------------ the plug-in

@@ -148,6 +148,39 @@ def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: P
         assert a["loss"] == b["loss"], a["step"]
 
 
+BALANCED = ["train.prompts_per_step=4", "grpo.ppo_mini_batch_size=8", "train.steps=2", "train.save_every=0"]
+
+
+@pytest.fixture(scope="module")
+def single_minibatched(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("single_mb") / "run"
+    train(out, env, 1, *BALANCED)
+    return out
+
+
+@pytest.mark.parametrize("deepspeed", ["null", "zero3"])
+def test_every_rank_trains_in_every_optimizer_step(deepspeed: str, single_minibatched: Path, env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    """4 prompts x 4 answers in mini-batches of 8 rows (two optimizer steps a batch): each rank rolls out 2
+    prompts, and each optimizer step trains one group of each rank's, not both groups of one rank while the
+    other runs dummy passes. The run equals the single-process one (metrics and weights)."""
+    two = tmp_path / "two"
+    train(two, env, 2, *BALANCED, f"train.deepspeed={deepspeed}")
+    one_rows, two_rows = rl_rows(single_minibatched), rl_rows(two)
+    assert [r["step"] for r in two_rows] == [1, 2]
+    for a, b in zip(one_rows, two_rows):
+        assert b["optimizer_steps"] == 2
+        assert b["balance/idle_rank_steps"] == 0, b  # every rank trained real rows in every optimizer step
+        assert b["balance/tokens_max_over_mean"] < 1.5, b  # (2.0: one rank did each step's work)
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
+    w1, w2 = model_weights(single_minibatched / "final"), model_weights(two / "final")
+    assert set(w1) == set(w2)
+    gaps = {k: float((w1[k] - w2[k]).abs().max()) for k in w1}
+    assert max(gaps.values()) < 1e-4, sorted(gaps.items(), key=lambda kv: -kv[1])[:3]
+
+
 def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
     """LoRA adapters (no dropout: its masks would come from each rank's own random stream) trained on two
     ZeRO-3 ranks, with the KL reference as the adapters-off model, end as the single-process run's."""

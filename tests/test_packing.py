@@ -336,6 +336,19 @@ def test_token_budget_chunks() -> None:
         packing.token_budget_chunks(rows, lengths, 0)
 
 
+def test_token_budget_chunks_keep_a_group_whole_where_it_fits() -> None:
+    rows = list(range(8))
+    lengths = [30, 30, 30, 30, 30, 30, 200, 10]
+    groups = [0, 0, 1, 1, 1, 2, 2, 3]
+    # by rows alone group 1 would be cut after its first row (30 + 30 + 30 fits, the next does not)
+    assert packing.token_budget_chunks(rows, lengths, 100) == [[0, 1, 2], [3, 4, 5], [6], [7]]
+    chunks = packing.token_budget_chunks(rows, lengths, 100, groups=groups)
+    # group 1 (90 tokens) starts a micro-batch of its own; group 2 (230) is longer than the budget: cut by rows
+    assert chunks == [[0, 1], [2, 3, 4], [5], [6], [7]]
+    assert [r for c in chunks for r in c] == rows
+    assert packing.token_budget_chunks(rows, lengths, 10_000, groups=groups) == [rows]
+
+
 def _stub_trainer(budget: int, size: int, rank: int, *, micro: int = 2):
     from mmrl.distributed import World
     from mmrl.trainer import GRPOTrainer
@@ -350,6 +363,7 @@ def _stub_trainer(budget: int, size: int, rank: int, *, micro: int = 2):
 def test_trainer_chunks_by_budget_and_by_rows() -> None:
     lengths = [30, 50, 20, 120, 60, 60, 60, 5]
     batch = SimpleNamespace(seqs=[TokenSeq(ids=[1] * n, mm_types=[0] * n) for n in lengths],
+                            group_index=torch.arange(8),  # a group of one each: the budget alone decides
                             extra={"rank": torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])})
     t = _stub_trainer(100, 1, 0)
     assert t._own_chunks(batch, range(8)) == [([0, 1, 2], False), ([3], False), ([4], False), ([5], False),

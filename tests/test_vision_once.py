@@ -54,11 +54,9 @@ class VisionCount(Callback):
         t = self.ctx._trainer
         seqs, _ = batch.micro_batch(list(range(len(batch))))
         keys = [s.media for s in seqs]
-        mini = t.cfg.grpo.ppo_mini_batch_size or len(batch)
         micro = t.cfg.train.micro_batch_size
         per_epoch = 0
-        for m0 in range(0, len(batch), mini):
-            rows = list(range(m0, min(m0 + mini, len(batch))))
+        for rows in batch.minibatches(t.cfg.grpo.ppo_mini_batch_size):
             for c0 in range(0, len(rows), micro):
                 per_epoch += len({k for r in rows[c0:c0 + micro] for k in keys[r]})
         self.row = {"t/unique_media": len({k for ks in keys for k in ks}),

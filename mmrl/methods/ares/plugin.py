@@ -142,14 +142,13 @@ def bad_roots(roots: int, group: int) -> ConfigError:
                        f"rollouts of each group are the branches")
 
 
-def micro_batches(n: int, cfg: Any) -> list[list[int]]:
-    """The rows of each micro-batch of the update, in order (every PPO epoch, every optimizer mini-batch)."""
-    g, size = cfg.grpo, max(1, int(cfg.train.micro_batch_size))
-    mini = g.ppo_mini_batch_size or n
+def micro_batches(batch: RolloutBatch, cfg: Any) -> list[list[int]]:
+    """The rows of each micro-batch of the update, in order (every PPO epoch, every optimizer mini-batch as
+    the trainer forms them, :meth:`RolloutBatch.minibatches`), ``train.micro_batch_size`` rows each."""
+    size = max(1, int(cfg.train.micro_batch_size))
     out = []
-    for _ in range(max(1, int(g.ppo_epochs))):
-        for start in range(0, n, mini):
-            rows = list(range(start, min(start + mini, n)))
+    for _ in range(max(1, int(cfg.grpo.ppo_epochs))):
+        for rows in batch.minibatches(cfg.grpo.ppo_mini_batch_size):
             out.extend(rows[i:i + size] for i in range(0, len(rows), size))
     return out
 
@@ -329,7 +328,7 @@ class AresPlugin(Callback):
         m = batch.loss_mask
         seq_kl = (est * m).sum(-1) / m.sum(-1).clamp(min=1)
         buckets = batch.extra["ares_bucket"]
-        for rows in micro_batches(len(batch), self.ctx.cfg):  # one controller call per micro-batch, as the code
+        for rows in micro_batches(batch, self.ctx.cfg):  # one controller call per micro-batch, as the code
             per_bucket = {}
             for b in BUCKETS:
                 mine = [i for i in rows if buckets[i] == b]
