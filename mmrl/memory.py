@@ -1,5 +1,6 @@
-"""Peak memory: of a block of work (:func:`measure`, :func:`measure_in_subprocess`), and a cheap reading per
-training micro-batch for the log (:func:`reset_peak` + :func:`peak_gb`).
+"""Peak memory: of a block of work (:func:`measure`, :func:`measure_in_subprocess`), and cheap readings for the
+log: one window (:func:`reset_peak` + :func:`peak_gb`), or each stage of a training step (:class:`StagePeaks`:
+``memory/rollout_gb``, ``memory/update_gb``, ... in ``metrics.jsonl``).
 
 How memory is counted:
 
@@ -122,6 +123,61 @@ def peak_gb(device: torch.device | str | None = None) -> float:
     return (hwm * 1024 if hwm is not None else _lifetime_max_rss()) / GB
 
 
+class StagePeaks:
+    """The peak memory of each stage of a training step, for ``metrics.jsonl``.
+
+    ``start(name)`` opens a window (:func:`reset_peak`) and ``stop(name)`` closes it; a stage measured several
+    times in one step (the update's micro-batches, one optimizer step per mini-batch) keeps its largest peak.
+    Windows do not nest: each start resets the device's peak. :meth:`metrics` gives, per stage,
+    ``memory/<stage>_gb``: the most memory in use during the stage (CUDA: allocated tensors, everything live
+    counted, not only the stage's own; CPU: the process's resident set), and on CUDA also
+    ``memory/<stage>_reserved_gb`` (what torch's caching allocator held from the driver: what the card must
+    have) and ``memory/<stage>_host_gb`` (the process's resident set in host memory); ``memory/peak_gb`` is
+    the largest ``memory/<stage>_gb`` of the stages measured. Readings are cheap (allocator counters, one
+    small ``/proc`` read and write on Linux; no GPU synchronisation).
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = device
+        self.peaks: dict[str, dict[str, float]] = {}
+
+    def start(self, name: str) -> None:
+        reset_peak(self.device)
+        if _is_cuda(self.device):
+            _reset_hwm()  # the host's mark too (the CPU's own is the device's)
+
+    def stop(self, name: str) -> None:
+        reading = {"": peak_gb(self.device)}
+        if _is_cuda(self.device):
+            reading["_reserved"] = torch.cuda.max_memory_reserved(self.device) / GB
+            hwm = _status_kb("VmHWM")
+            reading["_host"] = (hwm * 1024 if hwm is not None else _lifetime_max_rss()) / GB
+        seen = self.peaks.setdefault(name, {})
+        for key, value in reading.items():
+            seen[key] = max(seen.get(key, 0.0), value)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """``with peaks.stage("save"): ...``: :meth:`start` and :meth:`stop` around the block."""
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(name)
+
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` measured as stage ``name``; its result."""
+        with self.stage(name):
+            return fn(*args, **kwargs)
+
+    def metrics(self, *, overall: bool = True) -> dict[str, float]:
+        """``memory/<stage><variant>_gb`` for every stage measured, plus (``overall``) ``memory/peak_gb``."""
+        out = {f"memory/{name}{key}_gb": value for name, seen in self.peaks.items() for key, value in seen.items()}
+        if overall and self.peaks:
+            out["memory/peak_gb"] = max(seen[""] for seen in self.peaks.values())
+        return out
+
+
 @contextlib.contextmanager
 def measure(device: torch.device | str | None = None) -> Iterator[Peak]:
     """``with measure(device) as peak: work()``; afterwards ``peak.extra_bytes`` is the block's own peak.
@@ -219,4 +275,4 @@ def available_bytes(device: torch.device | str | None = None) -> int | None:
     return None
 
 
-__all__ = ["GB", "Peak", "available_bytes", "measure", "measure_in_subprocess", "peak_gb", "reset_peak"]
+__all__ = ["GB", "Peak", "StagePeaks", "available_bytes", "measure", "measure_in_subprocess", "peak_gb", "reset_peak"]

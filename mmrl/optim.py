@@ -212,9 +212,15 @@ class LocalUpdater(Updater):
                 p.grad = None
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer state and the fp32 master weights by parameter name, **the live tensors, not
+        copies** (as torch's own ``optimizer.state_dict()`` gives the moments): ``torch.save`` streams them
+        to host memory one tensor at a time as it writes (a GPU tensor is copied to the CPU, written and
+        freed before the next), so a checkpoint adds no second copy of the masters on the GPU (a clone of
+        every master there was 4 bytes a parameter, 15 GB for a 3B model, on top of the optimizer's peak
+        memory) and, on the CPU, no copy at all. Write it out before the next optimizer step changes them."""
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
         if self.master is not None:  # fp32 master weights by parameter name
-            state["master"] = {n: m.detach().clone() for (n, _), m in zip(self.named, self.master)}
+            state["master"] = {n: m.detach() for (n, _), m in zip(self.named, self.master)}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

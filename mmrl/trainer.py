@@ -51,7 +51,7 @@ from mmrl.grpo.kl import kl_in_reward
 from mmrl.grpo.shaping import ShapingInput
 from mmrl.health import add_health_checks
 from mmrl.media import MediaPreparer
-from mmrl.memory import peak_gb, reset_peak
+from mmrl.memory import StagePeaks
 from mmrl.optim import lr_lambda, make_updater, set_peak_lr
 from mmrl.packing import token_budget_chunks
 from mmrl.plugins import StepContext, build_plugins
@@ -97,7 +97,8 @@ class GRPOTrainer:
         self.show_progress = show_progress and self.world.is_main
         self.step = 0
         self._draws = 0  # rollout calls within the step (seeds of rollout.seed_per_prompt)
-        self._peak_gb, self._fresh, self._gap = 0.0, False, [0.0, 0.0]  # per update (see update())
+        self._fresh, self._gap = False, [0.0, 0.0]  # per update (see update())
+        self._mem = StagePeaks(policy.device)  # this step's peak memory by stage (see train_step())
         self.skipped_samples = 0  # over every rank
         self._bad_in_a_row = 0  # this rank's unreadable samples since its last good one
         self.skipped_updates = 0
@@ -285,8 +286,11 @@ class GRPOTrainer:
         self._draws = 0
         vision0 = self.policy.media.vision_calls
         sync0 = float(getattr(self.backend, "sync_seconds", 0.0))
+        self._mem = StagePeaks(self.policy.device)
+        self._mem.start("rollout")
         with self.rollout_session():
             batch, drawn, stats = self.collect()  # rollouts and rewards, over dynamic-sampling rounds
+        self._mem.stop("rollout")
         if len(drawn):
             self.sampler.update(drawn)
         stats.update(self.sampler.metrics())  # the sampler's own per-step numbers (empty for most)
@@ -297,7 +301,7 @@ class GRPOTrainer:
         stats["time/sync_s"] = float(getattr(self.backend, "sync_seconds", 0.0)) - sync0
         if batch is not None:
             t1 = time.perf_counter()
-            self.reference_pass(batch)
+            self._mem.call("reference", self.reference_pass, batch)
             t2 = time.perf_counter()
             stats["time/reference_s"] = t2 - t1
             self.compute_advantages(batch)
@@ -314,6 +318,9 @@ class GRPOTrainer:
             self.scheduler.step()  # the schedule follows the steps, skipped updates included
         stats.update(self.step_metrics(drawn, batch))
         stats["time/step_s"] = time.perf_counter() - t0
+        # peak memory by stage (rank 0's): rollout (with rewards), reference (log-prob passes before the
+        # update), update (the largest micro-batch's forward and backward), optimizer_step; peak_gb the largest
+        stats.update(self._mem.metrics())
         self._log_rollouts(batch if batch is not None else drawn)
         stats["vision_calls"] = self.policy.media.vision_calls - vision0  # tower runs this step (all passes)
         self.policy.clear_media()  # the step's media and their cached vision features
@@ -588,7 +595,6 @@ class GRPOTrainer:
         self.policy.model.train()
         sums: dict[str, float] = {}
         norms: list[float] = []
-        self._peak_gb = 0.0
         self._fresh, self._gap = True, [0.0, 0.0]  # the rollout/training log-prob gap: |diff| sum, tokens
         n_updates = g.ppo_epochs * len(minis)
         work: list[int] = []  # the tokens this rank trained in each optimizer step (dummy passes: none)
@@ -605,7 +611,7 @@ class GRPOTrainer:
                     finite = self._micro_step(batch, idx, counts, sums, n_updates, dummy=dummy)
                     if not finite:
                         break
-                grad_norm = self.updater.step() if finite else None
+                grad_norm = self._mem.call("optimizer_step", self.updater.step) if finite else None
                 self.policy.weights_changed()  # cached vision features of a trainable tower are stale now
                 self._fresh = False
                 if grad_norm is not None:
@@ -616,8 +622,6 @@ class GRPOTrainer:
                                f"({self.skipped_updates} so far)")
                 self.updater.zero_grad()
         stats: dict[str, Any] = dict(self.world.sum_stats(sums))
-        # the largest micro-batch's peak (GPU: allocated tensors; CPU: the process's resident set), rank 0's
-        stats["memory/peak_gb"] = self._peak_gb
         if batch.rollout_logprobs is not None:  # mean |training - rollout| log-prob per token
             gap = self.world.sum_stats({"sum": self._gap[0], "tokens": self._gap[1]})
             stats["rollout_logprob_gap"] = gap["sum"] / max(1.0, gap["tokens"])
@@ -639,7 +643,7 @@ class GRPOTrainer:
         """Forward and backward of one micro-batch; False (on every rank alike) when a loss is not finite.
         A ``dummy`` pass only keeps the ranks' collectives in step: its loss is zero."""
         g = self.cfg.grpo
-        reset_peak(self.policy.device)
+        self._mem.start("update")
         if dummy:
             logp, _, _ = self.policy.forward_logprobs([self._dummy_seq()], temperature=self.cfg.rollout.temperature,
                                                       with_entropy=True, entropy_grad=bool(g.entropy_coef))
@@ -678,7 +682,7 @@ class GRPOTrainer:
         if not self.world.all_true(bool(torch.isfinite(loss))):
             return False
         self.updater.backward(loss)
-        self._peak_gb = max(self._peak_gb, peak_gb(self.policy.device))
+        self._mem.stop("update")  # forward and backward: the micro-batch's peak
         share = float(mask.sum()) / max(1.0, counts.tokens)
         if gap is not None and self._fresh:  # before any optimizer step of this batch: the rollout's weights
             self._gap[0] += float(gap) * float(mask.sum())
@@ -800,7 +804,12 @@ class GRPOTrainer:
         """A checkpoint (with LoRA: the adapters, PEFT format, and the reference's adapter weights when the
         reference is not the start). Rank 0 writes the model and the trainer state, every rank its own
         optimizer shard (DeepSpeed, in one process too) and random state; the folder is renamed once all
-        are written. Under ZeRO-3 the weights reach rank 0 one module at a time (:meth:`weights_on_main`)."""
+        are written. Under ZeRO-3 the weights reach rank 0 one module at a time (:meth:`weights_on_main`).
+
+        Logs a ``checkpoint`` line in ``metrics.jsonl`` at this step (rank 0's ``memory/save_gb``, on CUDA
+        ``memory/save_reserved_gb`` and ``memory/save_host_gb``, see :class:`mmrl.memory.StagePeaks`, and
+        ``time/save_s``), once every file is written and before the folder is renamed: a run resumed from
+        this checkpoint has the line, one resumed from an earlier one drops it with the steps after that."""
         from mmrl.lora import AdapterReference, has_lora
 
         ref = None
@@ -809,15 +818,20 @@ class GRPOTrainer:
         w = self.world
         tmp = start_checkpoint(self.run_dir, self.step) if w.is_main else None
         tmp = w.broadcast(tmp)
-        state = self.state_dict()
-        weights = self.weights_on_main(adapters_only=has_lora(self.policy.model))
-        if w.is_main:
-            write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state, reference=ref,
-                             settings=eval_settings(self.cfg), weights=weights)
-        self.updater.save_files(tmp)
-        if w.active:
-            torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
+        t0, peaks = time.perf_counter(), StagePeaks(self.policy.device)
+        with peaks.stage("save"):
+            state = self.state_dict()  # the optimizer's tensors themselves: streamed to host as they are written
+            weights = self.weights_on_main(adapters_only=has_lora(self.policy.model))
+            if w.is_main:
+                write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state, reference=ref,
+                                 settings=eval_settings(self.cfg), weights=weights)
+            del state, weights
+            self.updater.save_files(tmp)
+            if w.active:
+                torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
         w.barrier()
+        self.log.metrics("checkpoint", self.step, {**peaks.metrics(overall=False),
+                                                   "time/save_s": time.perf_counter() - t0})
         final = publish_checkpoint(self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints) \
             if w.is_main else None
         w.barrier()

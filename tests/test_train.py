@@ -115,7 +115,7 @@ def test_run_folder_and_final_model(runs: dict[str, Path], cache: Path, tmp_path
         acc = summary[key]["accuracy"]
         assert isinstance(acc, float) and 0.0 <= acc <= 1.0 and summary[key]["n"] > 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert {r["stage"] for r in records} == {"sft", "rl"}
+    assert {r["stage"] for r in records} == {"sft", "rl", "checkpoint"}  # checkpoint: each save's memory
     assert all("reward" in r and "loss" in r for r in records if r["stage"] == "rl")
     rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     assert rollouts and all(r["turns"] and "rewards" in r for r in rollouts)
