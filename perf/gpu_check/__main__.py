@@ -1,0 +1,3 @@
+from perf.gpu_check.runner import main
+
+raise SystemExit(main())

@@ -1,0 +1,729 @@
+"""What each stage of ``make gpu-check`` runs, in a process of its own (started by :mod:`perf.gpu_check.runner`):
+
+    python -m perf.gpu_check.stages STAGE --spec SPEC.json --result RESULT.json
+
+A stage writes ``RESULT.json`` (``result``: its numbers; ``checks``: ``[name, passed, detail]`` rows; ``error``
+or ``skipped``) every time it learns something, so a stage that is stopped at its timeout still leaves what it
+measured. It exits non-zero when it raised or a check failed.
+
+``python -m perf.gpu_check.stages mmrl ARGS...`` runs ``mmrl ARGS...`` with torch's deterministic algorithms on
+(a GPU run resumed from a checkpoint can then equal the uninterrupted run bit for bit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from perf.gpu_check import FAMILY, H100_GB, REAL_OVERRIDES, REAL_SIZES, peak_flops
+
+REPO = Path(__file__).resolve().parent.parent.parent
+GB = 1e9
+T0 = time.monotonic()
+
+# The README's one-GPU commands (section "GPUs: one GPU, several GPUs, several nodes"), as KEY=VALUE overrides
+# after `mmrl train --task video-qa --model DIR`: 3B full fine-tuning with HF rollouts, and 7B LoRA (with HF
+# rollouts here: vLLM's CUDA build is not part of the acceptance run)
+README_COMMANDS = {
+    "3b": ["model.dtype=bf16", "model.gradient_checkpointing=true", "train.micro_batch_size=2",
+           "train.prompts_per_step=8", "train.lr=1e-6", "rollout.max_new_tokens=512",
+           "prompt.answer_format=think_answer"],
+    "7b": ["model.dtype=bf16", "model.gradient_checkpointing=true", "model.lora={r: 64, alpha: 128}",
+           "train.lr=1e-5", "train.micro_batch_size=2", "rollout.max_new_tokens=512"],
+}
+# the data in place of --data: the toy world's needle videos (24 s at 4 fps), sampled at 32 frames (the real-model
+# preset's most) and fitted to the preset's largest pixel budget, 448 x 448 a frame (the worst case the settings
+# allow: 4,096 vision tokens a prompt); 8 prompts x 8 answers (the recipe's group) a step
+GPU_DATA = ["data.toy_tasks=[needle]", "data.toy_size={train: 16, val: 2, test: 2}",
+            "data.toy_world={needle_frames: 32}", "data.media.video_min_pixels=200704",
+            "data.media.video_max_pixels=200704"]
+# the CPU mode: the same run on the tiny model in seconds
+CPU_RUN = ["model.dtype=fp32", "train.micro_batch_size=4", "train.prompts_per_step=2", "rollout.group_size=2",
+           "rollout.max_new_tokens=4", "data.toy_tasks=[color]", "data.toy_size={train: 4, val: 2, test: 2}",
+           "data.media.min_frames=4", "data.media.max_frames=4", "data.media.video_min_pixels=3136",
+           "data.media.video_max_pixels=3136", "train.cpu_threads=1"]
+# the deepspeed stage's runs (as tests/test_deepspeed_one_process.py on CPU): 4 steps, checkpoints at 2 and 4
+DS_RUN = ["data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color]", "data.media.min_frames=4",
+          "data.media.max_frames=4", "data.media.video_min_pixels=3136", "data.media.video_max_pixels=3136",
+          "rollout.group_size=2", "rollout.max_new_tokens=4", "train.prompts_per_step=2",
+          "train.micro_batch_size=4", "train.steps=4", "train.save_every=2", "train.keep_checkpoints=4",
+          "train.lr=1e-3", "train.cpu_threads=1", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
+          "grpo.entropy_coef=0.01", "grpo.kl_coef=0.01"]
+
+
+def say(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:7.1f} s] {msg}", flush=True)
+
+
+class Recorder:
+    """The stage's result file, rewritten at every change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"result": {}, "checks": []}
+        self.flush()
+
+    def flush(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        tmp.replace(self.path)
+
+    def set(self, **values: Any) -> None:
+        self.data["result"].update(values)
+        self.flush()
+
+    def check(self, name: str, ok: bool, detail: Any = "") -> bool:
+        self.data["checks"].append([name, bool(ok), str(detail)])
+        self.flush()
+        say(f"check {'PASS' if ok else 'FAIL'}: {name}" + (f" ({detail})" if detail != "" else ""))
+        return bool(ok)
+
+    def skip(self, why: str) -> None:
+        self.data["skipped"] = why
+        self.flush()
+
+    def error(self, text: str) -> None:
+        self.data["error"] = text
+        self.flush()
+
+    @property
+    def passed(self) -> bool:
+        return all(ok for _, ok, _ in self.data["checks"])
+
+
+# ------------------------------------------------------------------------------------------------ shared helpers
+def gpu_mode(spec: dict[str, Any]) -> bool:
+    import torch
+
+    return spec.get("mode") == "gpu" and torch.cuda.is_available()
+
+
+def cap_memory(spec: dict[str, Any], rec: Recorder) -> None:
+    """Hold a card larger than ``cap_gb`` (default: an H100 80GB's) to that much (the caching allocator
+    refuses beyond it, as the smaller card would)."""
+    import torch
+
+    if not gpu_mode(spec):
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = (spec.get("cap_gb") or H100_GB) * GB
+    if total > cap * 1.001:
+        torch.cuda.set_per_process_memory_fraction(cap / total, 0)
+        rec.set(memory_cap_gb=round(cap / GB, 2), memory_fraction=round(cap / total, 4))
+        say(f"memory held to {cap / GB:.1f} GB of the card's {total / GB:.1f} GB")
+    else:
+        rec.set(memory_cap_gb=round(total / GB, 2), memory_fraction=1.0)
+
+
+def model_folder(spec: dict[str, Any], rec: Recorder, *, tiny: bool = False) -> Path:
+    """The model the stage trains: on a GPU a random-weight model of the published configuration (built once in
+    the work folder, bf16), else (or with ``tiny``) mmrl's tiny Qwen2.5-VL."""
+    import torch
+
+    from mmrl.tiny_models import make_sized, make_tiny
+
+    work = Path(spec["work"])
+    if tiny or not gpu_mode(spec):
+        folder = work / "model-tiny"
+        if not (folder / "config.json").exists():
+            make_tiny(FAMILY, folder, seed=0, overwrite=True)
+        return folder
+    size = spec.get("size", "3b")
+    folder = work / f"model-{size}"
+    if not (folder / "config.json").exists():  # written atomically: a folder with its config is complete
+        say(f"building a random-weight Qwen2.5-VL-{size.upper()} (the published configuration) in {folder}")
+        t0 = time.perf_counter()
+        make_sized(FAMILY, folder, size=REAL_SIZES[size], dtype=torch.bfloat16, device="cuda",
+                   config_overrides=REAL_OVERRIDES, overwrite=True)
+        torch.cuda.empty_cache()
+        rec.set(model_build_s=round(time.perf_counter() - t0, 1))
+    return folder
+
+
+def parameters(folder: Path) -> int:
+    """Parameters stored in a model folder (read from the safetensors headers, tied weights once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                total += math.prod(st.get_slice(key).get_shape())
+    return total
+
+
+def run_overrides(spec: dict[str, Any]) -> list[str]:
+    """The train stage's KEY=VALUE overrides (after ``--task video-qa --model DIR``)."""
+    steps = [f"train.steps={int(spec.get('steps', 2))}", "eval.before_rl=false", "eval.after_rl=false",
+             "train.log_every=1"]
+    if gpu_mode(spec):
+        return README_COMMANDS[spec.get("size", "3b")] + GPU_DATA + steps
+    return CPU_RUN + steps
+
+
+def run_config(spec: dict[str, Any], model: Path) -> Any:
+    """The configuration ``mmrl train --task video-qa --model MODEL OVERRIDES`` resolves to (the real-model preset
+    included, as the command line applies it)."""
+    from mmrl.commands import _load, _own_model_base, add_train_parser
+
+    parser = argparse.ArgumentParser()
+    add_train_parser(parser.add_subparsers())
+    args = parser.parse_args(["train", "--task", "video-qa", "--model", str(model), *run_overrides(spec)])
+    return _load(args, base=_own_model_base(args))
+
+
+def process_peak_gb() -> float:
+    """The process's resident-set high-water mark (the CPU mode's peak), GB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
+
+
+# ------------------------------------------------------------------------------------------------ environment
+PACKAGES = [("torch", "torch"), ("torchvision", "torchvision"), ("transformers", "transformers"),
+            ("tokenizers", "tokenizers"), ("huggingface-hub", "huggingface_hub"), ("safetensors", "safetensors"),
+            ("accelerate", "accelerate"), ("qwen-vl-utils", "qwen_vl_utils"), ("av", "av"), ("decord", "decord"),
+            ("numpy", "numpy"), ("pyyaml", "yaml"), ("pillow", "PIL"), ("deepspeed", "deepspeed"),
+            ("pydantic", "pydantic"), ("peft", "peft"), ("vllm", "vllm"), ("flash-attn", "flash_attn")]
+# what a training run imports (pyproject.toml's other dependencies serve other commands)
+NEEDED = ["torch", "torchvision", "transformers", "tokenizers", "safetensors", "qwen-vl-utils", "av", "numpy",
+          "pyyaml", "pillow"]
+
+
+def requirements() -> dict[str, str]:
+    """pyproject.toml's dependencies: name -> version specifier ('' for none)."""
+    text = (REPO / "pyproject.toml").read_text()
+    block = re.search(r"^dependencies\s*=\s*\[(.*?)^\]", text, re.DOTALL | re.MULTILINE)
+    out = {}
+    for item in re.findall(r'"([^"]+)"', block.group(1) if block else ""):
+        item = item.split(";")[0].strip()
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", item)
+        if m:
+            out[m.group(1).lower()] = m.group(2).strip()
+    return out
+
+
+def satisfies(version: str, spec: str) -> bool:
+    if not spec:
+        return True
+    try:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        return Version(version) in SpecifierSet(spec)
+    except ImportError:  # packaging is a dependency of transformers; this is only a fallback
+        def parts(v: str) -> tuple[int, ...]:
+            return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+        return all(parts(version) >= parts(s[2:]) for s in spec.split(",") if s.startswith(">="))
+
+
+def matmul_tflops() -> float:
+    """A bf16 8192^3 matrix product's rate on the GPU, TFLOP/s (the median of 10 after 3 warm-ups)."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for i in range(13):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    return 2 * 8192**3 / statistics.median(times) / 1e12
+
+
+def stage_environment(spec: dict[str, Any], rec: Recorder) -> None:
+    import importlib.metadata as md
+    import importlib.util
+
+    work = Path(spec["work"])
+    rec.set(python=platform.python_version(), executable=sys.executable, platform=platform.platform(),
+            cpus=os.cpu_count(), mode_asked=spec.get("mode"))
+    reqs = requirements()
+    packages: dict[str, Any] = {}
+    for dist, mod in PACKAGES:
+        try:
+            version = md.version(dist)
+        except md.PackageNotFoundError:
+            version = None
+        found = importlib.util.find_spec(mod) if version else None
+        packages[dist] = {"version": version, "from": str(Path(found.origin).parent.parent) if found and found.origin
+                          else None, "requires": reqs.get(dist, "")}
+    rec.set(packages=packages)
+    for dist in NEEDED:
+        v, need = packages[dist]["version"], reqs.get(dist, "")
+        rec.check(f"{dist}{need or ''} is installed", v is not None and satisfies(v, need),
+                  v or "missing: `make gpu-wheels` where pip can reach an index, then carry gpu-wheels/")
+    try:
+        import importlib
+
+        for module in ("mmrl.policy", "mmrl.run", "video", "vision", "data_pipelines.toy.video_tasks"):
+            importlib.import_module(module)
+        rec.check("mmrl's training modules import", True, str(REPO))
+    except Exception as exc:  # noqa: BLE001 - the message is the result
+        rec.check("mmrl's training modules import", False, f"{type(exc).__name__}: {exc}")
+    import torch
+
+    cuda = torch.cuda.is_available()
+    rec.set(torch=torch.__version__, torch_cuda=torch.version.cuda, cuda=cuda, gpu=None,
+            disk_free_gb=round(shutil.disk_usage(work).free / GB, 1),
+            shm_free_gb=round(shutil.disk_usage("/dev/shm").free / GB, 1) if Path("/dev/shm").is_dir() else None,
+            host_memory_gb=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB, 1))
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        rec.set(gpu=props.name, gpus=torch.cuda.device_count(), gpu_memory_gb=round(props.total_memory / GB, 2),
+                capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
+                bf16_peak_tflops=(peak_flops(props.name) or 0) / 1e12 or None)
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30, check=False)
+            rec.set(driver=smi.stdout.strip() or None)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        rec.set(matmul_bf16_tflops=round(matmul_tflops(), 1))
+    if spec.get("mode") == "gpu":
+        rec.check("a CUDA device is there", cuda,
+                  f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees "
+                  + (torch.cuda.get_device_name(0) if cuda else "none; `python -m perf.gpu_check --mode cpu` is "
+                     "the CPU mode"))
+
+
+# ------------------------------------------------------------------------------------------------ GPU tests
+def stage_gpu_tests(spec: dict[str, Any], rec: Recorder) -> None:
+    import xml.etree.ElementTree as ET
+
+    import pytest
+
+    xml = Path(spec["work"]) / "stages" / "gpu-tests" / "junit.xml"
+    xml.unlink(missing_ok=True)
+    # without CUDA the first test fails and says why; -x stops there (the CPU mode only shows that a failing
+    # stage is recorded)
+    args = ["-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider", "-q", "-rfE", f"--junitxml={xml}"]
+    if not gpu_mode(spec):
+        args.append("-x")
+    say("pytest " + " ".join(args))
+    rc = int(pytest.main(args))
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    failed = []
+    if xml.exists():
+        root = ET.parse(xml).getroot()
+        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        for s in suites:
+            for k in counts:
+                counts[k] += int(s.get(k, 0))
+            for case in s.iter("testcase"):
+                for bad in list(case.findall("failure")) + list(case.findall("error")):
+                    first = (bad.get("message") or "").strip().splitlines()[:1]
+                    failed.append(f"{case.get('name')}: {first[0][:300] if first else bad.tag}")
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    rec.set(pytest_exit=rc, tests=counts["tests"], passed=passed, failed=failed, skipped=counts["skipped"])
+    rec.check("the GPU tests ran", counts["tests"] > 0, f"{counts['tests']} collected")
+    rec.check("every GPU test passed", rc == 0 and not failed, f"{passed} passed, {len(failed)} failed")
+    rec.check("no GPU test was skipped", counts["skipped"] == 0, counts["skipped"])
+
+
+# ------------------------------------------------------------------------------------------------ train
+def run_root(spec: dict[str, Any], rec: Recorder, params: int) -> Path:
+    """Where the run folder goes: its checkpoint (bf16 weights, fp32 masters and Adam moments: 14 bytes a
+    parameter) and ``final/`` (2) must fit; the work folder's disk, else /dev/shm, else the work folder anyway."""
+    work = Path(spec["work"])
+    need = params * 16 * 1.1 + 2 * GB
+    rec.set(checkpoint_bytes_estimate_gb=round(params * 16 / GB, 1))
+    if spec.get("run_root"):
+        return Path(spec["run_root"])
+    for root in (work, Path("/dev/shm")):
+        if root.is_dir() and shutil.disk_usage(root).free >= need:
+            return root / "gpu-check-runs" if root != work else work
+    say(f"warning: neither {work} nor /dev/shm has {need / GB:.0f} GB free for the run's checkpoint")
+    return work
+
+
+def summarise_run(run_dir: Path, rows: list[dict[str, Any]], params: int, spec: dict[str, Any],
+                  cfg_prompts: int, cfg_group: int) -> dict[str, Any]:
+    """Seconds per stage (the mean of the steps after the first), memory peaks per stage (the largest step),
+    tokens per second."""
+    timed = rows[1:] or rows  # the first step warms caches and allocates: left out when there are more
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in timed if isinstance(r.get(key), (int, float))]
+        return round(sum(vals) / len(vals), 3) if vals else None
+
+    out: dict[str, Any] = {"steps": len(rows), "timed_steps": len(timed)}
+    for key in ("time/rollout_s", "time/reference_s", "time/update_s", "time/sync_s", "time/step_s"):
+        out[key.split("/")[1]] = mean(key)
+    out["first_step_s"] = rows[0].get("time/step_s") if rows else None
+    memory = sorted({k for r in rows for k in r if k.startswith("memory/")})
+    for key in memory:  # the per-stage peaks the run logs (rollout, reference, update, optimizer step, save)
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        out[key] = round(max(vals), 2) if vals else None
+    out["response_length"] = mean("response_length")
+    trained, update = mean("tokens/trained"), out["update_s"]
+    out["trained_tokens_per_step"] = trained
+    out["trained_tok_s"] = round(trained / update, 1) if trained and update else None
+    gen = out["response_length"] * cfg_prompts * cfg_group if out["response_length"] else None
+    out["generated_tok_s"] = round(gen / out["rollout_s"], 1) if gen and out["rollout_s"] else None
+    peak = peak_flops(spec.get("device"))
+    out["update_mfu_6nt"] = round(6 * params * trained / update / peak, 4) if peak and trained and update else None
+    state = run_dir / "run_state.json"
+    if state.exists():
+        rl = json.loads(state.read_text()).get("stages", {}).get("rl", {})
+        out["save_s"] = (rl.get("checkpoint_seconds") or [None])[-1]
+    return out
+
+
+def stage_train(spec: dict[str, Any], rec: Recorder) -> None:
+    import torch
+
+    from mmrl.cli import main as mmrl_main
+    from mmrl.run_log import read_metrics
+
+    cuda = gpu_mode(spec)
+    cap_memory(spec, rec)
+    model = model_folder(spec, rec)
+    params = parameters(model)
+    rec.set(model=str(model), params=params, size=spec.get("size", "3b") if cuda else "tiny")
+    root = run_root(spec, rec, params)
+    run_dir = root / "train-run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    argv = ["train", "--task", "video-qa", "--model", str(model), "--out", str(run_dir), *run_overrides(spec)]
+    rec.set(command="mmrl " + " ".join(shlex.quote(a) for a in argv), run_dir=str(run_dir))
+    cfg = run_config(spec, model)
+    rec.set(settings={"frames": cfg.data.media.max_frames, "video_pixels": cfg.data.media.video_max_pixels,
+                      "prompts_per_step": cfg.train.prompts_per_step, "group_size": cfg.rollout.group_size,
+                      "max_new_tokens": cfg.rollout.max_new_tokens, "micro_batch_size": cfg.train.micro_batch_size,
+                      "dtype": cfg.model.dtype, "gradient_checkpointing": cfg.model.gradient_checkpointing,
+                      "lora": cfg.model.lora, "answer_format": cfg.prompt.answer_format})
+    say(f"training: {rec.data['result']['command']}")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    rc: int | None = None
+    try:
+        rc = mmrl_main(argv)
+    finally:  # an out-of-memory error or a stop keeps what was measured
+        rec.set(train_exit=rc, wall_s=round(time.perf_counter() - t0, 1))
+        if cuda:
+            rec.set(peak_gb=round(torch.cuda.max_memory_allocated() / GB, 2),
+                    peak_reserved_gb=round(torch.cuda.max_memory_reserved() / GB, 2))
+        else:
+            rec.set(peak_gb=round(process_peak_gb(), 3))
+        rows = [r for r in read_metrics(run_dir) if r.get("stage") == "rl"]
+        if rows:
+            rec.set(**summarise_run(run_dir, rows, params, spec, cfg.train.prompts_per_step, cfg.rollout.group_size))
+        keep = Path(spec["work"]) / "stages" / "train"
+        for name in ("metrics.jsonl", "report.md", "config.yaml"):
+            if (run_dir / name).exists():
+                shutil.copy(run_dir / name, keep / name)
+        if root != Path(spec["work"]):  # /dev/shm is memory: the checkpoint goes
+            shutil.rmtree(run_dir, ignore_errors=True)
+    steps = int(spec.get("steps", 2))
+    rec.check("the run finished", rc == 0, f"exit status {rc}")
+    rec.check(f"{steps} RL steps logged", len(rows) == steps, len(rows))
+    finite = all(math.isfinite(r.get("grad_norm", float("nan"))) and math.isfinite(r.get("loss", 0.0))
+                 for r in rows)
+    rec.check("every step's loss and gradient norm are finite", bool(rows) and finite)
+
+
+# ------------------------------------------------------------------------------------------------ profile
+def register_cpu_attention() -> None:
+    """FLOP formulas for the CPU's fused attention kernel, which torch's counter does not know (CUDA's flash,
+    memory-efficient and cuDNN kernels it does): the same count as the other attention kernels."""
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd is not None and fwd not in fc.flop_registry:
+        @fc.register_flop_formula(fwd, get_raw=True)
+        def _fwd(query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_flop_count(query.shape, key.shape, value.shape)
+    if bwd is not None and bwd not in fc.flop_registry:
+        @fc.register_flop_formula(bwd, get_raw=True)
+        def _bwd(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return fc.sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+def _module_flops(counts: dict[str, dict[Any, int]], model: Any, attr: str) -> int | None:
+    """The FLOPs counted inside the model's submodule ``attr`` (``visual``, ``language_model``). The counter names
+    modules from the outermost one called: ``Outer.model.visual``, or the submodule's class name when mmrl calls
+    it directly."""
+    cls = next((type(m).__name__ for n, m in model.named_modules() if n.split(".")[-1] == attr), None)
+    found = [sum(ops.values()) for name, ops in counts.items() if name.endswith(f".{attr}") or name == cls]
+    return int(sum(found)) if found else None  # disjoint: nested calls and direct calls of the module
+
+
+def _attention_flops(counts: dict[str, dict[Any, int]]) -> int:
+    return int(sum(v for op, v in counts.get("Global", {}).items() if "attention" in str(op)))
+
+
+def top_kernels(prof: Any, cuda: bool, n: int = 12) -> list[dict[str, Any]]:
+    events = prof.key_averages()
+
+    def self_time(e: Any) -> float:
+        if cuda:
+            return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+        return float(e.self_cpu_time_total)
+
+    total = sum(self_time(e) for e in events) or 1.0
+    ranked = sorted(events, key=self_time, reverse=True)[:n]
+    return [{"name": e.key[:120], "ms": round(self_time(e) / 1e3, 2), "calls": int(e.count),
+             "share": round(self_time(e) / total, 3)} for e in ranked]
+
+
+def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mmrl.distributed import device_for
+    from mmrl.media import MediaPreparer
+    from mmrl.policy import checkpointing_switch, load_policy
+    from mmrl.prompts import encode_prompt
+    from mmrl.run import load_split
+
+    cuda = gpu_mode(spec)
+    cap_memory(spec, rec)
+    model = model_folder(spec, rec)
+    cfg = run_config(spec, model)
+    say(f"loading {model}")
+    policy = load_policy(model, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                         device=device_for(cfg.model.device))
+    # as `mmrl train` sets the policy up (mmrl.run._train)
+    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
+    policy.shared_prefix_forward = cfg.train.shared_prefix
+    policy.padding_free = cfg.train.padding_free
+    policy.cache_vision_features = cfg.model.cache_vision_features
+    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
+                         llm=not cfg.model.freeze_llm)
+    if cfg.model.lora is not None:
+        from mmrl.lora import apply_lora
+
+        apply_lora(policy, cfg.model.lora)
+    if cfg.model.gradient_checkpointing:
+        checkpointing_switch(policy.model, True)
+    policy.model.train()
+    samples, _ = load_split(cfg, "train", show_progress=False)
+    prompt, _media = encode_prompt(policy, MediaPreparer(cfg.data.media, family=policy.family), samples[0],
+                                   cfg.prompt)
+    rows, answer = cfg.train.micro_batch_size, cfg.rollout.max_new_tokens
+    g = torch.Generator().manual_seed(0)
+    words = int(policy.processor.tokenizer.vocab_size)  # ordinary tokens (the special ones come after them)
+    seqs = [prompt.extend(torch.randint(0, words, (answer,), generator=g).tolist(), trained=True)
+            for _ in range(rows)]
+    vision_tokens = sum(1 for t in prompt.mm_types if t)
+    rec.set(micro_batch={"rows": rows, "prompt_tokens": len(prompt), "vision_tokens": vision_tokens,
+                         "answer_tokens": answer, "tokens": sum(len(s) for s in seqs),
+                         "shared_prefix": bool(cfg.train.shared_prefix), "attention": cfg.model.attn_implementation,
+                         "gradient_checkpointing": bool(cfg.model.gradient_checkpointing), "dtype": cfg.model.dtype})
+    say(f"micro-batch: {rows} rows of {len(prompt)} prompt tokens ({vision_tokens} vision) + {answer} answer tokens")
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+
+    def forward() -> torch.Tensor:
+        policy.weights_changed()  # no vision features cached from the last pass: the tower runs, as in a step
+        logp, _ent, mask = policy.forward_logprobs(seqs, temperature=cfg.rollout.temperature, with_entropy=True,
+                                                   entropy_grad=bool(cfg.grpo.entropy_coef))
+        return -(logp * mask).sum() / mask.sum()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def zero() -> None:
+        for p in trainable:
+            p.grad = None
+
+    say("warm-up pass")
+    forward().backward()
+    zero()
+    sync()
+    register_cpu_attention()
+    say("counting FLOPs")
+    with FlopCounterMode(display=False) as fwd_counter:
+        loss = forward()
+    with FlopCounterMode(display=False) as bwd_counter:
+        loss.backward()
+    zero()
+    sync()
+    fwd, bwd = fwd_counter.get_flop_counts(), bwd_counter.get_flop_counts()
+    f_total, b_total = int(fwd_counter.get_total_flops()), int(bwd_counter.get_total_flops())
+    rec.set(flops_forward=f_total, flops_backward=b_total,
+            flops_vision_forward=_module_flops(fwd, policy.model, "visual"),
+            flops_language_forward=_module_flops(fwd, policy.model, "language_model"),
+            flops_attention_forward=_attention_flops(fwd), flops_attention_backward=_attention_flops(bwd))
+    reps = 3 if cuda else 1
+    times = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() / GB if cuda else None
+    for i in range(reps):
+        say(f"timed pass {i + 1}/{reps}")
+        sync()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            forward().backward()
+            end.record()
+            sync()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            forward().backward()
+            times.append(time.perf_counter() - t0)
+        zero()
+    seconds = statistics.median(times)
+    peak = peak_flops(torch.cuda.get_device_name(0)) if cuda else None
+    model_flops = 3 * f_total  # forward + backward (twice the forward): without the checkpointed recompute
+    rec.set(seconds=round(seconds, 4), seconds_all=[round(t, 4) for t in times],
+            model_flops=model_flops, hardware_flops=f_total + b_total,
+            achieved_tflops=round(model_flops / seconds / 1e12, 2),
+            mfu=round(model_flops / seconds / peak, 4) if peak else None,
+            hfu=round((f_total + b_total) / seconds / peak, 4) if peak else None,
+            tokens_per_s=round(sum(len(s) for s in seqs) / seconds, 1))
+    if cuda:
+        rec.set(peak_gb=round(torch.cuda.max_memory_allocated() / GB, 2), allocated_before_gb=round(before, 2))
+    else:
+        rec.set(peak_gb=round(process_peak_gb(), 3))
+    say("profiling one pass")
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        forward().backward()
+        sync()
+    zero()
+    rec.set(top_kernels=top_kernels(prof, cuda))
+    rec.check("FLOPs counted in the forward and the backward", f_total > 0 and b_total > 0,
+              f"{f_total:.3e} + {b_total:.3e}")
+    vis = rec.data["result"]["flops_vision_forward"]
+    rec.check("the vision tower's FLOPs are counted", bool(vis), vis)
+    rec.check("attention FLOPs are counted", rec.data["result"]["flops_attention_forward"] > 0,
+              rec.data["result"]["flops_attention_forward"])
+
+
+# ------------------------------------------------------------------------------------------------ DeepSpeed
+def _weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    out: dict[str, Any] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _ds_train(out: Path, extra: list[str], env: dict[str, str], log: Path) -> int:
+    cmd = [sys.executable, "-m", "perf.gpu_check.stages", "mmrl", "train", "--quiet", "--out", str(out), *extra]
+    say("mmrl " + " ".join(shlex.quote(a) for a in cmd[4:]))
+    with open(log, "a") as f:
+        done = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
+    if done.returncode:
+        print(log.read_text()[-3000:], flush=True)
+    return done.returncode
+
+
+def stage_deepspeed(spec: dict[str, Any], rec: Recorder) -> None:
+    try:
+        import deepspeed
+    except Exception as exc:  # noqa: BLE001 - any import failure means the stage cannot run here
+        rec.skip(f"deepspeed does not import ({type(exc).__name__}: {exc}); `make gpu-wheels` carries it")
+        return
+    import torch
+
+    cuda = gpu_mode(spec)
+    model = model_folder(spec, rec, tiny=True)
+    rec.set(deepspeed=deepspeed.__version__, model=str(model), params=parameters(model))
+    env = dict(os.environ)
+    if cuda:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS (torch's deterministic algorithms)
+        settings = ["model.dtype=bf16", "model.attn_implementation=eager"]  # eager: no atomics in attention's backward
+    else:
+        env["DS_ACCELERATOR"] = "cpu"
+        settings = ["model.dtype=fp32"]
+    base = ["--model", str(model), *DS_RUN, *settings]
+    work = Path(spec["work"]) / "deepspeed"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log = work / "runs.log"
+    for zero in spec.get("zero") or ["zero2", "zero3"]:
+        straight, resumed = work / zero / "straight", work / zero / "resumed"
+        t0 = time.perf_counter()
+        if not rec.check(f"{zero}: 4 steps in one process", _ds_train(straight, [*base, f"train.deepspeed={zero}"],
+                                                                       env, log) == 0):
+            continue
+        rec.check(f"{zero}: the checkpoint holds DeepSpeed's state", (straight / "checkpoint-2" / "deepspeed").is_dir())
+        # as if killed after checkpoint-2: the run folder without what came later, then --resume
+        shutil.copytree(straight, resumed, ignore=shutil.ignore_patterns("checkpoint-4", "final"))
+        (resumed / "latest").write_text("checkpoint-2\n")
+        state = json.loads((resumed / "run_state.json").read_text())
+        state["stages"].pop("rl", None)
+        (resumed / "run_state.json").write_text(json.dumps(state))
+        if not rec.check(f"{zero}: resumed from checkpoint-2", _ds_train(resumed, [*base, f"train.deepspeed={zero}",
+                                                                                   "--resume"], env, log) == 0):
+            continue
+        a, b = _weights(straight / "final"), _weights(resumed / "final")
+        start = _weights(straight / "checkpoint-2")
+        differ = [k for k in a if k not in b or not torch.equal(a[k], b[k])]
+        worst = max((float((a[k].float() - b[k].float()).abs().max()) for k in a if k in b), default=0.0)
+        moved = sum(1 for k in start if k in a and not torch.equal(start[k], a[k]))
+        rec.set(**{f"{zero}_tensors": len(a), f"{zero}_tensors_differing_after_resume": len(differ),
+                   f"{zero}_max_abs_diff_after_resume": worst, f"{zero}_tensors_moved_after_step_2": moved,
+                   f"{zero}_seconds": round(time.perf_counter() - t0, 1)})
+        rec.check(f"{zero}: steps 3-4 moved the weights", moved > 0, f"{moved} of {len(start)} tensors")
+        rec.check(f"{zero}: the resumed run's final weights equal the uninterrupted run's bit for bit", not differ,
+                  f"{len(differ)} of {len(a)} tensors differ, max |diff| {worst:.2e}" if differ else f"{len(a)} tensors")
+
+
+STAGES = {"environment": stage_environment, "gpu-tests": stage_gpu_tests, "train": stage_train,
+          "profile": stage_profile, "deepspeed": stage_deepspeed}
+
+
+def run_mmrl(argv: list[str]) -> int:
+    """``mmrl ARGV`` with torch's deterministic algorithms (warnings name any operation that has none)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    from mmrl.cli import main
+
+    return main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["mmrl"]:
+        return run_mmrl(argv[1:])
+    p = argparse.ArgumentParser(prog="python -m perf.gpu_check.stages")
+    p.add_argument("stage", choices=list(STAGES))
+    p.add_argument("--spec", required=True)
+    p.add_argument("--result", required=True)
+    args = p.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    rec = Recorder(Path(args.result))
+    say(f"stage {args.stage} ({spec.get('mode')} mode), Python {platform.python_version()}, {sys.executable}")
+    try:
+        STAGES[args.stage](spec, rec)
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the stage fails
+        text = traceback.format_exc()
+        print(text, flush=True)
+        rec.error(f"{type(exc).__name__}: {str(exc)[:2000]}")
+        return 1
+    return 0 if rec.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
