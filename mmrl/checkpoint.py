@@ -7,7 +7,9 @@ sampler position, the curriculum stage, plugin states, the step; plain data and 
 model, and ``mmrl_eval.json``: the run's prompt, generation and media settings, which ``mmrl eval --model``
 uses so that a model is evaluated the way it was trained (every model folder a run writes has it: the
 checkpoints, ``final/``, ``sft-model/``). It is written to a temporary folder and renamed, so a run
-killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one.
+killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one. Every
+model folder names its tensors as the model family's published checkpoints do, however the run loaded and
+sharded the model (:func:`save_pretrained`), so vLLM and transformers load it as they load the original.
 
 With LoRA (``model.lora``, :mod:`mmrl.lora`) a checkpoint holds the adapters in PEFT format
 (``adapter_config.json``, ``adapter_model.safetensors``) instead of the model, and
@@ -83,6 +85,18 @@ def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """The model's config and weights as a Hugging Face folder, the tensors under the names of the model
+    family's published checkpoints (:func:`published_names`), however the model was loaded: every model folder
+    mmrl writes (checkpoints, ``final/``, ``sft-model/``, LoRA merged exports) is written here. ``state``: the
+    tensors by the model's own parameter names (ZeRO-3 gathered, LoRA merged); None: the model's own."""
+    state = model.state_dict() if state is None else state
+    names = published_names(model, list(state))
+    model.save_pretrained(folder, state_dict={names[k]: v for k, v in state.items()}, save_original_format=False,
+                          safe_serialization=True)
+    return folder
+
+
 def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None, *,
                weights: dict[str, torch.Tensor] | None = None,
                adapter_weights: dict[str, torch.Tensor] | None = None) -> Path:
@@ -96,7 +110,7 @@ def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: d
         lora.merged_export(model, processor, folder, state=weights)
         lora.save_adapters(model, folder / lora.ADAPTER_DIR, state=adapter_weights)
     else:
-        model.save_pretrained(folder, state_dict=weights, safe_serialization=True)
+        save_pretrained(folder, model, weights)
         processor.save_pretrained(folder)
     if settings is not None:
         (folder / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
@@ -220,9 +234,11 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     for f in files:
         state.update(load_file(f))
     own = set(model.state_dict())
-    if not set(state) <= own:  # saved in the original checkpoint format: map the names back
-        names = _saved_names(model)
-        state = {names.get(k, k): v for k, v in state.items()}
+    if not set(state) <= own:  # under the published names (or the names ZeRO-3 runs wrote before): map them back
+        names = sorted(own)
+        back = {saved: name for legacy in (True, False)  # the published names win where both give one
+                for name, saved in published_names(model, names, legacy=legacy).items()}
+        state = {back.get(k, k): v for k, v in state.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if "lm_head" in k or "embed_tokens" in k}
     if set(missing) - tied or unexpected:
@@ -230,15 +246,30 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
                            f"unexpected {sorted(unexpected)[:5]})")
 
 
-def _saved_names(model: torch.nn.Module) -> dict[str, str]:
-    """Saved tensor name -> the model's parameter name.
+def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = False) -> dict[str, str]:
+    """The model's own parameter name -> the name its family's published checkpoints give the tensor
+    (Qwen2-VL, Qwen2.5-VL: ``model.layers.*``, ``visual.*`` for ``model.language_model.layers.*``,
+    ``model.visual.*``; Qwen3-VL: its own names): what transformers' ``save_pretrained`` writes for a model
+    built from its config.
 
-    ``save_pretrained`` writes weights under the original checkpoint names (Qwen2-VL and Qwen2.5-VL save
-    ``model.layers.*`` for the model's ``model.language_model.layers.*``); ``from_pretrained`` renames them
-    back. Run the same renaming on index-tagged tensors to learn the mapping.
-    """
+    Not what ``save_pretrained`` of the live model writes: that reverts the renamings recorded when the model
+    was loaded, and a model loaded already partitioned (ZeRO-3 on several ranks, through transformers'
+    DeepSpeed loader) records every renaming of its family, used or not, so its folders held
+    ``model.model.layers.*`` (Qwen3-VL: ``model.language_model.model.*``), which vLLM refuses. ``legacy``:
+    those names (how such folders were written before; :func:`load_weights` reads them)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import revert_weight_conversion
 
-    keys = list(model.state_dict())
-    reverted = revert_weight_conversion(model, {k: torch.tensor([i]) for i, k in enumerate(keys)})
-    return {saved: keys[int(t.reshape(-1)[0])] for saved, t in reverted.items() if t.numel() == 1}
+    recorded = model.__dict__.pop("_weight_conversions", None)
+    # None: transformers' own rule for a model that from_pretrained did not load
+    model.__dict__["_weight_conversions"] = get_model_conversion_mapping(model) if legacy else None
+    try:
+        reverted = revert_weight_conversion(model, {k: torch.tensor([i]) for i, k in enumerate(names)})
+    finally:
+        model.__dict__["_weight_conversions"] = recorded
+    out = {names[int(t.reshape(-1)[0])]: saved for saved, t in reverted.items() if t.numel() == 1}
+    if len(out) != len(names) or len(set(out.values())) != len(names):
+        raise RuntimeError(f"{type(model).__name__}: transformers' checkpoint names are not a one-to-one renaming "
+                           f"of the model's parameter names ({len(names)} names, {len(out)} renamed); mmrl cannot "
+                           "write this model's folders")
+    return out

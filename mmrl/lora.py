@@ -282,10 +282,11 @@ def merged_export(policy: Any, processor: Any, folder: str | Path, *,
     """A plain Hugging Face model folder (config, merged safetensors weights, processor) that
     ``AutoModelForImageTextToText.from_pretrained`` loads, written without changing the live model.
     ``state``: the merged weights where the live model does not hold them (ZeRO-3)."""
+    from mmrl.checkpoint import save_pretrained
+
     model = _model(policy)
     folder = Path(folder)
-    model.save_pretrained(folder, state_dict=state if state is not None else merged_state_dict(model),
-                          safe_serialization=True)
+    save_pretrained(folder, model, state if state is not None else merged_state_dict(model))
     if processor is not None:
         processor.save_pretrained(folder)
     return folder

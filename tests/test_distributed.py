@@ -21,6 +21,7 @@ import psutil
 import pytest
 import torch
 from mixed_data import make_mixed, mixed_run
+from model_names import assert_published_names
 from safetensors.torch import load_file
 from synthetic_media import model_weights
 
@@ -102,8 +103,8 @@ def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: P
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
     assert any(abs(r["loss"]) > 1e-4 for r in one) and all(r["reward_std"] > 0 for r in one)
-    # by the model's own names: a model loaded already partitioned (ZeRO-3 on several ranks) saves the current
-    # names, one loaded whole the checkpoint's original ones; from_pretrained reads both
+    # every model folder under the published checkpoint's names, the model loaded whole or already partitioned
+    assert_published_names(single / "final", single / "checkpoint-4", straight / "final", straight / "checkpoint-4")
     w1, w2 = model_weights(single / "final"), model_weights(straight / "final")
     assert set(w1) == set(w2)
     # Per tensor, the two runs' total updates agree to 1% of the update's size. (Not a plain allclose: Adam
@@ -141,6 +142,7 @@ def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: P
     assert not (killed / "final").exists() and not (killed / "checkpoint-4").exists()  # killed mid-run
     train(killed, env, 2, f"train.deepspeed={stage}", "--resume")
     w3 = model_weights(killed / "final")
+    assert_published_names(killed / "final")
     differ = [k for k in w2 if not torch.equal(w2[k], w3[k])]
     assert not differ, f"{len(differ)} tensors differ after the resume, e.g. {differ[:3]}"
     assert [r["step"] for r in rl_rows(killed)] == [1, 2, 3, 4]
@@ -192,6 +194,7 @@ def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path
         assert a["kl"] == pytest.approx(b["kl"], rel=1e-3, abs=1e-9)
     a1 = load_file(tmp_path / "one" / "final" / "adapter" / "adapter_model.safetensors")
     a2 = load_file(tmp_path / "two" / "final" / "adapter" / "adapter_model.safetensors")
+    assert_published_names(tmp_path / "one" / "final", tmp_path / "two" / "final")  # merged
     assert set(a1) == set(a2) and any(k for k in a1 if "lora_B" in k)
     assert any(float(a1[k].abs().max()) > 1e-4 for k in a1 if "lora_B" in k)  # lora_B starts at 0: it moved
     # Every adapter weight agrees to 1% of one Adam step (lr 1e-3). Not an element-wise rtol: Adam divides by
