@@ -77,7 +77,7 @@ def bench_scaling(root: Path, *, ranks: int = 2, prompts: int = 4, mini: int = 1
     when they are all busy, the best the ranks can do here)."""
     (root / "perf_reward.py").write_text(REWARD)
     kw = {"prompts": prompts, "mini": mini, "steps": steps, "group": group, "tokens": tokens, "micro": micro}
-    _result(*_launch(root, "warm-up", 1, **{**kw, "steps": 1}), 1)  # builds the tiny model and the toy world
+    _result(*_launch(root, "warm-up", 1, **{**kw, "steps": 2}), 1)  # builds the tiny model and the toy world
     one = _result(*_launch(root, "one", 1, **kw), 1)
     many = _result(*_launch(root, "ranks", ranks, **kw), ranks)
     alone = [_launch(root, f"alone{i}", 1, **kw) for i in range(ranks)]
