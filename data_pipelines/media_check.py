@@ -7,21 +7,30 @@ MP4 files whose header still reads fine. :func:`check_files` checks many files a
 remembers each verdict in ``<mmrl cache>/media-check.json`` under the file's path, size and modification
 time, so a second run (or a resume) re-checks only files that changed. The decoders' own messages on the
 console (ffmpeg, decord) are held back while checking: the reason returned says what is wrong.
+
+In a distributed run (:func:`spread_checks`, which ``mmrl train`` sets up through
+``mmrl.distributed.World.spread_media_checks``) the processes share the work out: the files that any
+process's cache has no verdict for are split among all of them, each checks its share, and the verdicts are
+gathered, so that a large video set is checked by every GPU's process, on every node, at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import json
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmrl_common.errors import MediaError
+from mmrl_common.errors import DataError, MediaError
 
 from .schema import MediaItem, Sample
 
@@ -148,7 +157,8 @@ class CheckCache:
             return
         merged = {**CheckCache(self.path).data, **self.data}
         kept = {k: v for k, v in merged.items() if os.path.exists(k.split(":", 2)[2])}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # a shared cache:
+        # another machine's process may have this pid
         tmp.write_text(json.dumps(kept))
         tmp.replace(self.path)
 
@@ -159,43 +169,135 @@ def default_cache_file() -> Path:
     return cache_dir() / CACHE_FILE
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How :func:`check_files` shares its work among the processes of a distributed run: ``gather(obj)``
+    returns every process's ``obj`` in process order, on every process (a collective: every process calls
+    it); ``rank`` / ``size``: this process's place; ``save``: this process writes the verdicts into its
+    cache file (one process per machine, whose cache it is); ``local_size``: processes on this machine
+    (their checking threads share its cores)."""
+
+    gather: Callable[[Any], list[Any]]
+    rank: int
+    size: int
+    save: bool = True
+    local_size: int = 1
+
+
+LAST_CHECK: dict[str, int] = {}
+"""What this process's last :func:`check_files` call did: ``files``; ``cached_here`` (verdicts its cache
+had); ``checked`` (files checked by all processes); ``checked_here`` (by this one); ``processes``."""
+
+_SPREAD: contextvars.ContextVar[Spread | None] = contextvars.ContextVar("mmrl_media_check_spread", default=None)
+
+
+@contextlib.contextmanager
+def spread_checks(spread: Spread) -> Iterator[None]:
+    """Inside the block, :func:`check_files` shares its work out as ``spread`` says. Every process must make
+    the same calls (the same data, in the same order), as the ranks of a run loading their data do."""
+    token = _SPREAD.set(spread)
+    try:
+        yield
+    finally:
+        _SPREAD.reset(token)
+
+
 def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True, workers: int | None = None,
                 cache_file: Path | None | bool = True, progress: bool = False, desc: str = "check media"
                 ) -> dict[tuple[str, str], str | None]:
     """``{(path, kind): reason or None}`` for every ``(path, kind)``; checked on ``workers`` threads (default:
-    the CPU count, 2 to 8) with the decoders' console messages held back. ``cache_file``: True for the mmrl
-    cache's ``media-check.json``, a path, or None/False for no cache."""
+    the CPU count, 2 to 8, divided among the processes on this machine when the check is spread) with the
+    decoders' console messages held back. ``cache_file``: True for the mmrl cache's ``media-check.json``, a
+    path, or None/False for no cache. Inside :func:`spread_checks` the files are shared out among the
+    processes, which must all pass the same files (the same kinds and sizes in the same order; the paths may
+    differ, as a toy world in each machine's own cache does): a difference raises :class:`DataError` on
+    every process."""
     todo = list(dict.fromkeys((str(p), k) for p, k in files))
     cache = CheckCache(default_cache_file() if cache_file is True else (cache_file or None))
     out: dict[tuple[str, str], str | None] = {}
     stamps: dict[tuple[str, str], list[int] | None] = {}
-    pending = []
-    for path, kind in todo:
+    pending: list[int] = []  # indices into todo
+    for i, (path, kind) in enumerate(todo):
         stamps[(path, kind)] = stamp = CheckCache.stamp(path)
         hit, reason = cache.get(_cache_key(path, kind, decode), stamp)
         if hit:
             out[(path, kind)] = reason
         else:
-            pending.append((path, kind))
-    if pending:
-        n = workers if workers is not None else max(2, min(8, os.cpu_count() or 2))
+            pending.append(i)
+    spread = _SPREAD.get()
+    if spread is not None and spread.size > 1:
+        mine = _spread_pending(spread, todo, stamps, pending)
+        share = max(1, spread.local_size)
+    else:
+        mine, share = pending, 1
+    verdicts: dict[int, str | None] = {}
+    if mine:
+        n = workers if workers is not None else max(2, min(8, os.cpu_count() or 2)) // share or 1
         with quiet_native_stderr() as console:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(pending), desc=desc, unit="file", leave=False, disable=not progress,
-                       file=console)
+            bar = tqdm(total=len(mine), desc=desc, unit="file", leave=False, disable=not progress, file=console)
             with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
-                for key, reason in zip(pending, pool.map(lambda pk: check_media_file(pk[0], pk[1], decode=decode),
-                                                         pending)):
-                    out[key] = reason
-                    cache.put(_cache_key(*key, decode), stamps[key], reason)
+                for i, reason in zip(mine, pool.map(lambda i: check_media_file(*todo[i], decode=decode), mine)):
+                    verdicts[i] = reason
                     bar.update(1)
             bar.close()
+    if spread is not None and spread.size > 1:
+        for part in spread.gather(sorted(verdicts.items())):
+            verdicts.update(part)
+    for i, reason in verdicts.items():
+        key = todo[i]
+        out[key] = reason
+        cache.put(_cache_key(*key, decode), stamps[key], reason)
+    if verdicts and (spread is None or spread.save):
         try:
             cache.save()
         except OSError:
             pass  # a read-only cache folder only costs a re-check next time
+    if verdicts and spread is not None and spread.size > 1:
+        spread.gather(None)  # the caches written before any process reads them again (its next check)
+    LAST_CHECK.clear()
+    LAST_CHECK.update(files=len(todo), cached_here=len(todo) - len(pending), checked=len(verdicts),
+                      checked_here=len(mine), processes=spread.size if spread is not None else 1)
     return out
+
+
+def _spread_pending(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tuple[str, str], list[int] | None],
+                    pending: list[int]) -> list[int]:
+    """This process's share of the files that some process has no cached verdict for (one collective).
+    Every process must see the same files: a different list (a file missing on one machine, another size)
+    raises the same DataError on all of them."""
+    digest = hashlib.sha256(json.dumps([[k, (stamps[(p, k)] or [None])[0]] for p, k in todo]).encode()).hexdigest()
+    missing = bytearray((len(todo) + 7) // 8)
+    for i in pending:
+        missing[i >> 3] |= 1 << (i & 7)
+    views = spread.gather((digest, len(todo), bytes(missing)))
+    if any(v[0] != views[0][0] for v in views):
+        odd = next(r for r, v in enumerate(views) if v[0] != views[0][0])
+        detail = _first_difference(spread, todo, stamps, odd)
+        raise DataError(f"media check: process {odd} sees other media files than process 0 ({detail}); every "
+                        "machine of a run must see the same data (put it on storage every machine shares)")
+    union = bytearray(len(views[0][2]))
+    for _, _, bits in views:
+        for j, b in enumerate(bits):
+            union[j] |= b
+    todo_missing = [i for i in range(len(todo)) if union[i >> 3] >> (i & 7) & 1]
+    return todo_missing[spread.rank::spread.size]  # strided: a folder's large files spread over everyone
+
+
+def _first_difference(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tuple[str, str], list[int] | None],
+                      odd: int) -> str:
+    """Where process ``odd``'s files first differ from process 0's (a second collective, on the error path)."""
+    views = spread.gather([(p, k, (stamps[(p, k)] or [None])[0]) for p, k in todo])
+    a, b = views[0], views[odd]
+    if len(a) != len(b):
+        return f"{len(b)} files there, {len(a)} on process 0"
+    for (p0, _, s0), (p1, _, s1) in zip(a, b):
+        if s0 != s1:
+            def say(s: int | None) -> str:
+                return "missing" if s is None else f"{s} bytes"
+            return f"{p1}: {say(s1)} there, {p0}: {say(s0)} on process 0"
+    return "the kinds of the files differ"
 
 
 def check_samples_media(samples: Iterable[Sample], base_dir: str | Path | None, *, decode: bool = True,

@@ -177,6 +177,8 @@ def _join_world(cfg: Any) -> Any:
     from mmrl import distributed
 
     w = distributed.init(cfg.model.device, timeout_minutes=cfg.train.dist_timeout_minutes)
+    if cfg.rollout.backend == "vllm":  # an engine's ranks inside one node, said before anything loads
+        w.check_block(cfg.rollout.vllm.tensor_parallel_size)
     if not w.is_main:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
     return w
@@ -233,7 +235,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mmrl.distributed import device_for
     from mmrl.evaluate import evaluate
     from mmrl.policy import load_policy
-    from mmrl.run import load_split, resolve_model, set_cpu_threads
+    from mmrl.run import load_split, resolve_model, set_cpu_threads, split_path
     from mmrl.service import RolloutService
 
     cfg = _load(args)
@@ -249,9 +251,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_paths(cfg)
     w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet and w.is_main)
-    with w.main_first():  # rank 0 builds what is cached (the toy world, a tiny model) before the others read it
-        samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
+    with w.node_first():  # each node's local rank 0 builds the node's cache (toy world, tiny model) first
+        split_path(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
         model_dir = resolve_model(cfg)
+    with w.spread_media_checks():  # every rank checks its share of the media files
+        samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
     if cfg.eval.limit:
         samples = samples[:cfg.eval.limit]
     policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,

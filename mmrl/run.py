@@ -79,19 +79,9 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
     records are left out, printed (FILE:LINE: reason) and listed in ``info["skipped_records"]``."""
     from data_pipelines.loaders import load_samples
 
-    path = getattr(cfg.data, split)
+    path = split_path(cfg, split, show_progress=show_progress)
     if path is None:
-        if cfg.data.train is not None:
-            if split == "train":
-                raise ConfigError("data.train is required")
-            return [], {"split": split, "path": None}  # the report says there was none
-        from data_pipelines.toy import ensure_toy
-
-        toy = ensure_toy(seed=cfg.data.toy_seed, size=cfg.data.toy_size or "default",
-                         tasks=cfg.data.toy_tasks or None, world=cfg.data.toy_world, progress=show_progress)
-        path = str(Path(toy) / f"{split}.jsonl")
-    if not Path(path).exists():
-        raise ConfigError(f"data.{split}: file not found: {path}")
+        return [], {"split": split, "path": None}  # the report says there was none
     check = None if cfg.data.check_media == "none" else cfg.data.check_media
     result = load_samples(path, fmt=cfg.data.format, columns=cfg.data.columns or None,
                           media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample,
@@ -122,6 +112,60 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
             print(f"  {p}", flush=True)
         print(numbering_note(result.problems), end="", flush=True)
     return samples, info
+
+
+def split_path(cfg: RunConfig, split: str, *, show_progress: bool = True) -> str | None:
+    """The data file of a split: the user's (``data.<split>``), None when the user gave training data but
+    none for this split, or the toy world's, which is built here into the mmrl cache on first use."""
+    path = getattr(cfg.data, split)
+    if path is None:
+        if cfg.data.train is not None:
+            if split == "train":
+                raise ConfigError("data.train is required")
+            return None
+        from data_pipelines.toy import ensure_toy
+
+        toy = ensure_toy(seed=cfg.data.toy_seed, size=cfg.data.toy_size or "default",
+                         tasks=cfg.data.toy_tasks or None, world=cfg.data.toy_world, progress=show_progress)
+        path = str(Path(toy) / f"{split}.jsonl")
+    if not Path(path).exists():
+        raise ConfigError(f"data.{split}: file not found: {path}")
+    return str(path)
+
+
+def shared_inputs(cfg: RunConfig) -> dict[str, str | Path | None]:
+    """What every node of a run must see alike (on shared storage): the user's data and model."""
+    files: dict[str, str | Path | None] = {f"data.{s}": getattr(cfg.data, s) for s in ("train", "val", "test")}
+    files["data.media_root"] = cfg.data.media_root
+    files["model.path"] = Path(cfg.model.path) / "config.json" if cfg.model.path else None
+    return files
+
+
+def check_run_folder_shared(w: Any, cfg_path: Path, text: str, *, wait_s: float = 10.0) -> None:
+    """Every rank reads rank 0's ``config.yaml`` (``text``) from the run folder: the folder is on storage every
+    node shares, where the other ranks' checkpoint files (their random states, ZeRO shards) must go too. A
+    rank waits up to ``wait_s`` for a network file system to show the file; then every rank raises the
+    same error if one does not see it."""
+    if not w.active:
+        return
+    import socket
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            seen = cfg_path.read_text() == text
+        except OSError:
+            seen = False
+        if seen or w.is_main or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    views = w.gather((seen, socket.gethostname()))
+    blind = [f"rank {r} (host {host})" for r, (ok, host) in enumerate(views) if not ok]
+    if blind:
+        raise MmrlError(f"the run folder {cfg_path.parent}: {', '.join(blind[:4])}{' ...' if len(blind) > 4 else ''} "
+                        f"cannot read the config.yaml that rank 0 (host {views[0][1]}) wrote there; on several nodes "
+                        "the run folder, the data and the model must be on storage every node shares (the same path "
+                        "on each), while MMRL_CACHE and HOME are each node's own")
 
 
 class RunState:
@@ -203,8 +247,10 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     if resume and w.is_main:
         _note_schedule_change(cfg_path, cfg, run_dir)
     w.barrier()  # every rank has checked the folder before rank 0 writes into it
+    cfg_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     if w.is_main:
-        cfg_path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        cfg_path.write_text(cfg_text)
+    check_run_folder_shared(w, cfg_path, w.broadcast(cfg_text))
     state = RunState(run_dir)
     states.append(state)
     log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show_progress)
@@ -214,8 +260,12 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     state.save()
 
     seed_everything(cfg.train.seed)
-    with w.main_first():  # rank 0 builds what is cached (the tiny model, the toy world) before the others read it
+    w.check_same_files(shared_inputs(cfg))  # several nodes: the same data and model on each
+    with w.node_first():  # each node's local rank 0 builds the node's cache (tiny model, toy world) first
         model_dir = resolve_model(cfg)
+        for split in ("train", cfg.eval.split):
+            split_path(cfg, split, show_progress=show_progress)
+    with w.spread_media_checks():  # every rank checks its share of the media files; the verdicts gathered
         train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
         eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
     if cfg.eval.limit:

@@ -32,7 +32,7 @@ def cli_run(args: argparse.Namespace, cfg: Any, checks: dict[str, dict[str, Any]
         raise MmrlError("--benchmark needs --data-root DIR (the folder the benchmark was downloaded to)")
     if cfg.model.path and not Path(cfg.model.path).exists():
         raise MmrlError(f"--model: folder not found: {cfg.model.path}")
-    with world().main_first():  # rank 0 builds a cached model (the tiny one) before the others read it
+    with world().node_first():  # each node's local rank 0 builds a cached model (the tiny one) first
         model = resolve_model(cfg)
     if getattr(args, "lmms_eval", False):
         from mmrl.lmms_bridge import run_lmms_eval
