@@ -19,6 +19,7 @@ import torch
 from perf.gpu_check.runner import BUDGET_EXCEEDED, FAILED, run
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.xdist_group("gpu_check")  # one worker: the tiny model and toy world are built once
 
 
 @pytest.fixture(scope="module")
