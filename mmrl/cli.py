@@ -151,5 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if "torch.distributed" in sys.modules:  # a command that joined a process group leaves it
         from mmrl.distributed import finish
 
+        if "mmrl.vllm_backend" in sys.modules:  # vLLM's engines leave their groups before the group they sit on
+            sys.modules["mmrl.vllm_backend"].close_engines()
         finish()
     return code

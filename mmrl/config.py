@@ -229,7 +229,11 @@ class VLLMConfig:
     enforce_eager: bool | None = None
     """Skip CUDA graphs and compilation (less memory and a faster start, slower decoding); null: on CPUs only."""
     max_num_seqs: int | None = None
-    """Sequences the engine decodes at once (null: vLLM's default)."""
+    """Sequences the engine decodes at once (null: what one rollout call of the run asks for: the prompts a rank
+    rolls out per step times rollout.group_size, or eval.batch_size if larger)."""
+    max_num_batched_tokens: int | None = None
+    """Tokens the engine schedules in one forward step (null: max_model_len, so a whole prompt with its media
+    prefills in one step, and at least max_num_seqs; vLLM's own default grows with the GPU)."""
     enable_sleep_mode: bool = False
     """The engine sleeps after each rollout session and wakes before the next, so the update has its memory
     (CUDA only)."""
@@ -238,8 +242,15 @@ class VLLMConfig:
     again at waking anyway, so 2 saves host memory)."""
     kv_cache_gb: int = 1
     """The KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE when not set already); GPUs use gpu_memory_utilization."""
-    max_media_per_prompt: int = 8
-    """Images and videos (each) one prompt may carry."""
+    max_media_per_prompt: int | None = None
+    """Images and videos (each) one prompt may carry (null: from the run's data: the most images and videos
+    one record holds, a video counted once per frame with prompt.video_layout=frames, and more for each later
+    turn with an environment). vLLM sizes its memory profile by it; a prompt with more is refused."""
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Settings of the engine's media processor, over the derived ones (empty: the image budget, images_kwargs.
+    size, from data.media, the records' sampling hints and the environment's max_pixels, within the model
+    folder's processor bounds, so the engine tokenises media as the trainer does and sizes its memory profile
+    for the run's images; the video processor keeps the folder's settings)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -248,6 +259,10 @@ class VLLMConfig:
             raise ConfigError(f"rollout.vllm.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 16:
             raise ConfigError(f"rollout.vllm.max_model_len={self.max_model_len}: too small for any prompt")
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_media_per_prompt"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"rollout.vllm.{key}={value}: must be >= 1 (or null: derived from the run)")
 
 
 @dataclass
@@ -272,8 +287,11 @@ class RolloutConfig:
     """Settings of the environment."""
     max_turns: int = 1
     """Most assistant turns per episode with an environment."""
-    record_logprobs: bool = False
-    """Keep the sampling log-probabilities of every rollout token in the batch (``rollout_logprobs``)."""
+    record_logprobs: bool | None = None
+    """Keep the sampling log-probabilities of every rollout token in the batch (``rollout_logprobs``); each step
+    then logs rollout_logprob_gap, the mean |training - rollout| log-prob per token, and the run-health check
+    warns when it grows. null: on with rollout.backend=vllm at temperature 1 (the engine's numbers are not the
+    trainer's: the gap is worth watching), off otherwise."""
     record_entropies: bool = False
     """Keep the per-token entropies of every rollout in the batch (``entropies``; rewards see them)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -300,6 +318,14 @@ class RolloutConfig:
         if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
             raise ConfigError(f"rollout.max_new_tokens={self.max_new_tokens}: a completion needs at least one new "
                               "token; use e.g. 64 (the toy answers) or 512-1024 (reasoning)")
+        if self.record_logprobs is None:  # vLLM's log-probs are exact at temperature 1 only (mmrl.vllm_backend)
+            self.record_logprobs = self.backend == "vllm" and self.temperature == 1.0
+        if self.backend == "vllm":
+            from mmrl.preflight import check_sleep_mode_allocator, check_version
+
+            check_version("vllm", setting="rollout.backend=vllm")
+            if self.vllm.enable_sleep_mode:
+                check_sleep_mode_allocator()
         if self.backend not in ("hf", "vllm"):  # another backend is one an imports: module registered
             from mmrl.rollout import BACKENDS
 
@@ -387,6 +413,10 @@ class TrainConfig:
     'mmrl[wandb]'). Empty: none."""
 
     def __post_init__(self) -> None:
+        if self.deepspeed:
+            from mmrl.preflight import check_version
+
+            check_version("deepspeed", setting=f"train.deepspeed={self.deepspeed}")
         if self.offload != "none" and not self.deepspeed:
             raise ConfigError(f"train.offload={self.offload} is DeepSpeed's CPU offload: set train.deepspeed=zero2 "
                               "or zero3 too")

@@ -8,7 +8,13 @@ last step of a shorter run), warns when
   gives GRPO nothing to compare, e.g. a format reward that no completion earns;
 * most multiple-choice answers name the same option although the data's answers do not
   (``one_answer``): the policy collapsed onto one answer;
-* most groups have the same reward for every rollout (``equal_reward_groups``): their advantages are 0.
+* most groups have the same reward for every rollout (``equal_reward_groups``): their advantages are 0;
+* the train/rollout log-prob gap (``rollout_logprob_gap``, logged with ``rollout.record_logprobs``: on by
+  default with the vLLM backend) grows (``logprob_gap``): over the window's last quarter it is above
+  :data:`GAP_FLOOR` nats per token and :data:`GAP_GROWTH` times what it was over the run's first steps, or
+  above :data:`GAP_HIGH` whatever it started at. The engine then samples from another distribution than the
+  one training scores, and the update is off-policy by that much (a known road to collapse in RL with a
+  separate inference engine).
 
 Each warning is printed once with what to try, and logged as ``warning/<kind>`` in that step's line of
 ``metrics.jsonl``; the report lists them (:func:`mmrl.report.run_warnings`). Which warnings fired is saved
@@ -34,6 +40,9 @@ COLLAPSE_SHARE = 0.9  # one option named by this share of the answered multiple-
 COLLAPSE_MIN_ANSWERS = 20  # ...of at least this many...
 COLLAPSE_MAX_GOLD_SHARE = 0.6  # ...while it is the right answer of less than this share of them
 EQUAL_GROUPS_SHARE = 0.8
+GAP_FLOOR = 0.02  # mean |training - rollout| log-prob per token below which a growing gap is round-off
+GAP_GROWTH = 2.0  # the gap at the window's end over the run's first steps
+GAP_HIGH = 0.1  # a gap this large is an alarm whatever it started at
 
 
 class RunHealth(Callback):
@@ -45,6 +54,12 @@ class RunHealth(Callback):
         self.fired: list[str] = []
         self.steps: deque[dict[str, Any]] = deque(maxlen=max(1, window))
         self.current = self._empty()
+        self.gap_start: list[float] = []  # the run's first rollout_logprob_gap values (its baseline)
+
+    @property
+    def gap_span(self) -> int:
+        """Steps the gap's baseline (the run's first) and its recent level (the window's last) each average."""
+        return max(1, self.window // 4)
 
     @staticmethod
     def _empty() -> dict[str, Any]:
@@ -72,8 +87,12 @@ class RunHealth(Callback):
                 cur["gold"].append(str(sample.answer))
 
     def on_step_end(self, step: int, stats: dict[str, Any]) -> None:
+        gap = stats.get("rollout_logprob_gap")
+        gap = float(gap) if isinstance(gap, (int, float)) else None
+        if gap is not None and len(self.gap_start) < self.gap_span:
+            self.gap_start.append(gap)
         self.steps.append({**self.current, "step": step, "entropy": stats.get("entropy"),
-                           "truncated": stats.get("truncated_frac")})
+                           "truncated": stats.get("truncated_frac"), "gap": gap})
         self.current = self._empty()
         last = step >= self.ctx.cfg.train.steps
         if len(self.steps) < self.window and not (last and len(self.steps) >= 2):
@@ -85,10 +104,11 @@ class RunHealth(Callback):
                 tqdm.write(f"warning (step {step}): {text}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fired": list(self.fired)}
+        return {"fired": list(self.fired), "gap_start": list(self.gap_start)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fired = list(state.get("fired", []))
+        self.gap_start = [float(g) for g in state.get("gap_start", [])]
 
     # ------------------------------------------------------------------------------------ checks
     def check(self) -> list[tuple[str, str]]:
@@ -139,7 +159,33 @@ class RunHealth(Callback):
                         "(a cold start, easier data), if high too easy; grpo.dynamic_sampling=true draws more "
                         "groups until enough differ, a larger rollout.group_size or rollout.temperature makes "
                         "differences likelier")))
+        gap = self._gap_warning(steps)
+        if gap is not None:
+            out.append(("logprob_gap", gap))
         return out
+
+    def _gap_warning(self, steps: list[dict[str, Any]]) -> str | None:
+        """The ``logprob_gap`` warning's text when the gap grew or is high (see the module docstring)."""
+        gaps = [(s["step"], s["gap"]) for s in steps if s.get("gap") is not None]
+        k = self.gap_span
+        if len(gaps) < k or not self.gap_start:
+            return None
+        recent_steps = gaps[-k:]
+        recent = sum(g for _, g in recent_steps) / k
+        start = sum(self.gap_start) / len(self.gap_start)
+        grown = (len(self.gap_start) == k and recent > GAP_FLOOR and recent > GAP_GROWTH * start
+                 and recent_steps[0][0] > k)  # the recent steps are not the baseline's own
+        if not grown and recent <= GAP_HIGH:
+            return None
+        span = f"steps {recent_steps[0][0]}-{recent_steps[-1][0]}"
+        how = (f"grew from {start:.4f} over the run's first {len(self.gap_start)} steps" if grown
+               else f"started at {start:.4f}")
+        return (f"the train/rollout log-prob gap (rollout_logprob_gap: mean |training - rollout| log-prob per "
+                f"token) was {recent:.4f} over {span}; it {how}: the rollout engine samples from another "
+                "distribution than the one training scores, so the update is off-policy by that much (a known "
+                "road to collapse); check that every update reaches the engine (time/sync_s) and that both run "
+                "in the same dtype (model.dtype), correct for it with grpo.tis_cap=2 (truncated importance "
+                "sampling), or lower train.lr")
 
 
 def add_health_checks(trainer: GRPOTrainer) -> None:

@@ -110,15 +110,15 @@ def make_backend(name: str, policy: Policy, **kwargs: Any) -> RolloutBackend:
     return BACKENDS.get(name)(policy, **kwargs)
 
 
-def backend_from_config(cfg: Any, policy: Policy) -> RolloutBackend:
+def backend_from_config(cfg: Any, policy: Policy, samples: Sequence[Any] | None = None) -> RolloutBackend:
     """The rollout backend of a run configuration (:class:`mmrl.config.RunConfig`): ``rollout.backend`` with
-    its settings (``rollout.vllm`` for vLLM)."""
+    its settings (``rollout.vllm`` for vLLM, its media limits sized for ``samples``: the run's records)."""
     r = cfg.rollout
     policy.prefill_once = r.prefill_once  # Policy.generate: each prompt computed once per group
     if r.backend == "vllm":
         from mmrl.vllm_backend import settings_from_config
 
-        return make_backend("vllm", policy, **settings_from_config(cfg, policy))
+        return make_backend("vllm", policy, **settings_from_config(cfg, policy, samples))
     return make_backend(r.backend, policy)
 
 

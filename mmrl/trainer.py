@@ -105,7 +105,7 @@ class GRPOTrainer:
         self.save_seconds: list[float] = []  # each checkpoint written in this session
         policy.share_vision_features = cfg.model.share_vision_features
         self.preparer = MediaPreparer(cfg.data.media, family=policy.family)
-        self.backend = backend_from_config(cfg, policy)
+        self.backend = backend_from_config(cfg, policy, [*self.train_samples, *self.eval_samples])
         self.service = RolloutService.from_config(policy, cfg, backend=self.backend, preparer=self.preparer)
         r = cfg.rollout
         self.rollout_strategy: RolloutStrategy = run_episodes  # a plug-in may swap it (ctx.set_rollout_strategy)

@@ -46,6 +46,7 @@ import contextlib
 import math
 import os
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ TEXT_TOKENS = 2048  # the text allowance of the default max_model_len (system, q
 
 def import_vllm() -> Any:
     """vLLM, imported to run in this process; a clear error when it is not installed."""
+    from mmrl.preflight import check_version
+
+    check_version("vllm", setting="rollout.backend=vllm")  # the run's config checked it already; API callers
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
@@ -81,18 +85,20 @@ def model_folder(policy: Policy) -> Path:
     return Path(folder)
 
 
-def default_max_model_len(cfg: Any, policy: Policy) -> int:
+def default_max_model_len(cfg: Any, policy: Policy, *, frames: int | None = None, video_pixels: int | None = None,
+                          image_pixels: int | None = None) -> int:
     """``rollout.vllm.max_model_len`` when it is null: :data:`TEXT_TOKENS` of text, one video and one image at
-    the run's pixel and frame budgets (``data.media``; a ``frames`` layout shows each frame as a video of its
-    own), and ``rollout.max_new_tokens`` per turn (each later turn may show another video), capped at the
-    model's own context."""
+    the run's pixel and frame budgets (``data.media``, or the larger ``frames``, ``video_pixels`` and
+    ``image_pixels`` the run's records ask for; a ``frames`` layout shows each frame as a video of its own),
+    and ``rollout.max_new_tokens`` per turn (each later turn may show another video), capped at the model's own
+    context."""
     m, r = cfg.data.media, cfg.rollout
     vc = policy.base.visual.config
     pixels_per_token = (int(vc.patch_size) * int(getattr(vc, "spatial_merge_size", 2))) ** 2
-    frames = max(m.max_frames, m.nframes or 0)
+    frames = max(m.max_frames, m.nframes or 0, frames or 0)
     groups = frames if cfg.prompt.video_layout == "frames" else math.ceil(frames / int(vc.temporal_patch_size))
-    video = groups * math.ceil(m.video_max_pixels / pixels_per_token)
-    image = math.ceil(m.image_max_pixels / pixels_per_token)
+    video = groups * math.ceil(max(m.video_max_pixels, video_pixels or 0) / pixels_per_token)
+    image = math.ceil(max(m.image_max_pixels, image_pixels or 0) / pixels_per_token)
     turns = max(1, r.max_turns)
     total = TEXT_TOKENS + video + image + turns * r.max_new_tokens + (turns - 1) * (video + TEXT_TOKENS // 8)
     text_cfg = getattr(policy.model.config, "text_config", policy.model.config)
@@ -100,19 +106,176 @@ def default_max_model_len(cfg: Any, policy: Policy) -> int:
     return int(min(total, limit)) if limit else int(total)
 
 
-def settings_from_config(cfg: Any, policy: Policy | None = None) -> dict[str, Any]:
+DEFAULT_MEDIA_PER_PROMPT = 8  # images and videos (each) a prompt may carry when the run's data is not known
+
+
+def settings_from_config(cfg: Any, policy: Policy | None = None, samples: Sequence[Any] | None = None
+                         ) -> dict[str, Any]:
     """The :class:`VLLMBackend` keyword arguments of a run configuration (``rollout.vllm`` and ``train.seed``).
-    An unset ``max_model_len`` becomes :func:`default_max_model_len` when ``policy`` is given, else it is left
-    out (for a caller with its own bound: the benchmark protocols)."""
+
+    With ``policy`` (a run's engine) every limit left null is derived from the run (:func:`derived_limits`):
+    ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``, the media limits and the processor's
+    image budget, the media from ``samples`` (the run's training and evaluation records) where given. Without
+    a policy they are left to the caller (the benchmark protocols bound their own context) or to vLLM."""
     from mmrl.config_io import to_dict
 
     settings = {**to_dict(cfg.rollout.vllm), "seed": cfg.train.seed}
-    if settings["max_model_len"] is None:
-        if policy is not None:
-            settings["max_model_len"] = default_max_model_len(cfg, policy)
-        else:
-            del settings["max_model_len"]
+    user_mm = settings.pop("mm_processor_kwargs") or {}
+    count = settings.pop("max_media_per_prompt")
+    if policy is None:
+        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if settings[key] is None:
+                del settings[key]
+        if count is not None:
+            settings["limit_mm_per_prompt"] = {"image": count, "video": count}
+        if user_mm:
+            settings["mm_processor_kwargs"] = user_mm
+        return settings
+    derived = derived_limits(cfg, policy, samples)
+    for key in ("max_model_len", "max_num_seqs"):
+        if settings[key] is None:
+            settings[key] = derived[key]
+    if settings["max_num_batched_tokens"] is None:  # a whole prompt prefills in one step; one token per sequence
+        settings["max_num_batched_tokens"] = max(int(settings["max_model_len"]), int(settings["max_num_seqs"]))
+    limits = derived["limit_mm_per_prompt"]
+    if count is not None:
+        limits = {kind: {**opts, "count": count} for kind, opts in limits.items()}
+    settings["limit_mm_per_prompt"] = limits
+    settings["mm_processor_kwargs"] = {**derived["mm_processor_kwargs"], **user_mm}
     return settings
+
+
+def derived_limits(cfg: Any, policy: Policy, samples: Sequence[Any] | None = None) -> dict[str, Any]:
+    """The engine's sizes for the run, each what the run can ask of it:
+
+    * ``max_model_len``: :func:`default_max_model_len` at the largest frames and pixels the run makes;
+    * ``max_num_seqs``: the sequences of one rollout call of this engine: the prompts its rank (or its block of
+      ``tensor_parallel_size`` ranks) rolls out per step times ``rollout.group_size``, or ``eval.batch_size`` if
+      larger (vLLM's default, 256 or 1,024 on a large GPU, sizes its sampler warm-up and CUDA graphs for more);
+    * ``limit_mm_per_prompt``: per modality, the most items one record of ``samples`` holds (a video is one
+      item per frame with ``prompt.video_layout=frames``; each later turn of an environment may add as many
+      again), and the largest item the run makes (``data.media``'s pixel and frame budgets, the records'
+      own ``sampling`` hints and the environment's ``*_max_pixels``), which sizes vLLM's memory profile;
+    * ``mm_processor_kwargs``: the engine's image budget (``images_kwargs.size``): the policy processor's own
+      lower bound (so any image it enlarges the engine enlarges alike) and the run's largest image within the
+      processor's own upper bound (media reach both processors already fitted to the run's budgets, so both
+      leave them as they are); vLLM sizes its image profile by that upper bound, not the processor's default
+      (16,384 tokens per image for the Qwen-VL checkpoints). The video processor keeps its own settings
+      (vLLM's Qwen-VL profile sizes videos by the image budget and the context).
+    """
+    from mmrl.distributed import world
+
+    m, r = cfg.data.media, cfg.rollout
+    w = world()
+    tp = int(cfg.rollout.vllm.tensor_parallel_size)
+    engines = max(1, w.size // tp)
+    per_engine = math.ceil(cfg.train.prompts_per_step / engines) * r.group_size
+    max_num_seqs = max(per_engine, int(cfg.eval.batch_size))
+
+    vc = policy.base.visual.config
+    factor = int(vc.patch_size) * int(getattr(vc, "spatial_merge_size", 2))
+    image_px, video_px = int(m.image_max_pixels), int(m.video_max_pixels)
+    frames = max(m.max_frames, m.nframes or 0)
+    images, videos = 0, 0
+    for sample in samples or ():
+        n_img = n_vid = 0
+        for item in sample.media:
+            hints = dict(item.sampling or {})
+            if item.type == "image":
+                n_img += 1
+                image_px = max(image_px, int(hints.get("max_pixels") or 0))
+            else:
+                item_frames = max(frames, int(hints.get("nframes") or 0), int(hints.get("max_frames") or 0))
+                frames = item_frames
+                n_vid += item_frames if cfg.prompt.video_layout == "frames" else 1
+                video_px = max(video_px, int(hints.get("max_pixels") or 0))
+        images, videos = max(images, n_img), max(videos, n_vid)
+    for key, value in (r.environment_kwargs or {}).items():
+        if key.endswith("max_pixels") and isinstance(value, int):
+            image_px = max(image_px, value)
+    if samples is None:
+        images = videos = DEFAULT_MEDIA_PER_PROMPT
+    if r.environment and r.max_turns > 1:  # each later turn may show new images, frames or clips
+        more = (r.max_turns - 1) * max(1, images, videos)
+        images, videos = images + more, videos + more
+
+    low, high = _processor_bounds(policy.processor, "image_processor")
+    image_top = min(image_px, high) if high else image_px
+    mm_kwargs: dict[str, Any] = {}
+    if low and high and low <= image_top:
+        mm_kwargs["images_kwargs"] = {"size": {"shortest_edge": int(low), "longest_edge": int(image_top)}}
+    iw, ih = _shape_with_most_tokens(image_top, factor)
+    vw, vh = _shape_with_most_tokens(video_px, factor)
+    return {
+        "max_model_len": default_max_model_len(cfg, policy, frames=frames, video_pixels=video_px,
+                                               image_pixels=image_top),
+        "max_num_seqs": int(max_num_seqs),
+        "limit_mm_per_prompt": {
+            "image": {"count": int(images), "width": iw, "height": ih},
+            "video": {"count": int(videos), "num_frames": max(2, int(frames)) if cfg.prompt.video_layout == "video"
+                      else 2, "width": vw, "height": vh},
+        },
+        "mm_processor_kwargs": mm_kwargs,
+    }
+
+
+def _processor_bounds(processor: Any, part: str) -> tuple[int | None, int | None]:
+    """(min pixels, max pixels) of the policy processor's image or video processor, as it resizes."""
+    sub = getattr(processor, part, None)
+    size = getattr(sub, "size", None)
+    get = (size.get if isinstance(size, dict) else lambda k: getattr(size, k, None)) if size is not None else None
+    low = (get("shortest_edge") if get else None) or getattr(sub, "min_pixels", None)
+    high = (get("longest_edge") if get else None) or getattr(sub, "max_pixels", None)
+    return (int(low) if low else None), (int(high) if high else None)
+
+
+def _shape_with_most_tokens(pixels: int, factor: int) -> tuple[int, int]:
+    """(width, height), multiples of ``factor``, of a near-square frame with the most merged tokens a budget of
+    ``pixels`` allows (at least one token): the size of the dummy items vLLM profiles memory with."""
+    tokens = max(1, pixels // (factor * factor))
+    h = max(1, math.isqrt(tokens))
+    w = max(1, tokens // h)
+    return w * factor, h * factor
+
+
+def engine_args(policy: Policy, *, max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
+                limit_mm_per_prompt: dict[str, Any] | None = None, seed: int = 0, tensor_parallel_size: int = 1,
+                enforce_eager: bool | None = None, max_num_seqs: int | None = None,
+                max_num_batched_tokens: int | None = None, mm_processor_kwargs: dict[str, Any] | None = None,
+                enable_sleep_mode: bool = False, engine_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keyword arguments :class:`VLLMBackend` builds ``vllm.LLM`` with for ``policy`` on this rank
+    (:class:`VLLMBackend`'s own arguments; ``engine_kwargs`` go in last, over everything)."""
+    from mmrl.distributed import world
+
+    w = world()
+    tp = int(tensor_parallel_size)
+    folder = model_folder(policy)
+    dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
+        next(policy.model.parameters()).dtype]
+    if limit_mm_per_prompt is None:
+        limit_mm_per_prompt = {"image": DEFAULT_MEDIA_PER_PROMPT, "video": DEFAULT_MEDIA_PER_PROMPT}
+    kwargs: dict[str, Any] = {
+        "model": str(folder), "tokenizer": str(folder), "dtype": dtype, "seed": int(seed) + w.rank // tp,
+        "enforce_eager": (not torch.cuda.is_available()) if enforce_eager is None else bool(enforce_eager),
+        "enable_prefix_caching": True, "generation_config": "vllm",
+        "logprobs_mode": "raw_logprobs", "tensor_parallel_size": tp,
+        "limit_mm_per_prompt": {k: (dict(v) if isinstance(v, dict) else int(v))
+                                for k, v in limit_mm_per_prompt.items()},
+    }
+    if w.active:  # one engine per rank (or per block of tp ranks) in the process group mmrl joined
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    for key, value in (("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
+                       ("max_num_batched_tokens", max_num_batched_tokens)):
+        if value is not None:
+            kwargs[key] = int(value)
+    if mm_processor_kwargs:
+        kwargs["mm_processor_kwargs"] = dict(mm_processor_kwargs)
+    if enable_sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    kwargs.update(engine_kwargs or {})
+    return kwargs
 
 
 class VLLMBackend:
@@ -120,18 +283,29 @@ class VLLMBackend:
 
     ``max_model_len``: longest prompt plus completion (default: the model's); ``gpu_memory_utilization``:
     the engine's share of GPU memory; ``kv_cache_gb``: the KV cache on a CPU (``VLLM_CPU_KVCACHE_SPACE``,
-    when not set already); ``max_media_per_prompt``: images and videos one prompt may carry (each);
-    ``seed``: the run's seed (the engine's is ``seed + rank // tensor_parallel_size``);
-    ``enable_sleep_mode`` / ``sleep_level``: sleep between rollout sessions (CUDA). See the module docstring.
+    when not set already); ``limit_mm_per_prompt``: vLLM's media limits (per modality a count, or a mapping
+    with ``count`` and the largest item's size); default: :data:`DEFAULT_MEDIA_PER_PROMPT` images and videos;
+    ``max_num_seqs`` / ``max_num_batched_tokens``: the scheduler's limits (default: vLLM's);
+    ``mm_processor_kwargs``: settings of the engine's media processor; ``seed``: the run's seed (the engine's
+    is ``seed + rank // tensor_parallel_size``); ``enable_sleep_mode`` / ``sleep_level``: sleep between
+    rollout sessions (CUDA). :func:`settings_from_config` derives all of them from a run. See the module
+    docstring.
     """
 
     def __init__(self, policy: Policy, *, max_model_len: int | None = None, gpu_memory_utilization: float = 0.3,
-                 kv_cache_gb: int = 1, max_media_per_prompt: int = 8, seed: int = 0, tensor_parallel_size: int = 1,
-                 enforce_eager: bool | None = None, max_num_seqs: int | None = None, enable_sleep_mode: bool = False,
-                 sleep_level: int = 1, engine_kwargs: dict[str, Any] | None = None):
+                 kv_cache_gb: int = 1, limit_mm_per_prompt: dict[str, Any] | None = None, seed: int = 0,
+                 tensor_parallel_size: int = 1, enforce_eager: bool | None = None, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None, mm_processor_kwargs: dict[str, Any] | None = None,
+                 enable_sleep_mode: bool = False, sleep_level: int = 1, engine_kwargs: dict[str, Any] | None = None):
         from mmrl.distributed import world
 
         vllm = import_vllm()
+        self.engine_args = engine_args(
+            policy, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            limit_mm_per_prompt=limit_mm_per_prompt, seed=seed, tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            mm_processor_kwargs=mm_processor_kwargs, enable_sleep_mode=enable_sleep_mode,
+            engine_kwargs=engine_kwargs)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
         self.policy = policy
         self.folder = model_folder(policy)
@@ -150,34 +324,14 @@ class VLLMBackend:
             if not current_platform.is_sleep_mode_available():
                 raise ConfigError("rollout.vllm.enable_sleep_mode: vLLM's sleep mode is not available on this "
                                   f"platform ({current_platform.device_name}; it needs CUDA); turn it off")
-        dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
-            next(policy.model.parameters()).dtype]
-        engine_seed = int(seed) + w.rank // tp
-        kwargs: dict[str, Any] = {
-            "model": str(self.folder), "tokenizer": str(self.folder), "dtype": dtype, "seed": engine_seed,
-            "enforce_eager": (not torch.cuda.is_available()) if enforce_eager is None else bool(enforce_eager),
-            "enable_prefix_caching": True, "generation_config": "vllm",
-            "logprobs_mode": "raw_logprobs", "tensor_parallel_size": tp, "limit_mm_per_prompt": {
-                "image": max_media_per_prompt, "video": max_media_per_prompt},
-        }
-        if w.active:  # one engine per rank (or per block of tp ranks) in the process group mmrl joined
-            kwargs["distributed_executor_backend"] = "external_launcher"
-        if max_model_len is not None:
-            kwargs["max_model_len"] = int(max_model_len)
-        if max_num_seqs is not None:
-            kwargs["max_num_seqs"] = int(max_num_seqs)
-        if self.sleep_level:
-            kwargs["enable_sleep_mode"] = True
+        engine_seed = int(self.engine_args["seed"])
         cuda = torch.cuda.is_available()
-        if cuda:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        kwargs.update(engine_kwargs or {})
         if policy.family == "qwen3_vl":
             _let_qwen3_vl_pass_video_placeholders()
         devices = [torch.cuda.current_device()] if cuda else []
         with torch.random.fork_rng(devices=devices), _numpy_and_python_rng_kept():
             # vLLM seeds the process's generators with the engine seed while it builds: the trainer's stay
-            self.llm = vllm.LLM(**kwargs)
+            self.llm = vllm.LLM(**self.engine_args)
         self._sampling_cls = vllm.SamplingParams
         self.tensor_parallel_size = tp  # the trainer gives the tp ranks of a block the same prompts
         # the engine's own random stream (swapped in around each generate call)
@@ -193,6 +347,7 @@ class VLLMBackend:
         # the engine loaded the folder's weights; the policy may have moved on since (a cold start, a loaded
         # checkpoint, adapters): it serves the policy's own from the first session on
         self.stale = True
+        _ENGINES.add(self)
         self.pushes = 0  # weight pushes made (tests, logs)
         self.sync_seconds = 0.0  # spent pushing them
         if self.sleep_level:
@@ -221,6 +376,8 @@ class VLLMBackend:
                     self.stale = True
 
     def _enter(self) -> None:
+        if self.llm is None:
+            raise MmrlError("this vLLM backend was closed (VLLMBackend.close); build a new one")
         if self.asleep:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # the update's freed blocks, for the engine's weights
@@ -228,6 +385,12 @@ class VLLMBackend:
         if self.stale:
             self.sync_weights()
         if self.asleep:
+            if torch.cuda.is_available():
+                # the push's gathered and merged copies are freed but cached by torch: give them back before the
+                # KV cache is mapped (as verl's FSDPVLLMShardingManager.__enter__ does between the weight update
+                # and wake_up(tags=["kv_cache"]), verl/workers/sharding_manager/fsdp_vllm.py; vLLM's sleep-mode
+                # pool, vllm/device_allocator/cumem.py, allocates outside torch's cache)
+                torch.cuda.empty_cache()
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
 
@@ -361,7 +524,8 @@ class VLLMBackend:
                 outputs = self.llm.generate(prompts, self.sampling_params(n=per_request, params=params),
                                             use_tqdm=False)
         results: list[list[Generation]] = []
-        for out in outputs:
+        for seq, out in zip(seqs, outputs):
+            self._check_expansion(seq, out)
             gens = [self._generation(c, params) for c in out.outputs]
             if greedy_copies:
                 g = gens[0]
@@ -399,6 +563,20 @@ class VLLMBackend:
                 "rollout.vllm.max_model_len, or lower the media budgets (data.media.max_frames, "
                 "video_max_pixels, image_max_pixels)")
 
+    def _check_expansion(self, seq: TokenSeq, out: Any) -> None:
+        """A clear error when the engine's processor expanded a prompt's media to another number of tokens than
+        the policy's processor did: the engine would sample from another prompt than the one training
+        scores (its log-probs would not be the trainer's)."""
+        got = len(getattr(out, "prompt_token_ids", None) or ())
+        if got and got != len(seq.ids):
+            raise MmrlError(
+                f"the vLLM engine's processor made {got} prompt tokens of a prompt the policy's processor made "
+                f"{len(seq.ids)} of (media {', '.join(k.split('|')[0] for k in seq.media) or 'none'}): their image "
+                "or video settings differ. The engine's image budget comes from data.media, the records' "
+                "sampling hints and the environment's *_max_pixels; set rollout.vllm.mm_processor_kwargs to the "
+                "model folder's processor settings (e.g. {images_kwargs: {size: {shortest_edge: MIN, "
+                "longest_edge: MAX}}}) for media made another way")
+
     def _generation(self, c: Any, params: Any) -> Generation:
         toks = [int(t) for t in c.token_ids]
         logprobs: list[float] = []
@@ -431,12 +609,43 @@ class VLLMBackend:
         self.pushes += 1
         self.sync_seconds += time.perf_counter() - t0
 
+    def close(self) -> None:
+        """Shut the engine down and leave vLLM's model-parallel groups, before the process group they are built
+        on is destroyed (:func:`close_engines`, called by the CLI before :func:`mmrl.distributed.finish`): vLLM's
+        own teardown destroys its groups before the default one (``cleanup_dist_env_and_memory`` in
+        ``vllm/distributed/parallel_state.py``), and the in-process engine core stops through
+        ``InprocClient.shutdown`` (``vllm/v1/engine/core_client.py``). Idempotent; the backend cannot generate
+        afterwards."""
+        llm, self.llm = getattr(self, "llm", None), None
+        _ENGINES.discard(self)
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        from vllm.distributed.parallel_state import destroy_model_parallel
+
+        destroy_model_parallel()
+        del llm
+        import gc
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
     def after_update(self, policy: Policy) -> None:
         """Called by the trainer after each optimizer step (and after a resume replaced the weights): the
         engine's weights are stale; the next rollout session pushes the new ones."""
         self.stale = True
         if self._depth:  # inside a session (a caller's own loop): push now
             self.sync_weights(policy.model)
+
+
+_ENGINES: weakref.WeakSet[VLLMBackend] = weakref.WeakSet()  # the engines of this process still open
+
+
+def close_engines() -> None:
+    """Close every engine this process still has open (:meth:`VLLMBackend.close`)."""
+    for backend in list(_ENGINES):
+        backend.close()
 
 
 _PLACEHOLDER = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
