@@ -156,7 +156,8 @@ def derived_limits(cfg: Any, policy: Policy, samples: Sequence[Any] | None = Non
       item per frame with ``prompt.video_layout=frames``; each later turn of an environment may add as many
       again), and the largest item the run makes (``data.media``'s pixel and frame budgets, the records'
       own ``sampling`` hints and the environment's ``*_max_pixels``), which sizes vLLM's memory profile;
-    * ``mm_processor_kwargs``: the engine's image budget (``images_kwargs.size``): the policy processor's own
+    * ``mm_processor_kwargs`` (Qwen2-VL, Qwen2.5-VL): the engine's image budget (``images_kwargs.size``): the
+      policy processor's own
       lower bound (so any image it enlarges the engine enlarges alike) and the run's largest image within the
       processor's own upper bound (media reach both processors already fitted to the run's budgets, so both
       leave them as they are); vLLM sizes its image profile by that upper bound, not the processor's default
@@ -202,7 +203,10 @@ def derived_limits(cfg: Any, policy: Policy, samples: Sequence[Any] | None = Non
     low, high = _processor_bounds(policy.processor, "image_processor")
     image_top = min(image_px, high) if high else image_px
     mm_kwargs: dict[str, Any] = {}
-    if low and high and low <= image_top:
+    # Qwen3-VL keeps the folder's image settings: on vLLM 0.32 an explicit image size made its processor
+    # tokenise a toy image to 59 tokens where the trainer's made 66 (the expansion check caught it); its memory
+    # profile is still the run's (limit_mm_per_prompt's width and height below)
+    if low and high and low <= image_top and policy.family != "qwen3_vl":
         mm_kwargs["images_kwargs"] = {"size": {"shortest_edge": int(low), "longest_edge": int(image_top)}}
     iw, ih = _shape_with_most_tokens(image_top, factor)
     vw, vh = _shape_with_most_tokens(video_px, factor)
