@@ -9,7 +9,8 @@ uses so that a model is evaluated the way it was trained (every model folder a r
 checkpoints, ``final/``, ``sft-model/``). It is written to a temporary folder and renamed, so a run
 killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one. Every
 model folder names its tensors as the model family's published checkpoints do, however the run loaded and
-sharded the model (:func:`save_pretrained`), so vLLM and transformers load it as they load the original.
+sharded the model (:func:`mmrl.weights.save_pretrained`), so vLLM and transformers load it as they load the
+original.
 
 With LoRA (``model.lora``, :mod:`mmrl.lora`) a checkpoint holds the adapters in PEFT format
 (``adapter_config.json``, ``adapter_model.safetensors``) instead of the model, and
@@ -27,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from mmrl.weights import published_names, save_pretrained
 
 
 def rng_state() -> dict[str, Any]:
@@ -83,18 +86,6 @@ def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
     """The evaluation settings stored in a model folder (:func:`eval_settings`), or None."""
     path = Path(model_dir) / EVAL_SETTINGS_FILE
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> Path:
-    """The model's config and weights as a Hugging Face folder, the tensors under the names of the model
-    family's published checkpoints (:func:`published_names`), however the model was loaded: every model folder
-    mmrl writes (checkpoints, ``final/``, ``sft-model/``, LoRA merged exports) is written here. ``state``: the
-    tensors by the model's own parameter names (ZeRO-3 gathered, LoRA merged); None: the model's own."""
-    state = model.state_dict() if state is None else state
-    names = published_names(model, list(state))
-    model.save_pretrained(folder, state_dict={names[k]: v for k, v in state.items()}, save_original_format=False,
-                          safe_serialization=True)
-    return folder
 
 
 def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None, *,
@@ -244,32 +235,3 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"{checkpoint}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]})")
-
-
-def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = False) -> dict[str, str]:
-    """The model's own parameter name -> the name its family's published checkpoints give the tensor
-    (Qwen2-VL, Qwen2.5-VL: ``model.layers.*``, ``visual.*`` for ``model.language_model.layers.*``,
-    ``model.visual.*``; Qwen3-VL: its own names): what transformers' ``save_pretrained`` writes for a model
-    built from its config.
-
-    Not what ``save_pretrained`` of the live model writes: that reverts the renamings recorded when the model
-    was loaded, and a model loaded already partitioned (ZeRO-3 on several ranks, through transformers'
-    DeepSpeed loader) records every renaming of its family, used or not, so its folders held
-    ``model.model.layers.*`` (Qwen3-VL: ``model.language_model.model.*``), which vLLM refuses. ``legacy``:
-    those names (how such folders were written before; :func:`load_weights` reads them)."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import revert_weight_conversion
-
-    recorded = model.__dict__.pop("_weight_conversions", None)
-    # None: transformers' own rule for a model that from_pretrained did not load
-    model.__dict__["_weight_conversions"] = get_model_conversion_mapping(model) if legacy else None
-    try:
-        reverted = revert_weight_conversion(model, {k: torch.tensor([i]) for i, k in enumerate(names)})
-    finally:
-        model.__dict__["_weight_conversions"] = recorded
-    out = {names[int(t.reshape(-1)[0])]: saved for saved, t in reverted.items() if t.numel() == 1}
-    if len(out) != len(names) or len(set(out.values())) != len(names):
-        raise RuntimeError(f"{type(model).__name__}: transformers' checkpoint names are not a one-to-one renaming "
-                           f"of the model's parameter names ({len(names)} names, {len(out)} renamed); mmrl cannot "
-                           "write this model's folders")
-    return out

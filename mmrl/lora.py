@@ -282,7 +282,7 @@ def merged_export(policy: Any, processor: Any, folder: str | Path, *,
     """A plain Hugging Face model folder (config, merged safetensors weights, processor) that
     ``AutoModelForImageTextToText.from_pretrained`` loads, written without changing the live model.
     ``state``: the merged weights where the live model does not hold them (ZeRO-3)."""
-    from mmrl.checkpoint import save_pretrained
+    from mmrl.weights import save_pretrained
 
     model = _model(policy)
     folder = Path(folder)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -105,4 +106,45 @@ def adapter_names(name: str) -> bool:
     return ".lora_" in name
 
 
-__all__ = ["Gather", "adapter_names", "collect_on_main", "stream_weights"]
+def save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """The model's config and weights as a Hugging Face folder, the tensors under the names of the model
+    family's published checkpoints (:func:`published_names`), however the model was loaded: every model folder
+    mmrl writes (checkpoints, ``final/``, ``sft-model/``, LoRA merged exports) is written here. ``state``: the
+    tensors by the model's own parameter names (ZeRO-3 gathered, LoRA merged); None: the model's own."""
+    state = model.state_dict() if state is None else state
+    names = published_names(model, list(state))
+    model.save_pretrained(folder, state_dict={names[k]: v for k, v in state.items()}, save_original_format=False,
+                          safe_serialization=True)
+    return folder
+
+
+def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = False) -> dict[str, str]:
+    """The model's own parameter name -> the name its family's published checkpoints give the tensor
+    (Qwen2-VL, Qwen2.5-VL: ``model.layers.*``, ``visual.*`` for ``model.language_model.layers.*``,
+    ``model.visual.*``; Qwen3-VL: its own names): what transformers' ``save_pretrained`` writes for a model
+    built from its config.
+
+    Not what ``save_pretrained`` of the live model writes: that reverts the renamings recorded when the model
+    was loaded, and a model loaded already partitioned (ZeRO-3 on several ranks, through transformers'
+    DeepSpeed loader) records every renaming of its family, used or not, so its folders held
+    ``model.model.layers.*`` (Qwen3-VL: ``model.language_model.model.*``), which vLLM refuses. ``legacy``:
+    those names (how such folders were written before; :func:`load_weights` reads them)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import revert_weight_conversion
+
+    recorded = model.__dict__.pop("_weight_conversions", None)
+    # None: transformers' own rule for a model that from_pretrained did not load
+    model.__dict__["_weight_conversions"] = get_model_conversion_mapping(model) if legacy else None
+    try:
+        reverted = revert_weight_conversion(model, {k: torch.tensor([i]) for i, k in enumerate(names)})
+    finally:
+        model.__dict__["_weight_conversions"] = recorded
+    out = {names[int(t.reshape(-1)[0])]: saved for saved, t in reverted.items() if t.numel() == 1}
+    if len(out) != len(names) or len(set(out.values())) != len(names):
+        raise RuntimeError(f"{type(model).__name__}: transformers' checkpoint names are not a one-to-one renaming "
+                           f"of the model's parameter names ({len(names)} names, {len(out)} renamed); mmrl cannot "
+                           "write this model's folders")
+    return out
+
+
+__all__ = ["Gather", "adapter_names", "collect_on_main", "published_names", "save_pretrained", "stream_weights"]
