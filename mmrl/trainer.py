@@ -898,7 +898,6 @@ class GRPOTrainer:
         bar.close()
 
 
-
 def balance_stats(work: list[list[int]]) -> dict[str, float]:
     """How evenly the ranks shared the update, from ``work[rank][k]``: the tokens each rank trained in
     optimizer step ``k``. ``balance/tokens_max_over_mean``: the busiest rank's tokens over the mean, averaged
