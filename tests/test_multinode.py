@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from model_names import assert_published_names
 from synthetic_media import model_weights
 from tiny_runs import TINY_RUN
 
@@ -187,6 +188,7 @@ def test_two_nodes_killed_and_resumed_equal_one_process(stage: str, shared: dict
     assert not far, f"weights differ beyond fp32 round-off (gap, update): {list(far.items())[:3]}"
     assert {p.name for p in (out / "checkpoint-4").glob("rng_state_rank*.pt")} == {"rng_state_rank0.pt",
                                                                                    "rng_state_rank1.pt"}
+    assert_published_names(out / "final", out / "checkpoint-4")  # what vLLM and transformers load
 
     # each node's local rank 0 wrote the media check's verdicts into its own node's cache, nothing shared
     videos = {str((shared["data"].parent / m["path"]).resolve()) for line in shared["data"].read_text().splitlines()
