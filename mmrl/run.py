@@ -224,7 +224,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
     from mmrl.distributed import device_for, world
     from mmrl.optim import zero3_sharded_loading
-    from mmrl.policy import checkpointing_switch, load_policy
+    from mmrl.policy import load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
     from mmrl.trainer import GRPOTrainer
@@ -286,20 +286,11 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     if show_progress:
         for line in gpu_advice(cfg, policy):
             print(f"warning: {line}", flush=True)
-    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
-    policy.shared_prefix_forward = cfg.train.shared_prefix
-    policy.padding_free = cfg.train.padding_free
-    policy.cache_vision_features = cfg.model.cache_vision_features
-    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
-                         llm=not cfg.model.freeze_llm)
-    if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
-        from mmrl.lora import apply_lora, describe
+    lora_info = configure_policy(policy, cfg)
+    if lora_info is not None and show_progress:
+        from mmrl.lora import describe
 
-        lora_info = apply_lora(policy, cfg.model.lora)
-        if show_progress:
-            print(describe(lora_info, cfg.model.lora), flush=True)
-    if cfg.model.gradient_checkpointing:
-        checkpointing_switch(policy.model, True)
+        print(describe(lora_info, cfg.model.lora), flush=True)
     stages: dict[str, Any] = {"data": {"train": train_info, "eval": eval_info}}
     if show_progress:
         print(f"run folder: {run_dir}\nmodel: {model_dir} ({policy.family}, "
@@ -373,6 +364,27 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
             print(f"report: {report}")
     log.close()
     return summary
+
+
+def configure_policy(policy: Any, cfg: RunConfig) -> Any:
+    """The run's training settings on a loaded policy, as ``mmrl train`` sets them (log-prob passes, what
+    trains, LoRA adapters injected in place, activation checkpointing); LoRA's description or None."""
+    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
+    policy.shared_prefix_forward = cfg.train.shared_prefix
+    policy.padding_free = cfg.train.padding_free
+    policy.cache_vision_features = cfg.model.cache_vision_features
+    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
+                         llm=not cfg.model.freeze_llm)
+    from mmrl.policy import checkpointing_switch
+
+    lora_info = None
+    if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
+        from mmrl.lora import apply_lora
+
+        lora_info = apply_lora(policy, cfg.model.lora)
+    if cfg.model.gradient_checkpointing:
+        checkpointing_switch(policy.model, True)
+    return lora_info
 
 
 def _rl_started(run_dir: Path, stages: dict[str, Any]) -> bool:

@@ -496,9 +496,9 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
 
     from mmrl.distributed import device_for
     from mmrl.media import MediaPreparer
-    from mmrl.policy import checkpointing_switch, load_policy
+    from mmrl.policy import load_policy
     from mmrl.prompts import encode_prompt
-    from mmrl.run import load_split
+    from mmrl.run import configure_policy, load_split
 
     cuda = gpu_mode(spec)
     cap_memory(spec, rec)
@@ -507,19 +507,7 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
     say(f"loading {model}")
     policy = load_policy(model, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
                          device=device_for(cfg.model.device))
-    # as `mmrl train` sets the policy up (mmrl.run._train)
-    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
-    policy.shared_prefix_forward = cfg.train.shared_prefix
-    policy.padding_free = cfg.train.padding_free
-    policy.cache_vision_features = cfg.model.cache_vision_features
-    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
-                         llm=not cfg.model.freeze_llm)
-    if cfg.model.lora is not None:
-        from mmrl.lora import apply_lora
-
-        apply_lora(policy, cfg.model.lora)
-    if cfg.model.gradient_checkpointing:
-        checkpointing_switch(policy.model, True)
+    configure_policy(policy, cfg)  # as `mmrl train` sets the policy up
     policy.model.train()
     samples, _ = load_split(cfg, "train", show_progress=False)
     prompt, _media = encode_prompt(policy, MediaPreparer(cfg.data.media, family=policy.family), samples[0],
