@@ -1,7 +1,7 @@
 """The model folders a run writes are served by vLLM as they are (``vllm serve runs/x/final``): whatever wrote
-them (one process; ZeRO-3 on two ranks, whose model is loaded already partitioned; LoRA under ZeRO-3, merged),
-``final/`` and the checkpoints hold the published checkpoint's tensor names, and vLLM's CPU build, loading
-the folder from disk, answers a text and an image prompt with the greedy tokens transformers gives.
+them (one process; ZeRO-2 on two ranks; ZeRO-3 on two ranks, whose model is loaded already partitioned; LoRA
+under ZeRO-3, merged), ``final/`` and the checkpoints hold the published checkpoint's tensor names, and
+vLLM's CPU build, loading the folder from disk, answers a text and an image prompt with the greedy tokens transformers gives.
 
 Marker ``vllm``: run by ``make test-vllm``; one torchrun pair at a time."""
 
@@ -27,6 +27,7 @@ SHORT = ["train.steps=1", "train.save_every=1", "train.lr=1e-2"]
 # ranks, overrides, the folders served (a LoRA checkpoint holds adapters, not a model)
 ARMS = {
     "one-process": (1, [], ["final"]),
+    "zero2": (2, ["train.deepspeed=zero2"], ["checkpoint-1"]),
     "zero3": (2, ["train.deepspeed=zero3"], ["final", "checkpoint-1"]),
     "zero3-qwen3_vl": (2, ["train.deepspeed=zero3", "model.tiny_family=qwen3_vl"], ["final"]),
     "lora-zero3": (2, ["train.deepspeed=zero3", "model.lora={r: 4, dropout: 0.0}"], ["final"]),
