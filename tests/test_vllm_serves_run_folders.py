@@ -1,7 +1,8 @@
 """The model folders a run writes are served by vLLM as they are (``vllm serve runs/x/final``): whatever wrote
 them (one process; ZeRO-2 on two ranks; ZeRO-3 on two ranks, whose model is loaded already partitioned; LoRA
 under ZeRO-3, merged), ``final/`` and the checkpoints hold the published checkpoint's tensor names, and
-vLLM's CPU build, loading the folder from disk, answers a text and an image prompt with the greedy tokens transformers gives.
+vLLM's CPU build, loading the folder from disk, answers a text and an image prompt with the greedy tokens
+transformers gives.
 
 Marker ``vllm``: run by ``make test-vllm``; one torchrun pair at a time."""
 
