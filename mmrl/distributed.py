@@ -169,29 +169,26 @@ class World:
         if self.active:
             torch.distributed.barrier()
 
-    @contextlib.contextmanager
-    def main_first(self) -> Iterator[None]:
+    def main_first(self) -> contextlib.AbstractContextManager:
         """Rank 0 runs the block first (building what lives in the shared run folder), the others after.
         For the mmrl cache, which is each node's own, use :meth:`node_first`."""
-        if not self.is_main:
-            self.barrier()
-        try:
-            yield
-        finally:
-            if self.is_main:
-                self.barrier()
+        return self._leader_first(self.is_main)
 
-    @contextlib.contextmanager
-    def node_first(self) -> Iterator[None]:
+    def node_first(self) -> contextlib.AbstractContextManager:
         """Each node's local rank 0 runs the block first (building that node's caches under ``MMRL_CACHE``: the
         tiny model, the toy world), the node's other ranks after, reading what it built. All nodes' leaders
         work at once; one barrier over the world separates the two turns."""
-        if not self.is_node_main:
+        return self._leader_first(self.is_node_main)
+
+    @contextlib.contextmanager
+    def _leader_first(self, leader: bool) -> Iterator[None]:
+        """The ranks with ``leader`` run the block first, the others after (one world barrier between)."""
+        if not leader:
             self.barrier()
         try:
             yield
         finally:
-            if self.is_node_main:
+            if leader:
                 self.barrier()
 
     @contextlib.contextmanager
