@@ -1,4 +1,4 @@
-"""EARL's evidence-purity rewards (research/earl.md §2.1, §5.4), read from the ``select_frames`` episode.
+"""EARL's evidence-purity rewards (docs/methods/earl.md, Reward), read from the ``select_frames`` episode.
 
 Three rewards, one per term of ``r = r_correct(answer, IoU) + alpha(t) * 1[selected] + beta(t) * IoU``, so
 each is logged as its own component (``reward/evidence_correct``, ``reward/evidence_action``,
@@ -15,7 +15,7 @@ setting             default    meaning
 ``correct_at``      0.5        an answer is correct when the ``accuracy`` reward scores it >= this (multiple
                                choice scores 0 or 1; grounding scores a temporal IoU)
 ``alpha_early``     0.2        action weight while progress <= ``switch_at``  (the paper gives no values:
-``alpha_late``      0.05       action weight after it                          research/earl.md §5.4's
+``alpha_late``      0.05       action weight after it                          docs/methods/earl.md's
 ``beta_early``      0.2        relevance weight while progress <= ``switch_at`` starting guesses)
 ``beta_late``       0.5        relevance weight after it
 ``switch_at``       0.3        P: the fraction of training where the weights change
@@ -36,7 +36,7 @@ Gold is the set of round-0 frames whose cell overlaps a gold time span (``meta.g
 ...]`` or ``meta.gold_span`` ``[s, e]``, seconds), or ``meta.gold_frames`` directly. Every selected frame, of
 either round, counts as the round-0 frame whose cell holds its timestamp (a round-1 selection is its own
 index; a round-2 frame maps to the coarse frame nearest in time). IoU = |selected ∩ gold| / |selected ∪
-gold| over the union of both rounds (research/earl.md §2.3, option 2). No selection: IoU 0. A record
+gold| over the union of both rounds (docs/methods/earl.md, the round-2 rule). No selection: IoU 0. A record
 without gold: ``evidence_relevance`` is not applicable (None) and ``evidence_correct`` is not gated.
 
 Each call also logs ``reward_metric/evidence/<name>`` batch means: ``iou``, ``iou_selected`` (over episodes

@@ -1,8 +1,9 @@
 """configs/earl.yaml is EARL as published: its values against a table of the paper's settings.
 
 The table is written from the paper ("Select Less, Reason More: Prioritizing Evidence Purity for Video
-Reasoning", Li et al., arXiv 2510.15440 / CVPR 2026), as research/earl.md reports it (the notes' section
-names are the paper's); it is not copied from the recipe. Values the paper does not give are not in it.
+Reasoning", Li et al., arXiv 2510.15440 / CVPR 2026), as two third-party summaries report it
+(docs/methods/earl.md, Sources; their section names are the paper's); it is not copied from the recipe. Values
+the paper does not give are not in it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def test_dynamic_adjustment_goes_from_exploration_to_purity(recipe) -> None:
 
 
 def test_sft_warms_up_for_a_tenth_of_its_steps(recipe) -> None:
-    # Loss & Training (one of the two notes, research/earl.md §3.1): 10 % warmup
+    # Loss & Training (one of the two summaries only, docs/methods/earl.md): 10 % warmup
     assert recipe.sft.warmup_steps == pytest.approx(0.1 * recipe.sft.steps)
 
 

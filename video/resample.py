@@ -1,6 +1,7 @@
-"""Localized re-sampling around selected key frames (EARL's environment step, research/earl.md §1.3).
+"""Localized re-sampling around selected key frames (EARL's environment step, docs/methods/earl.md, Protocol).
 
-Rule (reading (a) of the note): the current frame grid has sorted timestamps ``t_0 < ... < t_{m-1}``.
+Rule (our reading of "nearest neighbours": the adjacent frames of the current grid): the current frame
+grid has sorted timestamps ``t_0 < ... < t_{m-1}``.
 Selecting grid frame ``k`` opens the interval ``[t_{k-1}, t_{k+1}]``. The first/last frame's open side
 reaches the ``start``/``end`` bound (``edge="bound"``, the default) or mirrors its one neighbour
 (``edge="mirror"``: ``[t_0 - (t_1 - t_0), t_1]``), which keeps a second round's edge frames from opening

@@ -1,4 +1,4 @@
-"""EARL's frame-selection environment (``rollout.environment: select_frames``; research/earl.md §1.3, §5.3).
+"""EARL's frame-selection environment (``rollout.environment: select_frames``; docs/methods/earl.md).
 
 The policy sees the video's initial frames (uniform sampling, numbered 1..N in time order). Instead of
 answering it may call ``select_frames([i, j, ...])`` (also accepted: ``select_frames(target_frames=[...])``

@@ -1,12 +1,13 @@
 """The reasoning text of EARL's cold-start demonstrations (:meth:`.environment.FrameSelectionEnvironment.demonstration`).
 
 EARL's trajectories alternate text reasoning and frame selection, and reason before the answer
-(research/earl.md §1.1: y = [y1, ..., yn, â], each y_t reasoning or a selection). The paper's 3.8k
-action-aware SFT trajectories are not public (§3.1), so mmrl writes its own: a short *templated* reasoning
-grounded in what the shown frames are known to hold. It names the current frames (by their number and time)
-that lie inside the record's gold evidence span, or, when none does, the frames nearest to it, and says
-what the policy does next: look closer around them, or answer. It is not a free-form chain of thought (no
-captioner writes it); what it teaches is the form (reason, then act) and a grounded choice of frames.
+(docs/methods/earl.md, Protocol: y = [y1, ..., yn, â], each y_t reasoning or a selection). The paper's 3.8k
+action-aware SFT trajectories are not public (same page, Training), so mmrl writes its own: a short
+*templated* reasoning grounded in what the shown frames are known to hold. It names the current frames (by
+their number and time) that lie inside the record's gold evidence span, or, when none does, the frames nearest
+to it, and says what the policy does next: look closer around them, or answer. It is not a free-form chain of
+thought (no captioner writes it); what it teaches is the form (reason, then act) and a grounded choice of
+frames.
 
 Each function returns the text inside ``<think></think>``.
 """

@@ -1,4 +1,4 @@
-"""``mmrl data earl-sft``: action-aware SFT trajectories for EARL's first stage (research/earl.md §3.1, §5.2).
+"""``mmrl data earl-sft``: action-aware SFT trajectories for EARL's first stage (docs/methods/earl.md).
 
 For every record with a video and gold evidence (``meta.gold_span``/``gold_spans`` in seconds, or
 ``meta.gold_frames``), the ``select_frames`` environment is played on the record's own video with the
