@@ -11,7 +11,7 @@ References are the gold ``answer`` (a string or a list) and ``meta.synonyms``; a
 reference. Answers are read from the ``<answer>`` block (settings ``tag``, ``think_tag``, ``fallback`` as in
 :func:`rewards.answers.extract_answer`). Text is normalised by :func:`rewards.answers.text_tokens`.
 
-Registered rewards (settings with their defaults; research/medical.md §1, §2, §5, §6):
+Registered rewards (settings with their defaults; the sources: docs/methods/medcco.md):
 
 * ``medical_closed`` -- multiple choice: 1.0 when the answer is the gold letter (``B``, ``(B)``, ``B.``), the
   gold option's text, or ``B. text`` (MedVLThinker); ``partial_credit=0.0``: the score when the answer is
@@ -293,8 +293,8 @@ def remap(value: float, threshold: float, slope: float) -> float:
 
 
 class AdaptiveRemap:
-    """ARMed's adaptive semantic reward around any continuous reward (research/medical.md §2; the paper's
-    parameters are not public, so these are mmrl's choices).
+    """ARMed's adaptive semantic reward around any continuous reward (arXiv 2508.12957;
+    docs/methods/medcco.md, ARMed; the paper's parameters are not public, so these are mmrl's choices).
 
     Each call scores the batch with the wrapped ``reward``, appends the applicable raw scores to a history
     buffer of the last ``buffer_size`` scores (default 1024, about 30 steps of open questions in the medcco

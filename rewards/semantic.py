@@ -15,7 +15,7 @@ per pair. Every model is read from a folder on this machine, never from a hub (`
   rescaling (:class:`BertScoreScorer`). With ``"minilm"`` this is BERTScore on all-MiniLM-L6-v2's token
   embeddings (layer ``layer`` of its 6, default the last): the algorithm of the paper with another backbone.
   MedCCO does not name its backbone (bert-score's default for English is roberta-large, layer 17); no such
-  model ships in a package here, so a run names the encoder and layer it used (research/medical.md §1, note).
+  model ships in a package here, so a run names the encoder and layer it used (docs/methods/medcco.md).
 
 Scorers batch their inputs (``batch_size``, default 64) and keep the embedding of each distinct text in an
 LRU cache (``cache_size`` texts, default 50,000): a group of rollouts repeats the same reference and often the

@@ -1,7 +1,7 @@
 """configs/medcco.yaml is MedCCO's paper recipe: its values against a table of the published settings, written
-from the sources (research/medical.md), not from the recipe. MedCCO (arXiv 2505.19213) publishes its stages and
-rewards in two overview figures but no hyper-parameters; those rows come from MedVLThinker's released verl GRPO
-script for the same base model, which the recipe follows where MedCCO is silent. The toy comparison
+from the sources (docs/methods/medcco.md), not from the recipe. MedCCO (arXiv 2505.19213) publishes its stages
+and rewards in two overview figures but no hyper-parameters; those rows come from MedVLThinker's released verl
+GRPO script for the same base model, which the recipe follows where MedCCO is silent. The toy comparison
 (configs/compare/medcco.yaml) overrides only the toy world's keys and keeps the recipe's method."""
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_semantic_reward_with_bertscore_settings(bs, tmp_path: Path) -> None:
 
 def test_armed_remap_on_bertscore_as_the_paper_defines_it(bs) -> None:
     """ARMed: a history buffer of raw semantic scores, its quantile the threshold τ, the score mapped by a
-    sigmoid centred on τ (research/medical.md §2; the slope and quantile are not published)."""
+    sigmoid centred on τ (docs/methods/medcco.md, ARMed; the slope and quantile are not published)."""
     comps = [f"<answer>{a}</answer>" for a in GROUP]
     raw = bs.similarity(GROUP, [REFERENCE] * len(GROUP))
     # BERTScore's compressed band: six different answers within a narrow range of F1

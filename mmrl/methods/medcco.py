@@ -1,6 +1,6 @@
-"""MedCCO / ARMed: a staged curriculum as a plug-in (MedCCO's closed-to-open schedule; research/medical.md §1, §3,
-§6.3), with the medical rewards (``medical_closed``, ``lexical``, ``semantic``, ``medcco_open``, ``armed``:
-:mod:`rewards.medical`, registered by importing this module).
+"""MedCCO / ARMed: a staged curriculum as a plug-in (MedCCO's closed-to-open schedule, arXiv 2505.19213;
+docs/methods/medcco.md), with the medical rewards (``medical_closed``, ``lexical``, ``semantic``,
+``medcco_open``, ``armed``: :mod:`rewards.medical`, registered by importing this module).
 
 Turn it on in a run config (``imports: [mmrl.methods.medcco]``, then)::
 
