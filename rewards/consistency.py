@@ -23,12 +23,12 @@ case                              c1  c2  agree  default
 plus ``unanswered`` (the first completion names no option: no second pass; default 0.0). A second answer
 that names no option counts as a different, wrong option.
 
-What the paper fixes and what it leaves open (shared/research/rewards.md section 1): the full reward goes
-**only** to a rollout whose two answers are correct and agree, every other case gets "a lower reward"
-through three consistency-shaping coefficients (Eq. 3, named alpha_1.., values not public). A rollout whose
-trained (first) answer is wrong earns nothing for a lucky re-answer: ``wrong_then_correct`` defaults to 0
-(a setting: the research note's earlier placeholder was 0.25). ``correct_then_wrong`` = 0.5 (alpha_1) is a
-placeholder, **not published: our choice**. Also not published, our choices: the second pass is greedy
+What the paper fixes and what it leaves open (its abstract, arXiv 2510.10104, and OpenReview reviews): the
+full reward goes **only** to a rollout whose two answers are correct and agree, every other case gets "a lower
+reward" through three consistency-shaping coefficients (Eq. 3, named alpha_1.., values not public). A rollout
+whose trained (first) answer is wrong earns nothing for a lucky re-answer: ``wrong_then_correct`` defaults to
+0 (a setting: an earlier mmrl placeholder was 0.25). ``correct_then_wrong`` = 0.5 (alpha_1) is a placeholder,
+**not published: our choice**. Also not published, our choices: the second pass is greedy
 (``greedy``) and gradient-free -- it is scored, not trained (``train_second_pass: false``). The switch,
 ``train_second_pass: true``, runs the re-answer as the episode's second turn instead (the ``acre_reanswer``
 environment of :mod:`mmrl.methods.acre`, ``rollout.max_turns: 2``): sampled like the first turn and trained

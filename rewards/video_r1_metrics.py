@@ -1,7 +1,6 @@
-"""Video-R1's answer scores for transcription (OCR) and free-form answers, as its released reward defines
-them (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``, ``accuracy_reward``; shared/research/rewards.md
-section 0). Pure functions; the ``accuracy`` reward uses them for the ``ocr`` and ``free_form`` problem types
-(:mod:`rewards.accuracy`).
+"""Video-R1's answer scores for transcription (OCR) and free-form answers, as its released reward defines them
+(tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``, ``accuracy_reward``). Pure functions; the ``accuracy``
+reward uses them for the ``ocr`` and ``free_form`` problem types (:mod:`rewards.accuracy`).
 
 * :func:`word_error_rate`: the word-level edit distance (substitutions, insertions and deletions, each 1)
   between the reference and the hypothesis, split on whitespace as given (case and punctuation count), over

@@ -1,7 +1,7 @@
-"""configs/acre.yaml is ACRE as published (arXiv 2510.10104): its values equal the table below, written from
-the paper's abstract and its OpenReview reviews (shared/research/rewards.md section 1; the method section and
-any code are not public), not from the recipe. Values the paper does not publish are our choices and are not
-in the table; the recipe marks them "not published: our choice"."""
+"""configs/acre.yaml is ACRE as published (arXiv 2510.10104): its values equal the table below, written from the
+paper's abstract and its OpenReview reviews (the method section and any code are not public), not from the
+recipe. Values the paper does not publish are our choices and are not in the table; the recipe marks them "not
+published: our choice"."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """configs/ares.yaml is ARES as published: its values equal the published settings below.
 
-The table is written from the sources (shared/research/algorithms.md section 2, which cites them): "code" =
-shawn0728/ARES experiments/AEPO/config.yaml, verl/workers/actor/config.py (ActorConfig defaults),
+The table is written from the paper and the released code: "code" = shawn0728/ARES
+experiments/AEPO/config.yaml, verl/workers/actor/config.py (ActorConfig defaults),
 verl/workers/actor/dp_actor.py (the per-bucket KL controller), verl/workers/rollout/config.py and
 examples/reward_function/aepo.py; "paper" = the ARES README and the paper's summaries (arXiv 2510.08457).
 """

@@ -1,7 +1,7 @@
 """configs/t-grpo.yaml is T-GRPO as published (Video-R1, arXiv 2503.21776): its values equal the table below,
 written from the paper, its README and its released training code (tulerfeng/Video-R1: src/scripts/
-run_grpo_video.sh, run_grpo_vllm_qwen25vl.sh, src/r1-v/src/open_r1/grpo.py and trainer/; shared/research/
-rewards.md section 3), not from the recipe."""
+run_grpo_video.sh, run_grpo_vllm_qwen25vl.sh, src/r1-v/src/open_r1/grpo.py and trainer/), not from the
+recipe."""
 
 from __future__ import annotations
 

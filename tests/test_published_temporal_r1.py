@@ -1,8 +1,7 @@
 """configs/temporal-grounding.yaml is Temporal-R1 as released (arXiv 2506.01908, appletea233/Temporal-R1): its
 values equal the table below, written from the released TVG code (examples/run_qwen2_5_vl_3b_tvg.sh over
-examples/grpo_example.yaml, verl/utils/reward_score/tvg.py, verl/workers/actor/config.py; shared/research/
-rewards.md section 2.2), not from the recipe. The paper's own training settings are not public; the README's
-results came from this code."""
+examples/grpo_example.yaml, verl/utils/reward_score/tvg.py, verl/workers/actor/config.py), not from the
+recipe. The paper's own training settings are not public; the README's results came from this code."""
 
 from __future__ import annotations
 

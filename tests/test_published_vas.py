@@ -1,7 +1,7 @@
 """configs/vas.yaml is VAS as published (MMR1, arXiv 2509.21268): its values equal the table below, written
-from the paper (section 6.1, Algorithm 1, Appendix C Table 6; shared/research/algorithms.md section 1), not
-from the recipe. Where the paper and the released code (LengSicong/MMR1) differ the recipe takes the paper
-and ``released_code`` / ``weighting: minmax`` selects the code."""
+from the paper (section 6.1, Algorithm 1, Appendix C Table 6), not from the recipe. Where the paper and the
+released code (LengSicong/MMR1) differ the recipe takes the paper and ``released_code`` / ``weighting:
+minmax`` selects the code."""
 
 from __future__ import annotations
 

@@ -6,11 +6,10 @@ select-variance`` and the ``variance_filter`` sampler (here).
 
 Every training record is answered ``K`` times (sampled, the run's temperature) by the **starting model**
 through the rollout service, each answer is scored with the run's rewards (their weighted total), and the
-record is kept when the variance of its ``K`` rewards is above ``tau``: records the model always gets right
-or always gets wrong give GRPO no signal. The paper's K and threshold are not public; the defaults are the
-design note's (shared/research/rewards.md 2.5): ``K`` = the recipe's group size (8), ``tau`` = 0.01 (for a
-binary reward any disagreement among 8 answers has variance >= 0.109; for tIoU it drops answers that differ
-by a few hundredths only).
+record is kept when the variance of its ``K`` rewards is above ``tau``: records the model always gets right or
+always gets wrong give GRPO no signal. The paper's K and threshold are not public; the defaults are ours:
+``K`` = the recipe's group size (8), ``tau`` = 0.01 (for a binary reward any disagreement among 8 answers has
+variance >= 0.109; for tIoU it drops answers that differ by a few hundredths only).
 
 Written to ``--out``: ``selected.jsonl`` (the kept records, media paths absolute, ready for ``mmrl train
 --data``), ``variance.jsonl`` (one line per record: id, task, the K rewards, mean, variance, kept) and

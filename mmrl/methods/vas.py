@@ -39,12 +39,12 @@ scored prompts with 0 < P < 1), ``vas/refresh_s`` / ``vas/refresh_rollouts`` / `
 ``vas/refresh_rollouts_total``. The engine's ``informative_groups`` is the share of drawn groups with
 unequal rewards.
 
-``released_code: true`` reproduces MMR1's released implementation instead (LengSicong/MMR1, see
-``shared/research/algorithms.md`` 1.6): the TDS term is the self-BLEU *similarity* itself, weighted
-positively (``diversity: self_bleu``), or distinct-3, or the unnormalised mean pairwise edit distance; the
-n-gram and edit statistics run on completions right-padded with the pad id to ``rollout.max_new_tokens``;
-min-max normalisation without the floor (``weighting: minmax``, ``floor`` 0: the lowest prompt is never
-drawn by the weighted part); the uniform part walks one fixed permutation cyclically.
+``released_code: true`` reproduces MMR1's released implementation instead (LengSicong/MMR1,
+``verl/curriculum/``: its metrics, its mixed sampler and the weight refresh): the TDS term is the self-BLEU
+*similarity* itself, weighted positively (``diversity: self_bleu``), or distinct-3, or the unnormalised mean
+pairwise edit distance; the n-gram and edit statistics run on completions right-padded with the pad id to
+``rollout.max_new_tokens``; min-max normalisation without the floor (``weighting: minmax``, ``floor`` 0: the
+lowest prompt is never drawn by the weighted part); the uniform part walks one fixed permutation cyclically.
 
 Defaults: ``alpha`` 0.8, ``beta`` 0.2, ``mix`` (lambda) 0.5, ``weighting`` proportional as in the paper;
 ``update_every`` 35 (the paper's main text), ``score_rollouts`` 8 (the paper's ablation default and the
