@@ -7,12 +7,17 @@ inside functions included, read with ``ast``.
   ``if TYPE_CHECKING:`` never run (annotations are strings here) and do not count for cycles; for the layers
   they do, so a leaf package does not even name a core type.
 
+Also: no tracked text file points at research notes outside the repository (a source is cited directly or
+written up under ``docs/``).
+
 The checker itself is tested on a planted cycle and a planted upward import, so a green run means something.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,3 +166,41 @@ def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) 
         ["mmrl.methods.acre", "mmrl.trainer"], ["rewards.a", "rewards.b"]]  # c <-> d is a type-only import
     assert ["rewards.c", "rewards.d"] in cycles(graph)
     assert upward(graph) == [("mmrl.trainer", "mmrl.methods.acre"), ("rewards.b", "mmrl.trainer")]
+
+
+# A reference to the team's research notes outside the repository (the shared folder beside it): nobody who
+# clones the repository can follow it. Sources are cited directly (paper, arXiv id, repository and file) or
+# written up under docs/. The patterns are spelt so that this file does not match them itself.
+OUTSIDE_NOTES = re.compile(r"shared/+research|\.\./+shared\b|(?<![\w./-])research/[\w-]+\.md")
+TEXT_SUFFIXES = (".py", ".yaml", ".yml", ".md", ".toml", ".json")
+
+
+def outside_references(root: Path, names: list[str]) -> list[str]:
+    """``file:line: text`` for every line of the text files ``names`` (relative to ``root``) that points at
+    the research notes outside the repository."""
+    bad = []
+    for name in names:
+        path = root / name
+        if not name.endswith(TEXT_SUFFIXES) or not path.is_file():
+            continue
+        for no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if OUTSIDE_NOTES.search(line):
+                bad.append(f"{name}:{no}: {line.strip()}")
+    return bad
+
+
+def test_no_reference_to_notes_outside_the_repository() -> None:
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert names, "git ls-files listed nothing"
+    bad = outside_references(ROOT, names)
+    assert not bad, "references to notes outside the repository:\n" + "\n".join(f"  {b}" for b in bad)
+
+
+def test_the_reference_check_finds_planted_references(tmp_path: Path) -> None:
+    texts = {"a.py": '"""see shared' + '/research/earl.md"""\n', "b.yaml": "# ../" + "shared/notes.md\n",
+             "c.md": "as research" + "/eval.md §3 says\n", "d.md": "runs go to /shared/runs/7b\n",
+             "e.txt": "shared" + "/research\n"}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    assert [b.split(":")[0] for b in outside_references(tmp_path, sorted(texts))] == ["a.py", "b.yaml", "c.md"]
