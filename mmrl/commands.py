@@ -44,7 +44,12 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                    help=EVAL_OVERRIDE_HELP if command == "eval" else OVERRIDE_HELP)
 
 
-def _load(args: argparse.Namespace, extra: dict[str, Any] | None = None, base: dict[str, Any] | None = None):
+def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None,
+                     base: dict[str, Any] | None = None):
+    """The run config a command's parsed ``args`` ask for: ``--task``/``--config``, the ``KEY=VALUE``
+    overrides and the ``--model``/``--data``/``--eval-data``/``--out`` flags, over ``base`` (settings
+    under the user's own, e.g. :func:`own_model_base`), with ``extra`` (nested config sections) merged in;
+    with ``--resume`` the config the run in ``--out`` started with instead."""
     from mmrl.config import load_run_config, resume_run_config
     from mmrl_common.errors import MmrlError
 
@@ -117,7 +122,7 @@ def _estimated_params(model_dir: str | Path) -> float:
     return layers * (4 * h * h + 3 * h * inter) + float(text.get("vocab_size", 0)) * h
 
 
-def _own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
+def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
     """``mmrl train --model DIR``: the real-model preset (``configs/presets/real-model.yaml``) for a model of
     100M+ parameters, then the settings the folder was trained with (its ``mmrl_eval.json``), both under the
     user's own YAML, flags and overrides; None with ``--recipe-settings``, ``--resume`` or no ``--model``."""
@@ -143,7 +148,7 @@ def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any]) -> No
     """Print the settings that ``base`` (the preset, the folder's training settings) changed in the recipe."""
     from mmrl.config_io import describe
 
-    recipe = {k: v for k, v, _ in describe(_load(args))}
+    recipe = {k: v for k, v, _ in describe(config_from_args(args))}
     changed = [f"{k}={v}" for k, v, _ in describe(cfg) if recipe.get(k) != v]
     if changed and not args.quiet:
         print(f"train: --model {args.model}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
@@ -154,8 +159,8 @@ def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any]) -> No
 def cmd_train(args: argparse.Namespace) -> int:
     from mmrl.run import default_run_dir, train
 
-    base = _own_model_base(args)
-    cfg = _load(args, base=base)
+    base = own_model_base(args)
+    cfg = config_from_args(args, base=base)
     if base:
         _say_changes(args, cfg, base)
     _check_paths(cfg)
@@ -191,7 +196,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from mmrl.run_log import RunLog
     from mmrl.sft import run_sft
 
-    cfg = _load(args, {"sft": {"target": "gold"}})
+    cfg = config_from_args(args, {"sft": {"target": "gold"}})
     _quiet_loading(args.quiet)
     if args.steps is not None:
         cfg.sft.steps = args.steps
@@ -222,14 +227,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if getattr(args, "agent", None):  # a method's agent loop (EARL's): held-out split or --benchmark
         from mmrl.cli import load_method
 
-        cfg = _load(args)
+        cfg = config_from_args(args)
         _join_world(cfg)  # under torchrun: each rank plays its share of the questions
         return load_method("agent", args.agent).cli_eval(args, cfg)
     if getattr(args, "benchmark", None):
         from mmrl.benchmarks_eval import cli_run
 
         checks = _checks(args)  # under the benchmark's protocol (a check without a benchmark form is refused)
-        cfg = _load(args)
+        cfg = config_from_args(args)
         _join_world(cfg)  # under torchrun: each rank answers its share of the questions
         return cli_run(args, cfg, checks=checks)
     from mmrl.distributed import device_for
@@ -238,9 +243,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from mmrl.run import load_split, resolve_model, set_cpu_threads, split_path
     from mmrl.service import RolloutService
 
-    cfg = _load(args)
+    cfg = config_from_args(args)
     if cfg.model.path and not args.recipe_settings:
-        cfg = _with_training_settings(args, cfg)
+        cfg = with_training_settings(args, cfg)
     _quiet_loading(args.quiet)
     if args.split:
         cfg.eval.split = args.split
@@ -293,7 +298,7 @@ def _checks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {name: {"seed": args.consistency_seed} for name in names}
 
 
-def _with_training_settings(args: argparse.Namespace, cfg):
+def with_training_settings(args: argparse.Namespace, cfg):
     """``cfg`` with the settings the model was trained with (its ``mmrl_eval.json``) under the user's own
     YAML, flags and overrides; says which values they changed."""
     from mmrl.checkpoint import EVAL_SETTINGS_FILE, read_eval_settings
@@ -302,7 +307,7 @@ def _with_training_settings(args: argparse.Namespace, cfg):
     settings = read_eval_settings(cfg.model.path)
     if not settings:
         return cfg
-    trained = _load(args, base=settings)
+    trained = config_from_args(args, base=settings)
     before = {k: v for k, v, _ in describe(cfg)}
     changed = [f"{k}={v}" for k, v, _ in describe(trained) if before.get(k) != v]
     where = Path(cfg.model.path) / EVAL_SETTINGS_FILE
@@ -359,7 +364,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from mmrl.config_io import describe
 
-    cfg = _load(args)
+    cfg = config_from_args(args)
     for key, value, meaning in describe(cfg):
         shown = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
         shown = shown[:-4].rstrip() if shown.endswith("\n...") else shown.removesuffix("...").strip()

@@ -380,13 +380,13 @@ def test_benchmark_layout_is_the_trained_one_unless_overridden(model_dir: Path, 
     import shutil
 
     from mmrl.cli import build_parser
-    from mmrl.commands import _load
+    from mmrl.commands import config_from_args
     from mmrl.methods.earl.agent import _trained_layout
 
     def layout(model: Path, *extra: str) -> str:
         args = build_parser().parse_args(["eval", "--benchmark", "toy", "--data-root", "x", "--model", str(model),
                                           "--agent", "earl", "--quiet", *extra])
-        return _trained_layout(args, _load(args))
+        return _trained_layout(args, config_from_args(args))
 
     assert layout(model_dir) == "video"  # no training settings: the default
     trained = shutil.copytree(model_dir, tmp_path / "trained")

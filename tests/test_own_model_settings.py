@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import build_parser
-from mmrl.commands import REAL_MODEL_PARAMS, _estimated_params, _load, _own_model_base, _say_changes
+from mmrl.commands import REAL_MODEL_PARAMS, _estimated_params, _say_changes, config_from_args, own_model_base
 from mmrl.config_io import load_yaml
 from mmrl.tiny_models import ensure_tiny
 
@@ -32,8 +32,8 @@ def _as_7b(folder: Path) -> Path:
 
 def _cfg(*argv: str):
     args = build_parser().parse_args(["train", *argv])
-    base = _own_model_base(args)
-    return args, base, _load(args, base=base)
+    base = own_model_base(args)
+    return args, base, config_from_args(args, base=base)
 
 
 def test_a_real_model_starts_from_the_preset_and_says_what_changed(tiny, capsys) -> None:

@@ -181,12 +181,12 @@ def run_overrides(spec: dict[str, Any]) -> list[str]:
 def run_config(spec: dict[str, Any], model: Path) -> Any:
     """The configuration ``mmrl train --task video-qa --model MODEL OVERRIDES`` resolves to (the real-model preset
     included, as the command line applies it)."""
-    from mmrl.commands import _load, _own_model_base, add_train_parser
+    from mmrl.commands import add_train_parser, config_from_args, own_model_base
 
     parser = argparse.ArgumentParser()
     add_train_parser(parser.add_subparsers())
     args = parser.parse_args(["train", "--task", "video-qa", "--model", str(model), *run_overrides(spec)])
-    return _load(args, base=_own_model_base(args))
+    return config_from_args(args, base=own_model_base(args))
 
 
 def process_peak_gb() -> float:
