@@ -38,7 +38,9 @@ PROMPTS = 2
 FRAMES, SIDE = 16, 112
 
 
-def _video(path: Path, seed: int, side: int = SIDE) -> Path:
+def toy_video(path: Path, seed: int, side: int = SIDE) -> Path:
+    """Write a toy mp4 to ``path``: ``FRAMES`` frames of ``side`` x ``side`` pixels at 8 fps, a horizontal
+    gradient over a ``seed``-coloured background with a square moving across it."""
     from video.writer import write_mp4
 
     rng = np.random.default_rng(seed)
@@ -63,7 +65,7 @@ def _setup(root: Path):
     policy = load_policy(path)
     prompts, grid = [], None
     for i in range(PROMPTS):
-        data = sample_video(_video(root / f"v{i}.mp4", i), "qwen", nframes=FRAMES, min_pixels=SIDE * SIDE,
+        data = sample_video(toy_video(root / f"v{i}.mp4", i), "qwen", nframes=FRAMES, min_pixels=SIDE * SIDE,
                             max_pixels=SIDE * SIDE, image_patch_size=14)
         item = MediaInput(key=f"video-{i}", kind="video", data=data)
         messages = [{"role": "user", "content": [{"type": "video"},
@@ -174,8 +176,8 @@ MEM_MODES = (
 )
 
 
-def _memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int | None, entropy_grad: bool,
-                 device: str, threads: int) -> Callable[[], dict]:
+def memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int | None, entropy_grad: bool,
+                device: str, threads: int) -> Callable[[], dict]:
     """Setup (not measured) of one micro-batch in a fresh process: the tiny model with a ``vocab``-row
     embedding and LM head, ``seqs`` text sequences of ``MEM_PROMPT`` prompt + ``tokens`` response tokens
     (random ids). The returned ``work`` is the measured part: forward_logprobs, a scalar loss, backward."""
@@ -230,7 +232,7 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", sh
     from mmrl.memory import GB, available_bytes, measure_in_subprocess
     from mmrl.policy import Policy, resolve_device
     from mmrl.tiny_models import make_tiny
-    from perf.__main__ import _memory_case
+    from perf.__main__ import memory_case
 
     dev = resolve_device(device)
     model_dir = make_tiny(FAMILY, root / "memory-model", seed=0, **MEM_SIZE)
@@ -247,7 +249,7 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", sh
     rows = []
     for label, chunk, entropy_grad in MEM_MODES:
         try:
-            peak, out = measure_in_subprocess(_memory_case, str(model_dir), MEM_VOCAB, seqs, tokens, chunk,
+            peak, out = measure_in_subprocess(memory_case, str(model_dir), MEM_VOCAB, seqs, tokens, chunk,
                                               entropy_grad, str(dev), torch.get_num_threads(),
                                               device=str(dev) if dev.type == "cuda" else None)
         except RuntimeError as exc:  # killed for memory (--memory-no-shrink): its peak is above what was free

@@ -34,7 +34,7 @@ def setup(root: Path, size: str) -> tuple[Any, list, list[int], float]:
     """The policy (tiny Qwen2.5-VL of ``size``), the 2 encoded video prompts, the video grid, parameters (M)."""
     from mmrl.policy import MediaInput, load_policy
     from mmrl.tiny_models import make_tiny
-    from perf.__main__ import FAMILY, _video
+    from perf.__main__ import FAMILY, toy_video
     from video import sample_video
 
     pixels = SIDE * SIDE
@@ -44,7 +44,7 @@ def setup(root: Path, size: str) -> tuple[Any, list, list[int], float]:
     prompts, grid = [], []
     question = "Which way does the square move, and does it ever touch the border of the frame?"
     for i in range(PROMPTS):
-        data = sample_video(_video(root / f"long{i}.mp4", i, side=SIDE), "qwen", nframes=FRAMES, min_pixels=pixels,
+        data = sample_video(toy_video(root / f"long{i}.mp4", i, side=SIDE), "qwen", nframes=FRAMES, min_pixels=pixels,
                             max_pixels=pixels, image_patch_size=14)
         item = MediaInput(key=f"long-video-{i}", kind="video", data=data)
         messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]

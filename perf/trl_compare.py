@@ -434,7 +434,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
     from mmrl.policy import load_policy
     from mmrl.tiny_models import make_tiny
     from mmrl.trainer import GRPOTrainer
-    from perf.__main__ import _video
+    from perf.__main__ import toy_video
 
     _register_reward()
     model_dir = root / "model"
@@ -443,7 +443,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
     data = root / "train.jsonl"
     data.write_text("".join(json.dumps({
         "id": f"v{i}", "problem_type": "open", "question": "Which way does the square move?", "answer": "left",
-        "media": [{"type": "video", "path": str(_video(root / f"v{i}.mp4", i)),
+        "media": [{"type": "video", "path": str(toy_video(root / f"v{i}.mp4", i)),
                    "sampling": {"nframes": frames}}]}) + "\n" for i in range(2)))
     samples = load_samples(data).samples
     trainers = {}

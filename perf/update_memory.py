@@ -33,7 +33,7 @@ SIZE = {"hidden_size": 512, "layers": 8, "heads": 8, "kv_heads": 4, "intermediat
 TARGET = 18.0
 
 
-def _update_case(model_dir: str, chunk: int | None, threads: int) -> Callable[[], dict]:
+def update_case(model_dir: str, chunk: int | None, threads: int) -> Callable[[], dict]:
     """Setup (not measured): the model in bf16 and one text micro-batch. ``work``: the update."""
     import numpy as np
 
@@ -69,13 +69,13 @@ def bench_update(root: Path) -> dict:
     from mmrl.memory import measure_in_subprocess
     from mmrl.optim import MASTER_CHUNK_ELEMENTS
     from mmrl.tiny_models import make_tiny
-    from perf.update_memory import _update_case
+    from perf.update_memory import update_case
 
     model_dir = make_tiny(FAMILY, root / "update-model", seed=0, **SIZE)
     out = {"chunk": MASTER_CHUNK_ELEMENTS, "rows": []}
     for label, chunk in (("mmrl: masters cast a chunk at a time", None),
                          ("every gradient cast before the step (one chunk)", 1 << 40)):
-        peak, res = measure_in_subprocess(_update_case, str(model_dir), chunk, torch.get_num_threads())
+        peak, res = measure_in_subprocess(update_case, str(model_dir), chunk, torch.get_num_threads())
         out["params"] = res["params"]
         out["rows"].append((label, 2 + peak.extra_bytes / res["params"], peak.method))
     return out
