@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ._util import masked_mean
-from .losses import LOG_RATIO_CLAMP, PolicyLossOutput, _check, ppo_clip_loss, register_policy_loss
+from .losses import LOG_RATIO_CLAMP, PolicyLossOutput, check_loss_inputs, ppo_clip_loss, register_policy_loss
 
 if TYPE_CHECKING:
     from .config import GRPOConfig
@@ -59,7 +59,7 @@ def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
                   lb: float = 1.0, ub: float = 5.0, clip_low: float = 0.2, clip_high: float = 0.28,
                   clip_c: float | None = None, generator: torch.Generator | None = None) -> PolicyLossOutput:
     """Clip-Cov (module docstring). ``generator`` seeds the random choice (default: torch's global RNG)."""
-    adv, m = _check(logp, old_logp, advantages, mask)
+    adv, m = check_loss_inputs(logp, old_logp, advantages, mask)
     out = ppo_clip_loss(logp, old_logp, adv, m, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c)
     r = (logp.detach() - old_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     clipped = ((r > 1.0 + clip_high) & (adv > 0)) | ((r < 1.0 - clip_low) & (adv < 0))
@@ -84,7 +84,7 @@ def clip_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
 def kl_cov_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, ratio: float = 2e-4,
                 coef: float = 1.0) -> PolicyLossOutput:
     """KL-Cov (module docstring)."""
-    adv, m = _check(logp, old_logp, advantages, mask)
+    adv, m = check_loss_inputs(logp, old_logp, advantages, mask)
     log_ratio = (logp - old_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio_t = log_ratio.exp()
     loss = -adv * ratio_t

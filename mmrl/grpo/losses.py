@@ -106,7 +106,12 @@ def get_policy_loss(name: str) -> PolicyLoss:
     return POLICY_LOSSES.get(name)
 
 
-def _check(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def check_loss_inputs(logp: Tensor, old_logp: Tensor, advantages: Tensor,
+                      mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Check a policy loss's inputs and bring them to its form: ``logp``, ``old_logp`` and ``mask`` are
+    ``(B, T)``; ``advantages`` ``(B,)`` (one per sequence, broadcast over its tokens) or ``(B, T)``. Returns
+    the advantages (detached) and the mask, both ``(B, T)`` in ``logp``'s dtype; ``ValueError`` on a shape
+    mismatch."""
     if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
         raise ValueError(
             f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} "
@@ -134,7 +139,7 @@ def ppo_clip_loss(
     """Token-level PPO clipped surrogate with clip-higher and optional dual clip (module docstring)."""
     if clip_c is not None and clip_c <= 1.0:
         raise ValueError(f"dual-clip constant must be > 1, got {clip_c}")
-    adv, m = _check(logp, old_logp, advantages, mask)
+    adv, m = check_loss_inputs(logp, old_logp, advantages, mask)
     log_ratio = (logp - old_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = log_ratio.exp()
     unclipped = -adv * ratio
@@ -174,7 +179,7 @@ def gspo_loss(
     clip_high: float = 4e-4,
 ) -> PolicyLossOutput:
     """GSPO with the GSPO-token gradient form (module docstring); clip is per sequence."""
-    adv, m = _check(logp, old_logp, advantages, mask)
+    adv, m = check_loss_inputs(logp, old_logp, advantages, mask)
     log_s = sequence_log_ratio(logp, old_logp.detach(), m).detach().clamp(max=GSPO_LOG_RATIO_MAX)
     log_s_tok = log_s[:, None] + logp - logp.detach()
     s_tok = log_s_tok.exp()
