@@ -64,7 +64,9 @@ def _task_names(tasks: Sequence[str] | None) -> list[str]:
     return names
 
 
-def _rng(seed: int, *parts: str | int) -> np.random.Generator:
+def seeded_rng(seed: int, *parts: str | int) -> np.random.Generator:
+    """A generator of its own for ``seed`` and the ``parts`` (names hashed with CRC-32, numbers as they are),
+    so each task, split or item draws from a stream that no other one shifts."""
     words = [int(seed) & 0xFFFFFFFF] + [zlib.crc32(p.encode()) if isinstance(p, str) else int(p) for p in parts]
     return np.random.default_rng(words)
 
@@ -78,7 +80,7 @@ def _to_record(task: str, split: str, index: int, item: ToyItem, media_rel: str,
     if item.problem_type == "multiple_choice":
         assert options is not None and answer in options, f"{task}: answer {answer!r} not in {options}"
         if shuffle_options:
-            perm = _rng(seed, task, split, index, "options").permutation(len(options))
+            perm = seeded_rng(seed, task, split, index, "options").permutation(len(options))
             options = [options[int(p)] for p in perm]
             extra["option_order"] = [int(p) for p in perm]
         answer = option_letter(options.index(item.answer))
@@ -93,7 +95,9 @@ def _to_record(task: str, split: str, index: int, item: ToyItem, media_rel: str,
             "media": [media], "meta": meta}
 
 
-def _write_media(item: ToyItem, path: Path) -> None:
+def write_media(item: ToyItem, path: Path) -> None:
+    """Write ``item``'s media to ``path`` (folders made): its frames as a lossless mp4, else its image as a
+    PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if item.frames is not None:
         from video.writer import write_mp4
@@ -163,16 +167,16 @@ def make_toy(
         records: list[dict[str, Any]] = []
         for name in names:
             task = get_task(name)
-            rng = _rng(seed, name, split)
+            rng = seeded_rng(seed, name, split)
             for i in range(sizes[split]):
                 item = task.fn(rng, i, cfg)
                 ext = "mp4" if item.frames is not None else "png"
                 rel = f"media/{split}/{name}/toy-{name}-{split}-{i:04d}.{ext}"
-                _write_media(item, out / rel)
+                write_media(item, out / rel)
                 records.append(_to_record(name, split, i, item, rel, seed, shuffle_options))
                 if bar is not None:
                     bar.update(1)
-        order = _rng(seed, "order", split).permutation(len(records))
+        order = seeded_rng(seed, "order", split).permutation(len(records))
         records = [records[int(k)] for k in order]
         with open(out / f"{split}.jsonl", "w", encoding="utf-8", newline="\n") as fh:
             fh.writelines(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records)

@@ -32,7 +32,7 @@ from typing import Any
 from mmrl_common.errors import DataError
 
 from ..schema import option_letter
-from .build import _rng, _write_media
+from .build import seeded_rng, write_media
 from .draw import COLOR_NAMES, SHAPES
 from .registry import ToyItem, get_task, world_config
 from .video_tasks import COUNTS, DIRECTIONS
@@ -106,7 +106,7 @@ def pointer_drill(n: int, seed: int = 0) -> list[dict[str, Any]]:
     word set as lettered options in a random order, answered with the letter): the step from a word to its
     option's letter, which a tiny model learns only after thousands of steps (the toy base's pointer phase,
     ``BaseRecipe.pointer_steps``). No media and no fact about any picture; never an RL split's option order."""
-    rng = _rng(seed, "pointer", "pretrain")
+    rng = seeded_rng(seed, "pointer", "pretrain")
     records = []
     for i in range(n):
         words = VOCABULARIES[int(rng.integers(len(VOCABULARIES)))]
@@ -150,13 +150,14 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
                    leave=False)
     for name in names:
         task = get_task(name)
-        rng = _rng(seed, name, "pretrain")
-        letters_rng = _rng(seed, name, "pretrain-letters")  # its own stream: the media do not depend on the share
+        rng = seeded_rng(seed, name, "pretrain")
+        # its own stream: the media do not depend on the share
+        letters_rng = seeded_rng(seed, name, "pretrain-letters")
         for i in range(per_task):
             item = task.fn(rng, i, cfg)
             ext = "mp4" if item.frames is not None else "png"
             rel = f"media/pretrain/{name}/toy-{name}-pretrain-{i:05d}.{ext}"
-            _write_media(item, out / rel)
+            write_media(item, out / rel)
             media = {"type": "video" if item.frames is not None else "image", "path": rel}
             if item.sampling:
                 media["sampling"] = dict(item.sampling)
@@ -177,7 +178,7 @@ def make_pretrain(out: str | Path, seed: int = 0, *, tasks: Sequence[str] | None
                 bar.update(1)
     if bar is not None:
         bar.close()
-    order = _rng(seed, "order", "pretrain").permutation(len(records))
+    order = seeded_rng(seed, "order", "pretrain").permutation(len(records))
     path = out / "pretrain.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="\n") as fh:
