@@ -50,9 +50,13 @@ __all__ = [
     "SCORED_AS",
     "SCORERS",
     "TEXT_METRICS",
+    "answer_from_settings",
     "available_scorers",
     "get_scorer",
+    "reference_answers",
     "register_scorer",
+    "sample_meta",
+    "sample_rows",
     "score_answer",
 ]
 
@@ -92,7 +96,7 @@ def unregister_scorer(problem_type: str) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _rows(n: int, columns: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def sample_rows(n: int, columns: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Split keyword arguments into per-sample rows (lists of length n) and settings (everything else)."""
     per_sample = {k: v for k, v in columns.items() if isinstance(v, (list, tuple)) and len(v) == n}
     settings = {k: v for k, v in columns.items() if k not in per_sample}
@@ -100,19 +104,22 @@ def _rows(n: int, columns: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dic
     return rows, settings
 
 
-def _meta(row: Mapping[str, Any]) -> Mapping[str, Any]:
+def sample_meta(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The sample's ``meta`` mapping (empty when it has none or it is not a mapping)."""
     meta = row.get("meta")
     return meta if isinstance(meta, Mapping) else {}
 
 
-def _references(row: Mapping[str, Any]) -> list[str]:
+def reference_answers(row: Mapping[str, Any]) -> list[str]:
+    """The sample's accepted answers as strings: its gold ``answer`` (a string or a list) and
+    ``meta.synonyms``; ``ValueError`` when there is none."""
     gold = row.get("answer")
     refs: list[str] = []
     if isinstance(gold, (list, tuple)):
         refs.extend(str(g) for g in gold if g is not None)
     elif gold is not None:
         refs.append(str(gold))
-    syn = _meta(row).get("synonyms")
+    syn = sample_meta(row).get("synonyms")
     if isinstance(syn, str):
         refs.append(syn)
     elif isinstance(syn, Sequence):
@@ -146,10 +153,12 @@ TEXT_METRICS.add("exact", lambda p, r: float(A.normalize_text(p) == A.normalize_
 
 def _text_score(prediction: str, row: Mapping[str, Any], metric: str) -> float:
     fn = TEXT_METRICS.get(metric)
-    return max(fn(prediction, ref) for ref in _references(row))
+    return max(fn(prediction, ref) for ref in reference_answers(row))
 
 
-def _extract(text: str, settings: Mapping[str, Any]) -> str:
+def answer_from_settings(text: str, settings: Mapping[str, Any]) -> str:
+    """The answer in a completion, read by :func:`rewards.answers.extract_answer` with the reward's
+    ``tag``, ``think_tag`` and ``fallback`` settings (defaults ``answer``, ``think``, ``strip_think``)."""
     return A.extract_answer(
         text,
         tag=settings.get("tag", "answer"),
@@ -225,7 +234,7 @@ def _predicted_span(
     span = A.parse_span(prediction)
     if span is None:
         return None
-    duration = _meta(row).get("duration")
+    duration = sample_meta(row).get("duration")
     usable = isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration)
     if clip_to_duration and usable and duration > 0:
         span = (min(max(span[0], 0.0), duration), min(max(span[1], 0.0), duration))
@@ -255,11 +264,11 @@ def _map(
     completions: list[Any], columns: Mapping[str, Any], one: Callable[..., float | None]
 ) -> list[float | None]:
     texts = normalize_completions(completions)
-    rows, settings = _rows(len(texts), columns)
+    rows, settings = sample_rows(len(texts), columns)
     out: list[float | None] = []
     for i, (text, row) in enumerate(zip(texts, rows)):
         try:
-            out.append(one(_extract(text, settings), row, settings))
+            out.append(one(answer_from_settings(text, settings), row, settings))
         except Exception as exc:
             per_sample_error(i, exc)
             raise
@@ -292,9 +301,9 @@ def accuracy(completions: list[Any], **columns: Any) -> list[float | None]:
 
 def _text_reward(metric: Callable[[Any, Any], float]):
     def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
-        if row.get("answer") is None and not _meta(row).get("synonyms"):
+        if row.get("answer") is None and not sample_meta(row).get("synonyms"):
             return None
-        return max(metric(prediction, ref) for ref in _references(row))
+        return max(metric(prediction, ref) for ref in reference_answers(row))
 
     return one
 
@@ -325,7 +334,7 @@ def temporal_iou_reward(completions: list[Any], **columns: Any) -> list[float | 
 
     def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
         if span_key:
-            gold_raw = _meta(row).get(span_key)
+            gold_raw = sample_meta(row).get(span_key)
         else:
             ptype = row.get("problem_type")
             if ptype is not None and ptype != "temporal_grounding":

@@ -48,7 +48,7 @@ from typing import Any
 
 from mmrl_common.errors import ConfigError
 from rewards import answers as A
-from rewards.accuracy import _extract, _meta, _references, _rows
+from rewards.accuracy import answer_from_settings, reference_answers, sample_meta, sample_rows
 from rewards.format import check_format
 from rewards.metrics import bleu, exact_match, llava_med_overlap, rouge_l, rouge_n, token_f1
 from rewards.registry import (
@@ -78,18 +78,19 @@ def answer_type(problem_type: Any, meta: Mapping[str, Any] | None = None) -> str
 def _applies(row: Mapping[str, Any], wanted: str) -> bool:
     if wanted not in ANSWER_TYPES:
         raise ConfigError(f"answer_types must be one of {', '.join(ANSWER_TYPES)}, got {wanted!r}")
-    return wanted == "all" or answer_type(row.get("problem_type"), _meta(row)) == wanted
+    return wanted == "all" or answer_type(row.get("problem_type"), sample_meta(row)) == wanted
 
 
 def _each(completions: Sequence[Any], columns: Mapping[str, Any], wanted: str,
           one: Callable[[str, str, dict[str, Any], dict[str, Any]], float | None]) -> list[float | None]:
     """``one(answer, completion, row, settings)`` on every sample this reward applies to, None elsewhere."""
     texts = normalize_completions(completions)
-    rows, settings = _rows(len(texts), columns)
+    rows, settings = sample_rows(len(texts), columns)
     out: list[float | None] = []
     for i, (text, row) in enumerate(zip(texts, rows)):
         try:
-            out.append(one(_extract(text, settings), text, row, settings) if _applies(row, wanted) else None)
+            applies = _applies(row, wanted)
+            out.append(one(answer_from_settings(text, settings), text, row, settings) if applies else None)
         except Exception as exc:
             per_sample_error(i, exc)
             raise
@@ -140,7 +141,7 @@ def _closed_one(answer: str, text: str, row: dict[str, Any], s: dict[str, Any]) 
         from rewards.accuracy import score_numeric
 
         return score_numeric(answer, row, **s)
-    return max(exact_match(answer, ref) for ref in _references(row))
+    return max(exact_match(answer, ref) for ref in reference_answers(row))
 
 
 @register_reward("medical_closed")
@@ -164,7 +165,7 @@ def lexical_score(answer: str, reference: str, *, bleu_n: int = 1, rouge: str = 
 
 def _open_metric(metric: Callable[[str, str], float]):
     def one(answer: str, text: str, row: dict[str, Any], s: dict[str, Any]) -> float:
-        return max(metric(answer, ref) for ref in _references(row))
+        return max(metric(answer, ref) for ref in reference_answers(row))
     return one
 
 
@@ -201,15 +202,15 @@ def _semantic_scores(completions: list[Any], columns: Mapping[str, Any], wanted:
     from rewards.semantic import get_semantic_scorer
 
     texts = normalize_completions(completions)
-    rows, s = _rows(len(texts), columns)
+    rows, s = sample_rows(len(texts), columns)
     metric = s.get("metric", "cosine")
     scorer = get_semantic_scorer(s.get("scorer", "minilm"), metric=metric, device=s.get("device", "cpu"),
                                  batch_size=int(s.get("batch_size", 64)), layer=s.get("layer"))
     options = _bertscore_options(scorer, s) if metric == "bertscore" else {}
     answers, refs, pairs = [], [], []
     for i, (text, row) in enumerate(zip(texts, rows)):
-        answers.append(_extract(text, s))
-        refs.append(_references(row) if _applies(row, wanted) else [])
+        answers.append(answer_from_settings(text, s))
+        refs.append(reference_answers(row) if _applies(row, wanted) else [])
         pairs.extend((answers[-1], r) for r in refs[-1])
     sims = scorer.similarity([p for p, _ in pairs], [r for _, r in pairs], **options) if pairs else []
     out: list[float | None] = []
