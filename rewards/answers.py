@@ -35,6 +35,7 @@ __all__ = [
     "normalize_gold_span",
     "normalize_gold_yes_no",
     "normalize_text",
+    "option_text",
     "parse_number",
     "parse_span",
     "text_tokens",
@@ -229,7 +230,9 @@ def _word_like(letter: str, after: str) -> bool:
     return bool(m) and m.group(1) not in followers
 
 
-def _option_text_norm(letter: str, option: Any) -> str:
+def option_text(letter: str, option: Any) -> str:
+    """Option ``letter``'s text, normalised (:func:`normalize_text`), without the label it may already carry
+    (``"A. red"`` or ``"(A) red"`` for option A gives ``"red"``)."""
     text = "" if option is None else str(option).strip()
     # options that already carry their label ("A. red", "(A) red")
     m = re.match(r"^[\(\[]?\s*([A-Za-z])\s*[\)\]\.:]\s*", text)
@@ -241,7 +244,7 @@ def _option_text_norm(letter: str, option: Any) -> str:
 def _option_map(options: Sequence[Any] | None, letters: str) -> dict[str, str]:
     if not options:
         return {}
-    return {letters[i]: _option_text_norm(letters[i], o) for i, o in enumerate(options) if i < len(letters)}
+    return {letters[i]: option_text(letters[i], o) for i, o in enumerate(options) if i < len(letters)}
 
 
 def _match_option_text(s: str, opts: dict[str, str]) -> str | None:

@@ -109,7 +109,7 @@ def score_mcq(answer: str, options: Any, gold: Any, *, partial_credit: float = 0
     answer still names the gold letter (:func:`rewards.answers.extract_choice`); else 0.0."""
     letter = A.normalize_gold_choice(gold, options)
     opts = list(options.values()) if isinstance(options, Mapping) else list(options or [])
-    text = A._option_text_norm(letter, opts["ABCDEFGHIJKLMNOPQRSTUVWXYZ".index(letter)])
+    text = A.option_text(letter, opts["ABCDEFGHIJKLMNOPQRSTUVWXYZ".index(letter)])
     m = _LETTER_ONLY.match(answer)
     if m:
         return float(m.group(1).upper() == letter)
