@@ -7,7 +7,8 @@ inside functions included, read with ``ast``.
   ``if TYPE_CHECKING:`` never run (annotations are strings here) and do not count for cycles; for the layers
   they do, so a leaf package does not even name a core type.
 
-Also: no tracked text file points at research notes outside the repository (a source is cited directly or
+Also: no module takes another first-party module's private (``_name``) names, by import or through a module
+alias; no tracked text file points at research notes outside the repository (a source is cited directly or
 written up under ``docs/``).
 
 The checker itself is tested on a planted cycle and a planted upward import, so a green run means something.
@@ -46,6 +47,14 @@ def _type_only(tree: ast.AST) -> set[int]:
     return out
 
 
+def import_source(package: str, node: ast.ImportFrom) -> str:
+    """The dotted module a ``from ... import`` statement in ``package`` reads from (relative ones resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[:len(package.split(".")) - node.level + 1]  # from the package, up level - 1
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def import_graph(files: dict[str, Path], *, type_only: bool = True) -> dict[str, set[str]]:
     """Module -> the project modules it imports (``from pkg import name`` counts as ``pkg.name`` when that is
     a module, else as ``pkg``); ``type_only=False`` leaves out the imports under ``if TYPE_CHECKING:``."""
@@ -66,11 +75,7 @@ def import_graph(files: dict[str, Path], *, type_only: bool = True) -> dict[str,
             if isinstance(node, ast.Import):
                 targets.update(t for a in node.names if (t := known(a.name)))
             elif isinstance(node, ast.ImportFrom):
-                if node.level:  # relative: from the package, up level - 1
-                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
-                    source = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    source = node.module or ""
+                source = import_source(package, node)
                 for a in node.names:  # a submodule by that name, else the module that defines it
                     t = f"{source}.{a.name}" if f"{source}.{a.name}" in files else known(source)
                     if t:
@@ -204,3 +209,95 @@ def test_the_reference_check_finds_planted_references(tmp_path: Path) -> None:
     for name, text in texts.items():
         (tmp_path / name).write_text(text)
     assert [b.split(":")[0] for b in outside_references(tmp_path, sorted(texts))] == ["a.py", "b.yaml", "c.md"]
+
+
+# No module takes another module's private (``_name``) names: a name another module needs is public in its
+# home module. A private module (``pkg/_util.py``) is bound by name only inside its own package; ``from
+# pkg._util import name`` takes a public name and is not checked.
+PRIVATE_CHECKED = PACKAGES + ("perf",)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(files: dict[str, Path]) -> list[str]:
+    """``file:line: what`` for every first-party private name a module of ``files`` takes from another one:
+    ``from m import _name`` (``m`` not the module itself), ``import m._private`` or ``from m import _private``
+    (a private submodule) from outside ``m``, and ``alias._name`` where ``alias`` is bound to another
+    first-party module by an import (module-wide: a local variable that shadows the alias is not told apart).
+    Third-party modules are not checked."""
+    def first_party(name: str) -> bool:
+        return name in files or any(f.startswith(name + ".") for f in files)
+
+    def private_module(name: str, package: str) -> bool:  # a private part, seen from outside its package
+        parts = name.split(".")
+        return any(_private(p) and not f"{package}.".startswith(".".join(parts[:i]) + ".")
+                   for i, p in enumerate(parts) if i)
+
+    bad = []
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        tree = ast.parse(path.read_text(), filename=str(path))
+        aliases: dict[str, str] = {}  # name bound by an import -> the first-party module it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if not first_party(a.name):
+                        continue
+                    if private_module(a.name, package):
+                        bad.append(f"{rel}:{node.lineno}: import {a.name}")
+                    if a.asname:
+                        aliases[a.asname] = a.name
+                    else:
+                        aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                source = import_source(package, node)
+                if not first_party(source):
+                    continue
+                for a in node.names:
+                    full = f"{source}.{a.name}"
+                    if first_party(full):  # a submodule
+                        if private_module(full, package):
+                            bad.append(f"{rel}:{node.lineno}: from {source} import {a.name}")
+                        aliases[a.asname or a.name] = full
+                    elif _private(a.name) and source != mod:
+                        bad.append(f"{rel}:{node.lineno}: from {source} import {a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                owner = ast.unparse(node.value)
+                head, _, rest = owner.partition(".")
+                if head in aliases:
+                    target = aliases[head] + ("." + rest if rest else "")
+                    if target in files and target != mod:
+                        bad.append(f"{rel}:{node.lineno}: {owner}.{node.attr}")
+    return sorted(set(bad))
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    bad = private_imports(module_files(ROOT, PRIVATE_CHECKED))
+    assert not bad, "private names taken from another module (make them public at home):\n" + "\n".join(
+        f"  {b}" for b in bad)
+
+
+def test_the_private_check_finds_planted_private_imports(tmp_path: Path) -> None:
+    files = {
+        "rewards/__init__.py": "",
+        "rewards/a.py": "def _f(): pass\ndef g(): pass\n",
+        "rewards/_util.py": "def h(): pass\n",
+        "rewards/b.py": ("from rewards.a import _f, g\nfrom . import a as A\nfrom ._util import h\n"
+                         "import torch.optim.optimizer\nfrom torch.optim.optimizer import _x\n"
+                         "def k():\n    return A._f(), A.g(), torch.optim.optimizer._y, A.__name__\n"),
+        "rewards/c.py": "def _own(): pass\ndef run():\n    from rewards.c import _own\n",
+        "mmrl/__init__.py": "",
+        "mmrl/d.py": ("import rewards._util\nfrom rewards import _util\nfrom rewards._util import h\n"
+                      "import rewards.a\nx = rewards.a._f\n"),
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    found = [b.split(": ", 1)[1] for b in private_imports(module_files(tmp_path, ("rewards", "mmrl")))]
+    assert sorted(found) == sorted(["from rewards.a import _f", "A._f", "import rewards._util",
+                                    "from rewards import _util", "rewards.a._f"])
