@@ -1,13 +1,14 @@
 """Cross-check a checkpoint with lmms-eval (optional extra: ``pip install 'mmrl[eval]'``).
 
 ``mmrl eval --benchmark mvbench --model DIR --lmms-eval`` runs lmms-eval's own task on the same folder, via
-its one-liner (research/eval.md §4.3)::
+its command line (EvolvingLMMs-Lab/lmms-eval, README; ``pretrained`` goes to ``from_pretrained``)::
 
     python -m lmms_eval --model qwen2_5_vl --model_args pretrained=DIR,max_num_frames=32 --tasks mvbench ...
 
 lmms-eval downloads its datasets from the Hub at run time and uses its own frames, prompts (16 new tokens) and
 scoring (no MVBench average, random options for unparsed LongVideoBench answers), so its numbers are a
-cross-check, not the same protocol as ``mmrl eval --benchmark``.
+cross-check, not the same protocol as ``mmrl eval --benchmark``. The task names are the benchmarks' own
+(``Benchmark.lmms_task``, ``lmms_subtitle_task``: each benchmark's module names lmms-eval's task folder).
 """
 
 from __future__ import annotations
@@ -19,16 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from data_pipelines.benchmarks import benchmarks, find_benchmark
 from mmrl_common.errors import MmrlError
 
-# mmrl benchmark -> lmms-eval task (research/eval.md §1.6, §2.4, §3.1, §3.2, §3.4)
-LMMS_TASKS = {
-    "mvbench": "mvbench",
-    "videomme": "videomme",
-    "longvideobench": "longvideobench_val_v",
-    "mmvu": "mmvu_val",
-    "slake": "slake_en",  # the English questions, as papers report SLAKE ("slake" also runs the Chinese ones)
-}
 LMMS_MODELS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
 
 
@@ -41,13 +35,16 @@ def build_command(model: str | Path, benchmark: str, *, out: str | Path, frames:
                   subtitles: bool = False) -> list[str]:
     """The lmms-eval command line for ``model`` (a Hugging Face folder) on ``benchmark``."""
     model = Path(model)
-    task = LMMS_TASKS.get(benchmark)
+    spec = find_benchmark(benchmark)
+    task = spec.lmms_task if spec is not None else None
     if task is None:
-        raise MmrlError(f"lmms-eval has no task for '{benchmark}'; bridged: {', '.join(sorted(LMMS_TASKS))}")
+        bridged = sorted(b.name for b in benchmarks() if b.lmms_task)
+        raise MmrlError(f"lmms-eval has no task for '{benchmark}'; bridged: {', '.join(bridged)}")
     if subtitles:
-        if benchmark not in ("videomme", "longvideobench"):
-            raise MmrlError("--subtitles applies to videomme and longvideobench only")
-        task = "videomme_w_subtitle" if benchmark == "videomme" else "longvideobench_val_i"
+        if spec.lmms_subtitle_task is None:
+            with_subs = " and ".join(b.name for b in benchmarks() if b.lmms_subtitle_task)
+            raise MmrlError(f"--subtitles applies to {with_subs} only")
+        task = spec.lmms_subtitle_task
     cfg_path = model / "config.json"
     if not cfg_path.is_file():
         raise MmrlError(f"{model}: no config.json; expected a Hugging Face model folder")

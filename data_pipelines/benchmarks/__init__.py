@@ -16,7 +16,10 @@ A missing or mis-laid-out folder raises :class:`LayoutError` saying what was exp
 | ``slake`` | ``<split>.json`` + ``imgs/<img_name>`` |
 | ``toy`` | the toy world (``test.jsonl`` + ``media/``), as ``mmrl data make-toy`` writes it |
 
-Register more with :func:`register_benchmark`.
+Each benchmark is one :class:`Benchmark` spec registered from its own module (``mvbench.py``, ...): its reader,
+protocols and prompts, frame rule, headline metric and conventions, breakdowns, lmms-eval task names and
+fixture; the evaluator (:mod:`mmrl.benchmarks_eval`) and the lmms-eval bridge read the spec and nothing else.
+Add one with :func:`register_benchmark` (README, "Adding a benchmark").
 """
 
 from __future__ import annotations
@@ -25,16 +28,16 @@ import os
 from typing import Any
 
 from data_pipelines.benchmarks._common import (
-    READERS,
+    BENCHMARKS,
+    Benchmark,
     BenchmarkData,
-    BenchmarkReader,
     LayoutError,
     read_with,
     register_benchmark,
 )
 
-__all__ = ["BenchmarkData", "LayoutError", "available_benchmarks", "get_benchmark", "load_benchmark",
-           "register_benchmark"]
+__all__ = ["Benchmark", "BenchmarkData", "LayoutError", "available_benchmarks", "benchmarks", "find_benchmark", "get_benchmark",
+           "load_benchmark", "register_benchmark"]
 
 
 def _builtins() -> None:
@@ -50,13 +53,25 @@ def _builtins() -> None:
 
 def available_benchmarks() -> list[str]:
     _builtins()
-    return READERS.names()
+    return BENCHMARKS.names()
 
 
-def get_benchmark(name: str) -> BenchmarkReader:
-    """The reader of benchmark ``name`` (any spelling or alias); :class:`ConfigError` naming the valid ones."""
+def get_benchmark(name: str) -> Benchmark:
+    """The spec of benchmark ``name`` (any spelling or alias); :class:`ConfigError` naming the valid ones."""
     _builtins()
-    return READERS.get(name)
+    return BENCHMARKS.get(name)
+
+
+def find_benchmark(name: str) -> Benchmark | None:
+    """The spec of benchmark ``name`` (any spelling or alias), None when no benchmark has that name."""
+    _builtins()
+    return BENCHMARKS.find(name)
+
+
+def benchmarks() -> list[Benchmark]:
+    """Every registered spec, in registration order."""
+    _builtins()
+    return BENCHMARKS.values()
 
 
 def load_benchmark(name: str, root: str | os.PathLike[str], *, split: str | None = None,

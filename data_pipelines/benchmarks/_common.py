@@ -1,11 +1,14 @@
-"""Helpers shared by the benchmark readers: layout errors, file lookup, Parquet rows, embedded images."""
+"""The :class:`Benchmark` spec and its registry, and what the benchmark modules share: layout errors, file lookup,
+Parquet rows, embedded images, option lines for prompts, toy media for fixtures."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,43 +188,164 @@ def save_embedded_image(value: Any, cache: Path, where: str) -> Path:
     return out
 
 
+# ------------------------------------------------------------------------------------ prompt pieces
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+DIRECT_MC = "Answer with the option's letter from the given choices directly."
+LMMS_SYSTEM = "You are a helpful assistant."
+"""The system prompt of lmms-eval's ``qwen2_5_vl`` model (``lmms_eval/models/simple/qwen2_5_vl.py``)."""
+_LABEL = re.compile(r"^\s*[\(\[]?([A-Z])[\)\]\.:]\s*")
+
+
+def plain_options(options: Sequence[str] | None) -> list[str]:
+    """Option texts without a leading ``A.``/``(A)`` label that matches their position."""
+    out = []
+    for i, o in enumerate(options or []):
+        m = _LABEL.match(o)
+        out.append(o[m.end():] if m and m.group(1) == LETTERS[i] else o)
+    return out
+
+
+def option_lines(options: Sequence[str], fmt: str) -> str:
+    """One line per option, ``fmt`` with ``{letter}`` and ``{text}`` (e.g. ``"({letter}) {text}"``)."""
+    return "\n".join(fmt.format(letter=LETTERS[i], text=o) for i, o in enumerate(options))
+
+
 # ---------------------------------------------------------------------------------------------- the registry
-@dataclass
-class BenchmarkReader:
+Prompt = Callable[[Sample, "str | None"], "tuple[str | None, str, str]"]
+"""``prompt(sample, subtitles) -> (system or None, user text, pre-fill)``; ``subtitles`` is the subtitle text
+when ``--subtitles`` asked for lines in the prompt, else None."""
+Cues = Callable[[Sample], "list[tuple[float, float, str]]"]
+"""``cues(sample) -> [(start, end, text), ...]`` seconds of the sample's clip, in file order."""
+SCORINGS = ("choice", "closed_open")
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """Everything mmrl knows about one benchmark, in one place: its module builds one and calls
+    :func:`register_benchmark`. Only ``name``, ``title`` and ``reader`` are required; the defaults describe a
+    multiple-choice benchmark scored by plain accuracy.
+
+    Reading: ``reader(root, *, split, media_cache, **options) -> BenchmarkData``; ``splits`` (the first is the
+    default); ``aliases`` (other spellings); ``kind`` (``video_mc``, ``medical`` or ``toy``: what the samples
+    hold, for people and listings).
+
+    Protocols and prompts (read by :func:`mmrl.benchmarks_eval.protocols.make_protocol` / ``build_prompt``):
+    ``official`` — the :class:`~mmrl.benchmarks_eval.protocols.Protocol` fields of ``--protocol official``
+    (``source`` says where they come from); ``prompt`` — the official prompt (None: the training prompt, the
+    ``reasoning`` template); ``fixed_protocol`` — the official settings also under ``--protocol qwen`` (the toy
+    world); ``lmms_eval`` / ``lmms_prompt`` — the fields and prompt of ``--protocol lmms-eval`` (None: not
+    written down for this benchmark); ``lmms_task`` / ``lmms_subtitle_task`` — lmms-eval's task names for
+    ``mmrl eval --lmms-eval`` (without, with ``--subtitles``).
+
+    Frames: ``frame_rule`` — a frame-sampling policy (``fn(num_frames, fps, /, *, start, end, nframes, ...)``,
+    as :func:`video.register_policy` takes) registered under the benchmark's name, for ``official`` to name as
+    its ``video_policy``.
+
+    Subtitles: ``subtitles`` — the cues of a sample (None: ``--subtitles`` does not apply); ``subtitle_style``
+    — ``lines`` (the lines shown at the sampled frames' times, in the prompt text, as Video-MME) or
+    ``interleaved`` (each frame an image, the cues between them, as LongVideoBench).
+
+    Scoring and report: ``scoring`` — ``choice`` (the option letter read from the output; named accuracy
+    conventions) or ``closed_open`` (LLaVA-Med's closed and open metrics); ``breakdowns`` — the ``meta`` fields
+    (or ``problem_type``) the scores are broken down by; ``headline`` — ``(metric, why)``: the figure the
+    literature prints; ``beside`` — the other conventions reported next to it; ``task_mean_over`` — the
+    breakdown whose per-group accuracies average to the ``task_mean`` metric (MVBench: ``task``).
+
+    Fixture: ``fixture(out, *, n, seed, **options)`` writes a tiny copy in the public layout (returns the
+    folder, or None for ``out``); ``fixture_layouts`` — the other layouts it can write (``layout=``)."""
+
     name: str
-    fn: Callable[..., BenchmarkData]
     title: str
-    kind: str  # "video_mc" | "medical" | "toy"
+    reader: Callable[..., BenchmarkData]
     splits: tuple[str, ...] = ("test",)
+    aliases: tuple[str, ...] = ()
+    kind: str = "video_mc"
+    official: Mapping[str, Any] = field(default_factory=dict)
+    prompt: Prompt | None = None
+    fixed_protocol: bool = False
+    lmms_eval: Mapping[str, Any] | None = None
+    lmms_prompt: Prompt | None = None
+    lmms_task: str | None = None
+    lmms_subtitle_task: str | None = None
+    frame_rule: Callable[..., list[int]] | None = None
+    subtitles: Cues | None = None
+    subtitle_style: str = "lines"
+    scoring: str = "choice"
+    breakdowns: tuple[str, ...] = ()
+    headline: tuple[str, str] = ("accuracy", "every question")
+    beside: tuple[str, ...] = ("accuracy_answered",)
+    task_mean_over: str | None = None
+    fixture: Callable[..., Path | None] | None = None
+    fixture_layouts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"benchmark {self.name!r}: scoring must be one of {', '.join(SCORINGS)}, "
+                             f"got {self.scoring!r}")
+        if self.subtitle_style not in ("lines", "interleaved"):
+            raise ValueError(f"benchmark {self.name!r}: subtitle_style must be 'lines' or 'interleaved', "
+                             f"got {self.subtitle_style!r}")
+        if not self.splits:
+            raise ValueError(f"benchmark {self.name!r}: give at least one split")
+        if self.task_mean_over is not None and self.task_mean_over not in self.breakdowns:
+            raise ValueError(f"benchmark {self.name!r}: task_mean_over {self.task_mean_over!r} is not one of "
+                             f"its breakdowns {self.breakdowns}")
 
 
 def _spelling(name: str) -> str:
     return name.strip().lower().replace("_", "-")
 
 
-READERS: Registry[BenchmarkReader] = Registry("benchmark", duplicates="replace", normalize=_spelling)
-"""Every benchmark reader by name; case, ``_`` vs ``-`` and the aliases below do not matter."""
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark", duplicates="replace", normalize=_spelling)
+"""Every benchmark by name; case, ``_`` vs ``-`` and each benchmark's aliases do not matter."""
 
 
-def register_benchmark(name: str, *, title: str, kind: str, splits: tuple[str, ...] = ("test",),
-                       aliases: tuple[str, ...] = ()) -> Callable:
-    """Decorator registering a reader ``fn(root, *, split, media_cache, **options) -> BenchmarkData``."""
-    def deco(fn: Callable[..., BenchmarkData]) -> Callable[..., BenchmarkData]:
-        READERS.add(name, BenchmarkReader(name, fn, title, kind, splits), aliases=aliases)
-        return fn
-    return deco
+def register_benchmark(spec: Benchmark) -> Benchmark:
+    """Register ``spec`` (a module calls this once, at import) and its frame rule; returns ``spec``."""
+    if spec.frame_rule is not None:
+        from video.sampling import register_policy
+
+        register_policy(spec.name, spec.frame_rule, overwrite=True)
+    BENCHMARKS.add(spec.name, spec, aliases=spec.aliases)
+    return spec
 
 
-def read_with(reader: BenchmarkReader, root: str | os.PathLike[str], *, split: str | None = None,
+def read_with(spec: Benchmark, root: str | os.PathLike[str], *, split: str | None = None,
               media_cache: str | os.PathLike[str] | None = None, **options: Any) -> BenchmarkData:
-    """Read ``reader``'s benchmark from ``root`` (:func:`data_pipelines.benchmarks.load_benchmark` does, by name)."""
+    """Read ``spec``'s benchmark from ``root`` (:func:`data_pipelines.benchmarks.load_benchmark` does, by name)."""
     from mmrl_common.errors import ConfigError
 
-    split = split or reader.splits[0]
-    if split not in reader.splits:
-        raise ConfigError(f"{reader.title} has no split '{split}' with answers; use one of {', '.join(reader.splits)}")
+    split = split or spec.splits[0]
+    if split not in spec.splits:
+        raise ConfigError(f"{spec.title} has no split '{split}' with answers; use one of {', '.join(spec.splits)}")
     if media_cache is None:
         from mmrl_common.paths import cache_dir
 
         media_cache = cache_dir() / "benchmark-images"
-    return reader.fn(Path(root), split=split, media_cache=Path(media_cache), **options)
+    return spec.reader(Path(root), split=split, media_cache=Path(media_cache), **options)
+
+
+# ------------------------------------------------------------------------------ fixtures from toy media
+@contextmanager
+def toy_questions(task: str, n: int, seed: int) -> Iterator[list[dict[str, Any]]]:
+    """``n`` toy-world test questions of ``task`` (``color``: a video; ``scan``: an image) as their JSON records,
+    each with ``file``, the absolute path of its media, sorted by id; the files live until the block ends.
+    What a benchmark's ``fixture`` copies into its public layout."""
+    import tempfile
+
+    from data_pipelines.toy import make_toy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_toy(Path(tmp), seed, size={"train": 0, "val": 0, "test": n}, tasks=[task], progress=False)
+        recs = [json.loads(line) for line in (Path(tmp) / "test.jsonl").read_text().splitlines()]
+        for r in recs:
+            r["file"] = Path(tmp) / r["media"][0]["path"]
+        yield sorted(recs, key=lambda r: r["id"])
+
+
+def copy_media(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst``, making ``dst``'s folder."""
+    import shutil
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)

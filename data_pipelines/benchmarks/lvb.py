@@ -6,7 +6,15 @@ Layout: ``lvb_val.json`` (items with ``id``, ``video_path``, ``question``, ``can
 ``starting_timestamp_for_subtitles``), the videos from ``videos.tar.part.*`` in ``videos/`` (any case of the
 extension) and the subtitles from ``subtitles.tar`` in ``subtitles/<subtitle_path>``. A question whose video is
 not there is kept and marked (``meta["missing_media"]``, listed in ``info["missing_media"]``); when no video at
-all is found the folder is wrong and a :class:`LayoutError` says so. Research notes: research/eval.md §3.1.
+all is found the folder is wrong and a :class:`LayoutError` says so. Data: the dataset card of
+longvideobench/LongVideoBench (LongVideoBench, arXiv 2407.15754).
+
+Protocol (``longvideobench/longvideobench_dataset.py`` in the benchmark's repository): ``min(16, int(duration))``
+frames at a fixed stride (:func:`lvb_indices`, registered as the frame rule ``longvideobench``), "Question: …",
+the options as ``A. …`` lines and "Answer with the option's letter from the given choices directly.";
+with ``--subtitles`` the frames become images interleaved with the subtitles. The headline counts an unparsed
+answer wrong; lmms-eval (``lmms_eval/tasks/longvideobench/utils.py``) gives it a random option instead, reported
+beside it as its expected value.
 
 Subtitle files (read by :func:`lvb_subtitles`, format from the official ``longvideobench/longvideobench_dataset.py``,
 ``insert_subtitles_into_frames``): a JSON list in file order of either
@@ -22,21 +30,29 @@ which puts them on the clip's clock, the one the sampled frames' timestamps (``i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks._common import (
+    DIRECT_MC,
+    LMMS_SYSTEM,
+    Benchmark,
     BenchmarkData,
     MediaIndex,
     check_root,
+    copy_media,
     expected_media_path,
     find_media,
     first_existing,
     layout_error,
     mark_missing,
     missing_media,
+    option_lines,
+    plain_options,
     read_json,
     register_benchmark,
+    toy_questions,
 )
 from data_pipelines.schema import MediaItem, Sample, option_letter
 from mmrl_common.errors import DataError
@@ -116,8 +132,6 @@ def lvb_subtitles(sample: Sample) -> list[tuple[float, float, str]]:
                               duration=float(sample.meta.get("duration") or 0.0))
 
 
-@register_benchmark("longvideobench", title=TITLE, kind="video_mc", splits=("val",),
-                    aliases=("lvb", "long-video-bench"))
 def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
     root = check_root(TITLE, root, EXPECTED)
     path = first_existing([root / "lvb_val.json", root / "val.json"])
@@ -163,3 +177,79 @@ def load_lvb(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchmar
         "with_subtitle_files": sum(1 for s in samples if s.meta["subtitle_path"]),
         "missing_media": missing_media(TITLE, root, samples, EXPECTED, "videos (videos/<video_path>)"),
     })
+
+
+def lvb_indices(num_frames: int, fps: float, /, *, start: float | None = None, end: float | None = None,
+                nframes: int = 16, duration: float | None = None) -> list[int]:
+    """LongVideoBench's ``load_video``: ``n = min(nframes, int(duration))`` frames at stride
+    ``int(int(duration·fps) / n)`` from the first frame (``duration`` from the question file)."""
+    dur = float(duration) if duration else num_frames / fps
+    valid = min(int(dur * fps), num_frames)
+    n = max(1, min(int(nframes), int(dur)))
+    stride = int(valid / n)
+    return [min(stride * i, num_frames - 1) for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+def official_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    opts = option_lines(plain_options(sample.options), "{letter}. {text}")
+    return None, f"Question: {sample.question.strip()}\n{opts}\n{DIRECT_MC}", ""
+
+
+def lmms_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    """lmms-eval's ``longvideobench_doc_to_text`` (the ``_val_v`` task)."""
+    opts = option_lines(plain_options(sample.options), "{letter}. {text}")
+    return LMMS_SYSTEM, f"{sample.question.strip()}\n{opts}\n{DIRECT_MC}\n", ""
+
+
+# ------------------------------------------------------------------------------------------------ fixture
+# LongVideoBench subtitle files (the two formats longvideobench_dataset.py reads), by video:
+# lvb0 in the clip's own clock ("timestamp" seconds, a null end = the clip's end), lvb1 cut from a source video
+# at 100 s ("start"/"end" strings, starting_timestamp_for_subtitles = 100).
+FIXTURE_SUBTITLES: dict[str, tuple[float, list[dict[str, Any]]]] = {
+    "lvb0": (0.0, [{"timestamp": [0.0, 0.9], "text": "Look at the moving object."},
+                   {"timestamp": [1.2, None], "text": "It keeps its colour."}]),
+    "lvb1": (100.0, [{"start": "00:01:40.250", "end": "00:01:41.000", "line": "Here it comes."},
+                     {"start": "00:01:41.000", "end": "00:01:41.750", "line": "There it goes."}]),
+}
+
+
+def lvb_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    """``lvb_val.json`` with the videos (the first stored as ``.MP4``), subtitle files in both formats and one
+    question whose video is missing (the last item)."""
+    items = []
+    with toy_questions("color", n, seed) as recs:
+        for j, r in enumerate(recs):
+            copy_media(r["file"], out / "videos" / f"lvb{j}.{'MP4' if j == 0 else 'mp4'}")  # lvb0.MP4
+            offset, subs = FIXTURE_SUBTITLES.get(f"lvb{j}", (0.0, None))
+            if subs is not None:
+                (out / "subtitles").mkdir(parents=True, exist_ok=True)
+                (out / "subtitles" / f"lvb{j}_en.json").write_text(json.dumps(subs))
+            items.append({"id": f"lvb{j}_0", "video_id": f"lvb{j}", "video_path": f"lvb{j}.mp4",
+                          "subtitle_path": f"lvb{j}_en.json", "question": r["question"],
+                          "candidates": list(r["options"]), "correct_choice": "ABCD".index(r["answer"]),
+                          "duration": 2.0, "duration_group": [15, 60][j % 2],
+                          "question_category": ["S2E", "T3O"][j % 2], "topic_category": "TOY",
+                          "starting_timestamp_for_subtitles": offset})
+    # the extra question, last: its video lvbmissing.mp4 is not in videos/
+    items.append(dict(items[0], id="lvbmissing_0", video_id="lvbmissing", video_path="lvbmissing.mp4",
+                      subtitle_path="lvbmissing_en.json", starting_timestamp_for_subtitles=0.0))
+    (out / "lvb_val.json").write_text(json.dumps(items, indent=1))
+
+
+LONGVIDEOBENCH = register_benchmark(Benchmark(
+    name="longvideobench", title=TITLE, reader=load_lvb, splits=("val",), aliases=("lvb", "long-video-bench"),
+    kind="video_mc",
+    # min(max_frames, int(duration)) frames at a fixed stride; 16 frames as lmms-eval's _val_i task
+    official={"video_policy": "longvideobench", "nframes": 16, "max_new_tokens": 16,
+              "source": "longvideobench_dataset.py (LongVideoBench repository)"},
+    prompt=official_prompt, frame_rule=lvb_indices,
+    lmms_eval={"max_new_tokens": 32, "source": "lmms-eval tasks/longvideobench (longvideobench_val_v)"},
+    lmms_prompt=lmms_prompt, lmms_task="longvideobench_val_v", lmms_subtitle_task="longvideobench_val_i",
+    subtitles=lvb_subtitles, subtitle_style="interleaved",
+    breakdowns=("duration_group", "question_category"),
+    headline=("accuracy", ("every question, unparsed counted wrong; papers that used lmms-eval gave an "
+                           "unparsed answer a random option (random_unparsed beside it)")),
+    beside=("random_unparsed", "accuracy_answered"),
+    fixture=lvb_fixture,
+))

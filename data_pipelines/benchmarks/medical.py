@@ -4,8 +4,8 @@ MedXpertQA-MM (MM/*.jsonl + images/) and MMMU Health & Medicine (<Subject>/*.par
 
 * ``vqa-rad`` (flaviagiammarino/vqa-rad) and ``pathvqa`` (flaviagiammarino/path-vqa): ``data/<split>-*.parquet``
   with ``image`` (``{"bytes", "path"}``), ``question``, ``answer``. These copies carry no answer type; a question
-  is **closed when its answer is yes or no** (MedEvalKit's rule, research/medical.md §4). Images are written
-  once to the media cache.
+  is **closed when its answer is yes or no** (MedEvalKit's rule: alibaba-damo-academy/MedEvalKit
+  ``utils/VQA_RAD/VQA_RAD.py``, ``utils/PATH_VQA/PATH_VQA.py``). Images are written once to the media cache.
 * ``slake`` (BoKelvin/SLAKE): ``<split>.json`` (``img_name``, ``qid``, ``question``, ``answer``,
   ``answer_type`` OPEN/CLOSED, ``q_lang``, ``modality``, ``content_type``) and ``imgs/<img_name>`` from
   ``imgs.zip``; the dataset's own ``answer_type`` decides closed/open; English questions by default.
@@ -14,6 +14,10 @@ Closed yes/no questions become ``yes_no`` samples; other closed and open questio
 multiple-choice sets give ``multiple_choice`` samples (answer: the gold letter). ``meta.answer_type`` is
 ``closed`` or ``open`` and ``meta.closed_rule`` records which rule decided it. A folder laid out otherwise
 raises :class:`LayoutError` saying what was expected where.
+
+Evaluation: VQA-RAD, PathVQA and SLAKE ask the question as it is and are scored as LLaVA-Med scores closed and
+open answers (microsoft/LLaVA-Med ``llava/eval/run_eval_batch.py``; the ``closed_open`` scoring); the
+multiple-choice sets show the lettered options with the training prompt and score the letter.
 
 Training: ``python -m data_pipelines.benchmarks.medical export NAME ROOT --split train --out train.jsonl`` writes
 native records for ``mmrl train --data train.jsonl`` (:func:`export_training_file`).
@@ -29,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks._common import (
-    READERS,
+    BENCHMARKS,
+    Benchmark,
     BenchmarkData,
     check_root,
+    copy_media,
     first_existing,
     layout_error,
     read_json,
@@ -39,10 +45,11 @@ from data_pipelines.benchmarks._common import (
     read_with,
     register_benchmark,
     save_embedded_image,
+    toy_questions,
 )
 from data_pipelines.schema import MediaItem, Sample, option_letters
 from mmrl_common.errors import DataError
-from rewards.answers import normalize_text
+from rewards.answers import normalize_gold_choice, normalize_text
 
 _SPLIT_FILES = {"test": ("test",), "val": ("validation", "val"), "train": ("train",)}
 
@@ -85,19 +92,12 @@ def _parquet_reader(name: str, title: str) -> Any:
     return load
 
 
-register_benchmark("vqa-rad", title="VQA-RAD", kind="medical", splits=("test", "train"), aliases=("vqarad",))(
-    _parquet_reader("vqa-rad", "VQA-RAD"))
-register_benchmark("pathvqa", title="PathVQA", kind="medical", splits=("test", "val", "train"),
-                   aliases=("path-vqa",))(
-    _parquet_reader("pathvqa", "PathVQA"))
-
 SLAKE_EXPECTED = (
     "test.json                        questions (validation.json, train.json for the other splits)",
     "imgs/<img_name>                  images unzipped from imgs.zip, e.g. imgs/xmlab102/source.jpg",
 )
 
 
-@register_benchmark("slake", title="SLAKE", kind="medical", splits=("test", "val", "train"))
 def load_slake(root: Path, *, split: str, media_cache: Path, language: str = "en", **_: Any) -> BenchmarkData:
     root = check_root("SLAKE", root, SLAKE_EXPECTED)
     path = first_existing(root / f"{stem}.json" for stem in _SPLIT_FILES[split])
@@ -133,9 +133,11 @@ def load_slake(root: Path, *, split: str, media_cache: Path, language: str = "en
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Multiple-choice medical sets: PMC-VQA, OmniMedVQA, MedXpertQA-MM, MMMU Health & Medicine
-# (research/medical.md §4). Every question is closed: a multiple_choice sample whose answer is the gold letter
-# and whose options are the plain option texts; meta.answer_type "closed", meta.closed_rule "multiple choice".
+# Multiple-choice medical sets: PMC-VQA, OmniMedVQA, MedXpertQA-MM, MMMU Health & Medicine (layouts from each
+# dataset card, the columns as MedEvalKit and MedVLThinker's data_process/ scripts read them). Every question is
+# closed: a multiple_choice sample whose answer is the gold letter (rewards.answers.normalize_gold_choice reads a
+# letter or an option's text) and whose options are the plain option texts; meta.answer_type "closed",
+# meta.closed_rule "multiple choice".
 # ----------------------------------------------------------------------------------------------------------
 
 _OPTION_LABEL = re.compile(r"^\s*\(?([A-Za-z])\s*[\):.]\s*")
@@ -150,16 +152,12 @@ def _plain_option(text: Any, letter_: str) -> str:
 
 def _mc_sample(sid: str, question: str, options: list[str], gold: str, images: list[Path], where: str,
                meta: dict[str, Any]) -> Sample:
-    letters = option_letters(len(options))
-    g = str(gold).strip()
-    if g.upper() in letters and len(g) == 1:
-        answer = g.upper()
-    else:
-        hits = [letters[i] for i, o in enumerate(options) if normalize_text(o) == normalize_text(_plain_option(g, ""))]
-        if len(hits) != 1:
-            raise DataError(f"{where}: the answer {gold!r} is neither an option letter ({', '.join(letters)}) nor "
-                            f"exactly one option's text ({options})")
-        answer = hits[0]
+    try:
+        answer = normalize_gold_choice(str(gold), options)
+    except ValueError:
+        letters = option_letters(len(options))
+        raise DataError(f"{where}: the answer {gold!r} is neither an option letter ({', '.join(letters)}) nor "
+                        f"exactly one option's text ({options})") from None
     return Sample(id=sid, problem_type="multiple_choice", question=question.strip(), options=options, answer=answer,
                   media=[MediaItem("image", str(p)) for p in images],
                   meta={"answer_type": "closed", "closed_rule": "multiple choice", **meta})
@@ -181,7 +179,6 @@ PMC_EXPECTED = (
 _PMC_FILES = {"test": ("test_clean.csv", "test.csv", "test_2.csv"), "train": ("train.csv", "train_2.csv")}
 
 
-@register_benchmark("pmc-vqa", title="PMC-VQA", kind="medical", splits=("test", "train"), aliases=("pmcvqa",))
 def load_pmc_vqa(root: Path, *, split: str, media_cache: Path, file: str | None = None, **_: Any) -> BenchmarkData:
     """PMC-VQA (xmcmic/PMC-VQA): a question CSV and an image folder; ``file`` picks the CSV (default: the first
     of ``test_clean.csv, test.csv, test_2.csv`` or ``train.csv, train_2.csv`` that exists)."""
@@ -218,7 +215,6 @@ OMNI_EXPECTED = (
 )
 
 
-@register_benchmark("omnimedvqa", title="OmniMedVQA", kind="medical", splits=("test",), aliases=("omni-med-vqa",))
 def load_omnimedvqa(root: Path, *, split: str, media_cache: Path, access: str = "open", **_: Any) -> BenchmarkData:
     """OmniMedVQA (foreverbeliever/OmniMedVQA) unzipped: one JSON list per source dataset; ``access`` =
     ``open`` (default: Open-access, whose images ship in the zip) or ``all`` (Restricted-access too: their images
@@ -260,8 +256,6 @@ MEDXPERT_EXPECTED = (
 _ANSWER_CHOICES = re.compile(r"\s*Answer Choices\s*:.*\Z", re.DOTALL | re.IGNORECASE)
 
 
-@register_benchmark("medxpertqa-mm", title="MedXpertQA-MM", kind="medical", splits=("test", "val"),
-                    aliases=("medxpertqa",))
 def load_medxpertqa_mm(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
     """MedXpertQA, config MM (TsinghuaC3I/MedXpertQA): JSONL questions and an image folder. The question's
     appended "Answer Choices: (A) ..." block is dropped (the options are given separately)."""
@@ -310,8 +304,6 @@ MMMU_EXPECTED = (
 _IMAGE_TAG = re.compile(r"<image (\d+)>")
 
 
-@register_benchmark("mmmu-med", title="MMMU Health & Medicine", kind="medical", splits=("val", "dev"),
-                    aliases=("mmmu-health", "mmmu-hm"))
 def load_mmmu_med(root: Path, *, split: str, media_cache: Path, subjects: Any = None, include_open: bool = False,
                   **_: Any) -> BenchmarkData:
     """MMMU (MMMU/MMMU) Health & Medicine subjects from the Parquet copy; multiple-choice questions only unless
@@ -355,6 +347,178 @@ def load_mmmu_med(root: Path, *, split: str, media_cache: Path, subjects: Any = 
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Fixtures: the toy world's scans in each set's layout
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _medical_rows(recs: list[dict[str, Any]]) -> list[tuple[Path, str, str]]:
+    rows = []
+    for r in recs:
+        answer = r["answer"]
+        if r["problem_type"] == "multiple_choice":
+            answer = r["options"]["ABCD".index(answer)]
+        rows.append((r["file"], r["question"], str(answer)))
+    return rows
+
+
+def _hf_parquet_fixture(name: str) -> Any:
+    def write(out: Path, *, n: int, seed: int, **_: Any) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        with toy_questions("scan", n, seed) as recs:
+            rows = [{"image": {"bytes": f.read_bytes(), "path": f"synpic{j}.png"}, "question": q, "answer": a}
+                    for j, (f, q, a) in enumerate(_medical_rows(recs))]
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), out / "data" / f"test-00000-of-00001-{name}.parquet")
+
+    return write
+
+
+def slake_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    items = []
+    with toy_questions("scan", n, seed) as recs:
+        for j, (f, q, a) in enumerate(_medical_rows(recs)):
+            copy_media(f, out / "imgs" / f"xmlab{j}" / "source.jpg")
+            closed = a.lower() in ("yes", "no")
+            items.append({"img_id": j, "img_name": f"xmlab{j}/source.jpg", "question": q, "answer": a,
+                          "q_lang": "en", "location": "Abdomen", "modality": ["CT", "MRI"][j % 2],
+                          "answer_type": "CLOSED" if closed else "OPEN", "base_type": "vqa",
+                          "content_type": "Abnormality", "triple": ["vhead", "_", "_"], "qid": j})
+    items.append(dict(items[0], q_lang="zh", qid=1000, question="图像中有病变吗?"))
+    (out / "test.json").write_text(json.dumps(items, ensure_ascii=False, indent=1))
+
+
+def _scan_mcq(recs: list[dict[str, Any]]) -> list[tuple[Path, str, list[str], int]]:
+    """Every toy scan question as multiple choice: (image, question, options, index of the gold option)."""
+    from data_pipelines.toy.scan import LOCATIONS, POLARITIES
+
+    out = []
+    for r in recs:
+        if r["problem_type"] == "multiple_choice":
+            out.append((r["file"], r["question"], list(r["options"]), "ABCD".index(r["answer"])))
+            continue
+        options = ["yes", "no"] if r["problem_type"] == "yes_no" else \
+            list(LOCATIONS) if r["answer"] in LOCATIONS else list(POLARITIES)
+        out.append((r["file"], r["question"], options, options.index(r["answer"])))
+    return out
+
+
+def pmc_vqa_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    rows = []
+    with toy_questions("scan", n, seed) as recs:
+        for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+            name = f"PMC{1000 + j}_F{j % 3 + 1}.jpg"
+            copy_media(f, out / "images" / name)
+            row = {"Figure_path": name, "Question": q, "Answer": opts[gold], "Answer_label": "ABCD"[gold]}
+            row.update({f"Choice {c}": "" for c in "ABCD"})
+            row.update({f"Choice {'ABCD'[i]}": f"{'ABCD'[i]}:{o}" for i, o in enumerate(opts)})
+            rows.append(row)
+    with open(out / "test_clean.csv", "w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, ["Figure_path", "Question", "Answer", "Choice A", "Choice B", "Choice C", "Choice D",
+                                "Answer_label"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def omnimedvqa_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    qa = out / "QA_information" / "Open-access"
+    qa.mkdir(parents=True, exist_ok=True)
+    by_set: dict[str, list[dict[str, Any]]] = {}
+    with toy_questions("scan", n, seed) as recs:
+        for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+            dataset = ["Toy CT", "Toy MRI"][j % 2]
+            rel = f"Images/{dataset.replace(' ', '_')}/scan_{j}.png"
+            copy_media(f, out / rel)
+            item = {"dataset": dataset, "question_id": f"{dataset.replace(' ', '_')}_{j}", "question_type":
+                    "Anatomy Identification", "question": q, "gt_answer": opts[gold], "image_path": rel,
+                    "modality_type": dataset.split()[1]}
+            item.update({f"option_{'ABCD'[i]}": o for i, o in enumerate(opts)})
+            by_set.setdefault(dataset, []).append(item)
+    for dataset, items in by_set.items():
+        (qa / f"{dataset.replace(' ', '_')}.json").write_text(json.dumps(items, indent=1))
+
+
+def medxpertqa_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    lines = []
+    with toy_questions("scan", n, seed) as recs:
+        for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+            name = f"MM-{j}-a.jpeg"
+            copy_media(f, out / "images" / name)
+            letters = "ABCDE"[:len(opts)]
+            choices = " ".join(f"({c}) {o}" for c, o in zip(letters, opts))
+            lines.append(json.dumps({"id": f"MM-{j}", "question": f"{q}\nAnswer Choices: {choices}",
+                                     "options": dict(zip(letters, opts)), "label": letters[gold], "images": [name],
+                                     "medical_task": "Diagnosis", "body_system": "Lymphatic",
+                                     "question_type": ["Reasoning", "Understanding"][j % 2]}))
+    (out / "MM").mkdir(parents=True, exist_ok=True)
+    (out / "MM" / "test.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def mmmu_med_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    by_subject: dict[str, list[dict[str, Any]]] = {}
+    with toy_questions("scan", n, seed) as recs:
+        for j, (f, q, opts, gold) in enumerate(_scan_mcq(recs)):
+            subject = MMMU_SUBJECTS[j % 2]
+            row = {"id": f"validation_{subject}_{j + 1}", "question": f"<image 1> {q}", "options": str(opts),
+                   "explanation": "", "image_1": {"bytes": f.read_bytes(), "path": f"{j}.png"},
+                   **{f"image_{k}": None for k in range(2, 8)}, "img_type": "['CT']", "answer": "ABCD"[gold],
+                   "topic_difficulty": "Easy", "question_type": "multiple-choice", "subfield": "Radiology"}
+            by_subject.setdefault(subject, []).append(row)
+    first = by_subject[MMMU_SUBJECTS[0]][0]  # one open question, left out by default
+    by_subject[MMMU_SUBJECTS[0]].append(dict(first, id="validation_open_1", question_type="open", answer="left"))
+    schema = pa.schema([(k, pa.string()) for k in first if not k.startswith("image_")]
+                       + [(f"image_{k}", pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+                          for k in range(1, 8)])
+    for subject, rows in by_subject.items():
+        (out / subject).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), out / subject / "validation-00000-of-00001.parquet")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The specs
+# ----------------------------------------------------------------------------------------------------------
+
+
+def question_only(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    """LLaVA-Med's prompt: the question as it is."""
+    return None, sample.question.strip(), ""
+
+
+_LLAVA_MED = {"max_new_tokens": 128, "source": "LLaVA-Med scoring (microsoft/LLaVA-Med llava/eval/run_eval_batch.py)"}
+_MC = {"max_new_tokens": 128, "source": "multiple choice, letter or option text"}
+
+VQA_RAD = register_benchmark(Benchmark(
+    name="vqa-rad", title="VQA-RAD", reader=_parquet_reader("vqa-rad", "VQA-RAD"), splits=("test", "train"),
+    aliases=("vqarad",), kind="medical", official=_LLAVA_MED, prompt=question_only, scoring="closed_open",
+    fixture=_hf_parquet_fixture("vqa-rad")))
+PATHVQA = register_benchmark(Benchmark(
+    name="pathvqa", title="PathVQA", reader=_parquet_reader("pathvqa", "PathVQA"), splits=("test", "val", "train"),
+    aliases=("path-vqa",), kind="medical", official=_LLAVA_MED, prompt=question_only, scoring="closed_open",
+    fixture=_hf_parquet_fixture("pathvqa")))
+SLAKE = register_benchmark(Benchmark(
+    name="slake", title="SLAKE", reader=load_slake, splits=("test", "val", "train"), kind="medical",
+    official=_LLAVA_MED, prompt=question_only, scoring="closed_open", breakdowns=("modality",),
+    # the English questions, as papers report SLAKE (lmms-eval's "slake" also runs the Chinese ones)
+    lmms_task="slake_en", fixture=slake_fixture))
+PMC_VQA = register_benchmark(Benchmark(
+    name="pmc-vqa", title="PMC-VQA", reader=load_pmc_vqa, splits=("test", "train"), aliases=("pmcvqa",),
+    kind="medical", official=_MC, fixture=pmc_vqa_fixture))
+OMNIMEDVQA = register_benchmark(Benchmark(
+    name="omnimedvqa", title="OmniMedVQA", reader=load_omnimedvqa, splits=("test",), aliases=("omni-med-vqa",),
+    kind="medical", official=_MC, fixture=omnimedvqa_fixture))
+MEDXPERTQA_MM = register_benchmark(Benchmark(
+    name="medxpertqa-mm", title="MedXpertQA-MM", reader=load_medxpertqa_mm, splits=("test", "val"),
+    aliases=("medxpertqa",), kind="medical", official=_MC, fixture=medxpertqa_fixture))
+MMMU_MED = register_benchmark(Benchmark(
+    name="mmmu-med", title="MMMU Health & Medicine", reader=load_mmmu_med, splits=("val", "dev"),
+    aliases=("mmmu-health", "mmmu-hm"), kind="medical", official=_MC, fixture=mmmu_med_fixture))
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Training on a public set: write its records as a native JSONL file for `mmrl train --data`
 # ----------------------------------------------------------------------------------------------------------
 
@@ -365,7 +529,7 @@ def export_training_file(name: str, root: str | Path, out: str | Path, *, split:
     ``meta.answer_type``), loadable by ``mmrl train --data OUT``; returns ``OUT``."""
     from data_pipelines.loaders import write_jsonl
 
-    data = read_with(READERS.get(name), root, split=split, **options)  # this module's readers (registered above)
+    data = read_with(BENCHMARKS.get(name), root, split=split, **options)  # this module's readers (registered below)
     return write_jsonl(out, data.samples)
 
 

@@ -16,7 +16,11 @@
 Videos are found whatever the case of their extension. A question whose video is not there is kept and marked
 (``meta["missing_media"]``, listed in ``info["missing_media"]``); when no video at all is found the folder is
 wrong and a :class:`LayoutError` says so. Open-ended questions need an LLM judge and are left out (counted in the
-info). Research notes: research/eval.md §3.2.
+info). Data: the yale-nlp/MMVU repository (README, ``data/validation.json``; MMVU, arXiv 2501.12380).
+
+Protocol: the official direct-output prompt and 10 frames of the repository's ``main.py``, its ``MAX_TOKENS``
+1024. Papers report "MMVU (mc)", the multiple-choice questions only, every one counted; the official scorer
+judges with GPT-4o, lmms-eval's ``mmvu_val`` (``lmms_eval/tasks/mmvu/utils.py``) matches the letter, as here.
 """
 
 from __future__ import annotations
@@ -27,21 +31,28 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks._common import (
+    LMMS_SYSTEM,
+    Benchmark,
     BenchmarkData,
     MediaIndex,
     check_root,
+    copy_media,
     expected_media_path,
     find_media,
     first_existing,
     layout_error,
     mark_missing,
     missing_media,
+    option_lines,
+    plain_options,
     read_json,
     read_parquet,
     register_benchmark,
+    toy_questions,
 )
 from data_pipelines.schema import MediaItem, Sample
 from mmrl_common.errors import DataError
+from rewards.answers import normalize_gold_choice
 
 TITLE = "MMVU"
 EXPECTED = (
@@ -109,7 +120,6 @@ def _read_table(root: Path) -> tuple[list[dict[str, Any]], list[Path], str] | No
     return None
 
 
-@register_benchmark("mmvu", title=TITLE, kind="video_mc", splits=("val",))
 def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
     root = check_root(TITLE, root, EXPECTED)
     table = _read_table(root)
@@ -131,9 +141,11 @@ def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchma
         letters = sorted(k for k, v in choices.items() if v.strip())
         if letters != list("ABCDEFGH"[: len(letters)]) or len(letters) < 2:
             raise DataError(f"{where}: choices must fill the letters A.. in order, got {sorted(choices)}")
-        answer = str(raw.get("answer", "")).strip().upper()
-        if answer not in letters:
-            raise DataError(f"{where}: answer {raw.get('answer')!r} is not one of {letters}")
+        options = [choices[k] for k in letters]
+        try:
+            answer = normalize_gold_choice(str(raw.get("answer", "")), options)
+        except ValueError:
+            raise DataError(f"{where}: answer {raw.get('answer')!r} is not one of {letters}") from None
         rel = _relative(str(raw.get("video_path") or raw.get("video") or ""))
         if not rel:
             raise DataError(f"{where}: no video / video_path")
@@ -148,7 +160,7 @@ def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchma
                                f"{', '.join(str(b) for b in bases)}")
         samples.append(Sample(
             id=str(raw.get("id", i)), problem_type="multiple_choice", question=str(raw["question"]),
-            options=[choices[k] for k in letters], answer=answer, media=[MediaItem("video", str(video))],
+            options=options, answer=answer, media=[MediaItem("video", str(video))],
             meta=meta,
         ))
     info: dict[str, Any] = {"split": split, "file": str(files[0]), "layout": layout,
@@ -157,3 +169,77 @@ def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchma
         info["files"] = [str(f) for f in files]
     info["missing_media"] = missing_media(TITLE, root, samples, EXPECTED, "videos (videos/<subject>/<n>.mp4)")
     return BenchmarkData("mmvu", root, samples, info)
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+DIRECT = ("Do not generate any intermediate reasoning process. Answer directly with the option letter "
+          "from the given choices.")
+
+
+def official_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    """``main.py``'s direct-output prompt."""
+    opts = option_lines(plain_options(sample.options), "{letter}: {text}")
+    return None, f"Question:{sample.question.strip()}\n{opts}\nVisual Information: processed video\n{DIRECT}", ""
+
+
+def lmms_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    """lmms-eval's ``multiple_choice_prompt`` (``tasks/mmvu/utils.py``): always the letters A to E (empty text for
+    unused ones)."""
+    opts = plain_options(sample.options)
+    five = list(opts) + [""] * max(0, 5 - len(opts))
+    return LMMS_SYSTEM, (f"\nQuestion:{sample.question.strip()}\n{option_lines(five, '{letter}: {text}')}\n"
+                         "Visual Information: processed video\n"
+                         "Do not generate any intermediate reasoning process. Answer directly with the option letter "
+                         "from the\ngiven choices.\n"), ""
+
+
+# ------------------------------------------------------------------------------------------------ fixture
+def mmvu_fixture(out: Path, *, n: int, seed: int, layout: str = "yale-nlp", **_: Any) -> None:
+    """The yale-nlp layout (``layout="lmms-eval"``: the Parquet export lmms-eval downloads): the videos (the first
+    stored as ``.MP4``), one open-ended question and one question whose video is missing (the last)."""
+    if layout not in ("yale-nlp", "lmms-eval"):
+        raise ValueError(f"MMVU fixture layout must be 'yale-nlp' or 'lmms-eval', got {layout!r}")
+    items = []
+    with toy_questions("color", n, seed) as recs:
+        for j, r in enumerate(recs):
+            subject = ["Art", "Chemistry"][j % 2]
+            copy_media(r["file"], out / "videos" / subject / f"{j}.{'MP4' if j == 0 else 'mp4'}")  # videos/Art/0.MP4
+            url = f"https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/{subject}/{j}.mp4"
+            choices = {k: "" for k in "ABCDE"}
+            choices.update({"ABCD"[i]: o for i, o in enumerate(r["options"])})
+            items.append({"id": f"validation_{j}", "video": url, "youtube_url": None,
+                          "question_type": "multiple-choice", "metadata": {"subject": subject, "textbook": "",
+                                                                            "rationale": "", "knowledge": ""},
+                          "question": r["question"], "choices": choices, "answer": r["answer"]})
+    items.append({"id": "validation_open", "video": items[0]["video"], "youtube_url": None,
+                  "question_type": "open-ended", "metadata": {"subject": "Art", "textbook": "", "rationale": "",
+                                                              "knowledge": ""},
+                  "question": "Describe the motion.", "choices": {k: "" for k in "ABCDE"}, "answer": "it moves"})
+    # the extra question, last: its video videos/Chemistry/missing.mp4 is not there
+    items.append(dict(items[0], id="validation_missing", metadata=dict(items[0]["metadata"], subject="Chemistry"),
+                      video="https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/videos/Chemistry/missing.mp4"))
+    if layout == "yale-nlp":
+        (out / "validation.json").write_text(json.dumps(items, indent=1))
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # lmms-eval/MMVU: the Hub's Parquet export, a relative video_path, choices as a struct, no metadata column
+    rows = [{"id": it["id"], "video_path": it["video"].split("/resolve/main/", 1)[1],
+             "question_type": it["question_type"], "question": it["question"], "choices": it["choices"],
+             "answer": it["answer"]} for it in items]
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out / "data" / "validation-00000-of-00001.parquet")
+
+
+MMVU = register_benchmark(Benchmark(
+    name="mmvu", title=TITLE, reader=load_mmvu, splits=("val",), kind="video_mc",
+    official={"video_policy": "uniform", "nframes": 10, "max_new_tokens": 1024,
+              "source": "MMVU main.py direct-output prompt (yale-nlp/MMVU)"},
+    prompt=official_prompt,
+    lmms_eval={"max_new_tokens": 1024, "temperature": 0.7, "source": "lmms-eval tasks/mmvu (mmvu_val)"},
+    lmms_prompt=lmms_prompt, lmms_task="mmvu_val",
+    breakdowns=("subject",),
+    headline=("accuracy", "MMVU (mc): the multiple-choice validation questions, every one counted"),
+    fixture=mmvu_fixture, fixture_layouts=("yale-nlp", "lmms-eval"),
+))

@@ -13,25 +13,41 @@ Two public layouts are read:
 A JSON item is ``{"video", "question", "candidates", "answer" (the candidate's text), "start"?, "end"?}``;
 the answer becomes the candidate's letter. Videos are found whatever the case of their extension. A question whose
 video is not there is kept and marked (``meta["missing_media"]``, listed in ``info["missing_media"]``); when no
-video at all is found the folder is wrong and a :class:`LayoutError` says so. Task table: research/eval.md §1.1.
+video at all is found the folder is wrong and a :class:`LayoutError` says so. Task table: the official evaluation
+notebook (OpenGVLab/Ask-Anything ``video_chat2/mvbench.ipynb``, cell ``data_list``; MVBench, arXiv 2311.17005).
+
+Protocol (the same notebook, cells ``qa_template``, ``infer_mvbench``, ``get_index``, ``check_ans``): 16 frames, one
+from the middle of each of 16 equal segments inside the bound, 224-px frames; the system text :data:`SYSTEM`; the
+question, the options as ``(A) …`` lines and "Only give the best option."; the answer pre-filled with
+:data:`PREFILL`, greedy, 100 new tokens, ``"(" +`` the first generated line scored. The headline is the mean of
+the 20 task accuracies (MVBench papers and its leaderboard's "Avg"). lmms-eval's ``mvbench`` task
+(``lmms_eval/tasks/mvbench/utils.py`` and its yaml files) reads the video branch without bounds and asks
+``Question:``/``Option:`` (singular) with the post-prompt "Only give the best option.", no pre-fill, 16 new tokens.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks._common import (
+    LMMS_SYSTEM,
+    Benchmark,
     BenchmarkData,
     MediaIndex,
     check_root,
+    copy_media,
     expected_media_path,
     find_media,
     layout_error,
     mark_missing,
     missing_media,
+    option_lines,
+    plain_options,
     read_json,
     register_benchmark,
+    toy_questions,
 )
 from data_pipelines.schema import MediaItem, Sample, option_letter
 from mmrl_common.errors import DataError
@@ -114,7 +130,6 @@ def _item(task: str, index: int, raw: Any, path: Path, root: Path, media: MediaI
     )
 
 
-@register_benchmark("mvbench", title=TITLE, kind="video_mc")
 def load_mvbench(root: Path, *, split: str, media_cache: Path, tasks: list[str] | None = None,
                  **_: Any) -> BenchmarkData:
     root = check_root(TITLE, root, EXPECTED)
@@ -142,3 +157,81 @@ def load_mvbench(root: Path, *, split: str, media_cache: Path, tasks: list[str] 
         "layout": "video branch" if any(s.meta["trimmed_clip"] for s in samples) else "main branch / raw videos",
         "missing_media": missing_media(TITLE, root, samples, EXPECTED),
     })
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+SYSTEM = (
+    "Carefully watch the video and pay attention to the cause and sequence of events, the detail and movement "
+    "of objects, and the action and pose of persons. Based on your observations, select the best option that "
+    "accurately addresses the question.\n"
+)
+PREFILL = "Best option:("
+
+
+def official_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    opts = option_lines(plain_options(sample.options), "({letter}) {text}")
+    return SYSTEM, f"Question: {sample.question.strip()}\nOptions:\n{opts}\nOnly give the best option.", PREFILL
+
+
+def lmms_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
+    """lmms-eval's ``mvbench_doc_to_text`` with the yaml's post-prompt."""
+    opts = option_lines(plain_options(sample.options), "({letter}) {text}")
+    return LMMS_SYSTEM, f"Question:{sample.question.strip()}\nOption:\n{opts}\nOnly give the best option.\n", ""
+
+
+# ------------------------------------------------------------------------------------------------ fixture
+def _frame_folder(video: Path, folder: Path) -> None:
+    from PIL import Image
+
+    from video import open_video
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open_video(video) as reader:
+        frames = reader.get_frames(range(reader.num_frames))
+    for k, frame in enumerate(frames, start=1):  # the official reader counts files from 00001.jpg
+        Image.fromarray(frame).save(folder / f"{k:05d}.jpg", quality=95)
+
+
+def mvbench_fixture(out: Path, *, n: int, seed: int, **_: Any) -> None:
+    """Three tasks of the main-branch layout: a bounded MP4 task (one file stored as ``.MP4``), an unbounded one
+    and Episodic Reasoning's 3-fps frame folders, plus one question whose frame folder is missing (read last)."""
+    (out / "json").mkdir(parents=True, exist_ok=True)
+    layout = [  # (task, folder under video/, file name in the JSON, bounded)
+        ("action_sequence", "star/Charades_v1_480", "{i}.mp4", True),
+        ("object_existence", "clevrer/video_validation", "video_{i}.mp4", False),
+        ("episodic_reasoning", "tvqa/frames_fps3_hq", "clip_{i}", True),
+    ]
+    with toy_questions("color", n, seed) as recs:
+        for k, (task, folder, pattern, bounded) in enumerate(layout):
+            items = []
+            for j, r in enumerate(recs[k::len(layout)]):
+                name = pattern.format(i=j)
+                target = out / "video" / folder / name
+                if task == "episodic_reasoning":
+                    _frame_folder(r["file"], target)
+                else:  # action_sequence/0 is stored as 0.MP4 (the JSON says 0.mp4)
+                    copy_media(r["file"], target.with_suffix(".MP4") if (k, j) == (0, 0) else target)
+                item = {"video": name, "question": r["question"],
+                        "candidates": r["options"], "answer": r["options"]["ABCD".index(r["answer"])]}
+                if bounded:
+                    item.update(start=0.3, end=1.7)
+                items.append(item)
+            if task == "episodic_reasoning":  # the extra question, read last: its frame folder is not there
+                r = recs[0]
+                items.append({"video": "clip_missing", "question": r["question"], "candidates": r["options"],
+                              "answer": r["options"]["ABCD".index(r["answer"])], "start": 0.3, "end": 1.7})
+            (out / "json" / f"{task}.json").write_text(json.dumps(items, indent=1))
+
+
+MVBENCH = register_benchmark(Benchmark(
+    name="mvbench", title=TITLE, reader=load_mvbench, kind="video_mc",
+    official={"video_policy": "segments", "nframes": 16, "video_max_pixels": 224 * 224, "max_new_tokens": 100,
+              "source": "MVBench notebook (Ask-Anything video_chat2/mvbench.ipynb)"},
+    prompt=official_prompt,
+    lmms_eval={"max_new_tokens": 16, "source": "lmms-eval tasks/mvbench (video branch, no bound applied)"},
+    lmms_prompt=lmms_prompt, lmms_task="mvbench",
+    breakdowns=("task",), task_mean_over="task",
+    headline=("task_mean", "MVBench papers report the mean of the 20 task accuracies"),
+    beside=("overall_share", "accuracy_answered"),
+    fixture=mvbench_fixture,
+))

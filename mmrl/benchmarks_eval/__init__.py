@@ -1,8 +1,9 @@
 """Evaluation on public benchmarks (MVBench, Video-MME, LongVideoBench, MMVU, VQA-RAD, SLAKE, PathVQA, toy).
 
 ``mmrl eval --benchmark NAME --data-root DIR --model DIR`` runs :func:`run_benchmark`; see
-:mod:`mmrl.benchmarks_eval.runner` for the outputs and :mod:`mmrl.benchmarks_eval.protocols` for the
-per-benchmark defaults.
+:mod:`mmrl.benchmarks_eval.runner` for the outputs and :mod:`mmrl.benchmarks_eval.protocols` for the protocols.
+What is particular to a benchmark (reader, protocol settings and prompts, frame rule, headline and breakdowns,
+lmms-eval task names) is its :class:`~data_pipelines.benchmarks.Benchmark` spec, read here and nowhere else.
 """
 
 from __future__ import annotations

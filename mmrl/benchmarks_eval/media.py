@@ -1,11 +1,12 @@
-"""Benchmark media: MVBench's JPEG frame folders and LongVideoBench's frame rule, on top of
-:class:`mmrl.media.MediaPreparer` (which decodes files with ``video.sample_video`` / ``vision``).
+"""Benchmark media: MVBench's JPEG frame folders and lmms-eval's frame rule, on top of
+:class:`mmrl.media.MediaPreparer` (which decodes files with ``video.sample_video`` / ``vision``). A benchmark's
+own frame rule is part of its spec (``Benchmark.frame_rule``, e.g. LongVideoBench's :func:`lvb_indices`).
 
 * :class:`FrameFolderReader` — a ``video`` reader over a folder of numbered frames (MVBench Episodic
   Reasoning ships TVQA clips as 3-fps ``00001.jpg`` … folders).
 * :func:`mvbench_folder_indices` — the official notebook's ``get_index`` with ``first_idx=1`` for folders.
-* ``longvideobench`` frame policy — ``min(max_frames, int(duration))`` frames at a stride of
-  ``int(duration·fps / n)`` (``longvideobench_dataset.py``), registered with ``video.register_policy``.
+* a sample's ``duration`` (LongVideoBench's question files) reaches the frame rule only when the rule takes a
+  ``duration`` keyword.
 * ``lmms-eval`` frame policy — what lmms-eval's Qwen2.5-VL wrapper (``lmms_eval/models/simple/qwen2_5_vl.py``)
   feeds the model: qwen-vl-utils decodes at 2 fps (4 to 768 frames) and sizes the frames for that many, then
   the wrapper keeps ``nframes`` of them (``np.linspace(0, n - 1, nframes, dtype=int)``, duplicates dropped).
@@ -20,13 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from data_pipelines.benchmarks.lvb import lvb_indices
 from data_pipelines.schema import MediaItem
 from mmrl.config import MediaConfig
 from mmrl.media import MediaPreparer
 from mmrl.policy import MediaInput
 from mmrl_common.errors import MediaError
 from video.reader import VideoReader
-from video.sampling import decode_indices, qwen_indices, register_policy, sample_video
+from video.sampling import decode_indices, get_policy, qwen_indices, register_policy, sample_video
+
+__all__ = ["BenchMediaPreparer", "FrameFolderReader", "lmms_eval_decoded", "lmms_eval_indices", "lvb_indices",
+           "mvbench_folder_indices"]
 
 FRAME_SUFFIXES = (".jpg", ".jpeg", ".png")
 _RESIZE = ("min_pixels", "max_pixels", "total_pixels", "image_patch_size")
@@ -64,18 +69,6 @@ def mvbench_folder_indices(num_files: int, fps: float, start: float | None, end:
     return [min(max(int(s + seg / 2 + round(seg * i)) - 1, 0), num_files - 1) for i in range(nframes)]
 
 
-@register_policy("longvideobench", overwrite=True)
-def lvb_indices(num_frames: int, fps: float, /, *, start: float | None = None, end: float | None = None,
-                nframes: int = 16, duration: float | None = None) -> list[int]:
-    """LongVideoBench's ``load_video``: ``n = min(nframes, int(duration))`` frames at stride
-    ``int(int(duration·fps) / n)`` from the first frame (``duration`` from the question file)."""
-    dur = float(duration) if duration else num_frames / fps
-    valid = min(int(dur * fps), num_frames)
-    n = max(1, min(int(nframes), int(dur)))
-    stride = int(valid / n)
-    return [min(stride * i, num_frames - 1) for i in range(n)]
-
-
 LMMS_FPS, LMMS_MIN_FRAMES, LMMS_MAX_FRAMES = 2.0, 4, 768  # qwen-vl-utils' defaults, which lmms-eval leaves
 
 
@@ -95,6 +88,16 @@ def lmms_eval_indices(num_frames: int, fps: float, /, *, start: float | None = N
     return [decoded[int(k)] for k in keep]
 
 
+def _takes(policy: str, key: str) -> bool:
+    """Whether the frame rule ``policy`` takes the keyword ``key``."""
+    import inspect
+
+    try:
+        return key in inspect.signature(get_policy(policy)).parameters
+    except ValueError:  # not registered (the error comes from the sampling itself)
+        return False
+
+
 class BenchMediaPreparer(MediaPreparer):
     """A :class:`MediaPreparer` that also reads frame folders and adds run-wide ``extra`` sampling keys
     (e.g. ``total_pixels``). Not thread-safe (its cache); use one per worker thread."""
@@ -106,7 +109,7 @@ class BenchMediaPreparer(MediaPreparer):
 
     def _item(self, item: MediaItem) -> MediaInput:
         sampling = dict(item.sampling or {})
-        if self.cfg.video_policy != "longvideobench":
+        if not _takes(self.cfg.video_policy, "duration"):
             sampling.pop("duration", None)
         folder_fps = sampling.pop("folder_fps", None)
         if item.type == "video":

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from data_pipelines.benchmarks import benchmarks, get_benchmark
 from mmrl.benchmarks_eval.media import BenchMediaPreparer
 from mmrl.benchmarks_eval.protocols import (
     Protocol,
@@ -39,7 +40,7 @@ from mmrl.benchmarks_eval.protocols import (
     subtitle_lines,
 )
 from mmrl.benchmarks_eval.report import markdown
-from mmrl.benchmarks_eval.scoring import GROUPS, MEDICAL, score_item, summarize
+from mmrl.benchmarks_eval.scoring import score_item, summarize
 from mmrl.config import MediaConfig
 from mmrl.policy import MediaInput
 from mmrl_common.errors import MmrlError
@@ -104,6 +105,7 @@ class _Workers:
 
     def __init__(self, policy: Any, protocol: Protocol, subtitles: bool, workers: int):
         self.policy, self.protocol, self.subtitles = policy, protocol, subtitles
+        self.spec = get_benchmark(protocol.benchmark)
         self.local = threading.local()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmrl-decode") if workers > 0 else None
         extra = {"total_pixels": protocol.total_pixels} if protocol.total_pixels else {}
@@ -145,20 +147,20 @@ class _Workers:
 
     def content(self, s: Any, media: list[Any]) -> tuple[list[dict[str, Any]], list[Any], str, str | None]:
         """The user turn's parts, the media items in their order, the pre-fill and the system text. With
-        subtitles: Video-MME's lines at the frames' times (lmms-eval: at 32 frames spread over the video);
-        LongVideoBench's interleaved with the frames, each frame an image (its ``_i`` protocol)."""
+        subtitles, as the benchmark's spec says (``subtitle_style``): ``lines`` — the lines shown at the frames'
+        times in the prompt text (Video-MME; under lmms-eval at 32 frames spread over the video);
+        ``interleaved`` — each frame an image, the cues between them (LongVideoBench's ``_i`` protocol)."""
         if not self.subtitles:
             system, text, prefill = build_prompt(s, self.protocol)
             return [{"type": m.kind} for m in media] + [{"type": "text", "text": text}], media, prefill, system
-        if self.protocol.benchmark == "longvideobench":
-            from data_pipelines.benchmarks.lvb import lvb_subtitles
-
+        cues = self.spec.subtitles(s)
+        if self.spec.subtitle_style == "interleaved":
             system, text, prefill = build_prompt(s, self.protocol)
             video = next(m for m in media if m.kind == "video")
             frames = video.data.frames
             parts: list[dict[str, Any]] = []
             items: list[Any] = []
-            for piece in interleave_subtitles(lvb_subtitles(s), [float(t) for t in video.timestamps]):
+            for piece in interleave_subtitles(cues, [float(t) for t in video.timestamps]):
                 if isinstance(piece, str):
                     parts.append({"type": "text", "text": piece})
                     continue
@@ -169,14 +171,11 @@ class _Workers:
                                         timestamps=[float(video.timestamps[piece])]))
                 parts.append({"type": "image"})
             return parts + [{"type": "text", "text": text}], items, prefill, system
-        from data_pipelines.benchmarks.videomme import parse_srt
-
-        sub_path = s.meta.get("subtitle_path")
         times = [t for m in media for t in (m.timestamps or [])]
         if self.protocol.name == "lmms-eval":  # videomme/utils.py: 32 frames spread over the whole video
             v = next(m for m in media if m.kind == "video").data
             times = [int(i) / v.video_fps for i in np.linspace(0, v.total_frames - 1, 32, dtype=int)]
-        subs = subtitle_lines(parse_srt(Path(sub_path)) if sub_path else [], times)
+        subs = subtitle_lines(cues, times)
         system, text, prefill = build_prompt(s, self.protocol, subtitles=subs)
         return [{"type": m.kind} for m in media] + [{"type": "text", "text": text}], media, prefill, system
 
@@ -253,19 +252,18 @@ def run_benchmark(
     """
     from tqdm import tqdm
 
-    from data_pipelines.benchmarks import get_benchmark
     from mmrl.distributed import world
     from mmrl.rollout import HFBackend, SamplingParams
 
     t_start = time.perf_counter()
     w = world()
-    reader = get_benchmark(benchmark)
-    name = reader.name
-    if subtitles and name not in ("videomme", "longvideobench"):
-        raise MmrlError("--subtitles applies to videomme and longvideobench only")
-    if subtitles and name == "longvideobench" and protocol == "lmms-eval":
-        raise MmrlError("--protocol lmms-eval reproduces lmms-eval's longvideobench_val_v task, which has no "
-                        "subtitles; for LongVideoBench's interleaved subtitles use --protocol official --subtitles")
+    spec = get_benchmark(benchmark)
+    name = spec.name
+    if subtitles and spec.subtitles is None:
+        raise MmrlError(f"--subtitles applies to {' and '.join(b.name for b in benchmarks() if b.subtitles)} only")
+    if subtitles and spec.subtitle_style == "interleaved" and protocol == "lmms-eval":
+        raise MmrlError(f"--protocol lmms-eval reproduces lmms-eval's {spec.lmms_task} task, which has no "
+                        f"subtitles; for {spec.title}'s interleaved subtitles use --protocol official --subtitles")
     if on_bad_sample not in ("raise", "skip"):
         raise MmrlError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
     runs = _bench_checks(checks or {})
@@ -303,7 +301,7 @@ def run_benchmark(
     bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q",
                disable=not show_progress or not w.is_main, dynamic_ncols=True)
     workers_ = _Workers(policy, proto, subtitles, max(0, workers))
-    groups = GROUPS.get(name, ())
+    groups = spec.breakdowns
     generated = 0
     wait_s = gen_s = 0.0
     pending: deque[Future] = deque()
@@ -386,7 +384,7 @@ def run_benchmark(
         scored = [p for p in preds if not (on_bad_sample == "skip" and p.get("error"))]
         scores = summarize(name, scored)
         metrics = {
-            "benchmark": name, "title": reader.title, "model": model_path, "out": str(out),
+            "benchmark": name, "title": spec.title, "model": model_path, "out": str(out),
             "split": data.info.get("split"), "data_root": settings["data_root"], "n": len(scored),
             "n_available": len(data.samples), "limit": limit, "protocol": proto.settings(),
             "protocol_text": proto.describe(), "subtitles": subtitles, "dataset_info": data.info, "scores": scores,
@@ -509,7 +507,7 @@ def protocol_max_len(proto: Protocol, policy: Any) -> int:
 
 def headline(metrics: dict[str, Any]) -> str:
     s = metrics["scores"]
-    if metrics["benchmark"] in MEDICAL:
+    if get_benchmark(metrics["benchmark"]).scoring == "closed_open":
         c, o = s["closed"], s["open"]
         f = (lambda v: "–" if v is None else f"{100 * v:.1f}")
         return (f"{metrics['title']}: closed accuracy {f(c['accuracy'])} (LLaVA-Med hit {f(c['hit'])}, n={c['n']}), "

@@ -2,8 +2,8 @@
 
 Multiple choice: the letter :func:`rewards.answers.extract_choice` reads from the answer part of the output
 (after :func:`~rewards.answers.extract_answer`). An output with no readable letter is *unparsed*. Each
-benchmark's **headline** is the figure its literature prints (:data:`HEADLINE`), and the other conventions
-stand beside it, each named (:data:`CONVENTIONS`; research/eval.md §1.5, §2.3-2.4, §3.1-3.2):
+benchmark's **headline** is the figure its literature prints (its spec's ``headline``), and the other conventions
+stand beside it (``beside``), each named (:data:`CONVENTIONS`; each benchmark's module cites its sources):
 
 * ``accuracy`` — every question; unparsed answers and questions whose media failed count as wrong.
 * ``accuracy_answered`` — only the questions with a readable answer (Video-MME's official scorer).
@@ -11,8 +11,10 @@ stand beside it, each named (:data:`CONVENTIONS`; research/eval.md §1.5, §2.3-
 * ``random_unparsed`` — lmms-eval's LongVideoBench rule, a random option for an unparsed answer, as its
   expected value (each unparsed question adds 1/number of options), so it needs no random seed.
 
-Medical (research/medical.md §5): closed questions — ``accuracy`` (yes/no read by
-:func:`~rewards.answers.extract_yes_no`; other closed answers by normalised exact match) and LLaVA-Med's
+Closed and open questions (a spec with ``scoring="closed_open"``: VQA-RAD, PathVQA, SLAKE; LLaVA-Med's
+metrics, microsoft/LLaVA-Med ``llava/eval/run_eval_batch.py`` and ``llava/eval/eval_metrics/``): closed
+questions — ``accuracy`` (yes/no read by :func:`~rewards.answers.extract_yes_no`; other closed answers by
+normalised exact match) and LLaVA-Med's
 ``hit`` (the normalised reference is a substring of the normalised output). Open questions — LLaVA-Med's
 ``recall`` / ``precision`` / ``f1`` (:func:`rewards.metrics.llava_med_overlap`), SQuAD ``token_f1``,
 ``bleu1`` (NLTK BLEU-1) and ``exact``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from data_pipelines.benchmarks import get_benchmark
 from rewards.answers import (
     extract_answer,
     extract_choice,
@@ -32,18 +35,6 @@ from rewards.answers import (
 )
 from rewards.metrics import bleu1, llava_med_overlap, token_f1
 
-MEDICAL = ("vqa-rad", "pathvqa", "slake")
-# meta fields each benchmark is broken down by
-GROUPS: dict[str, tuple[str, ...]] = {
-    "mvbench": ("task",),
-    "videomme": ("duration", "domain", "task_type", "sub_category"),
-    "longvideobench": ("duration_group", "question_category"),
-    "mmvu": ("subject",),
-    "vqa-rad": (),
-    "pathvqa": (),
-    "slake": ("modality",),
-    "toy": ("task", "problem_type"),
-}
 CONVENTIONS: dict[str, str] = {
     "accuracy": "every question; unparsed answers and failed media count as wrong",
     "accuracy_answered": "answered questions only (unparsed answers left out, as Video-MME's official scorer does)",
@@ -51,22 +42,6 @@ CONVENTIONS: dict[str, str] = {
     "overall_share": "correct / all questions over every task (MVBench notebook; equals the task mean when "
                      "every task has the same number of questions)",
     "random_unparsed": "lmms-eval's rule: a random option for each unparsed answer, as its expected value",
-}
-HEADLINE: dict[str, tuple[str, str]] = {
-    # benchmark -> (metric, where the literature's number comes from)
-    "mvbench": ("task_mean", "MVBench papers report the mean of the 20 task accuracies"),
-    "videomme": ("accuracy", "papers and lmms-eval count every question, an unparsed answer as wrong"),
-    "longvideobench": ("accuracy", ("every question, unparsed counted wrong; papers that used lmms-eval gave an "
-                                   "unparsed answer a random option (random_unparsed beside it)")),
-    "mmvu": ("accuracy", "MMVU (mc): the multiple-choice validation questions, every one counted"),
-    "toy": ("accuracy", "every question"),
-}
-BESIDE: dict[str, tuple[str, ...]] = {
-    "mvbench": ("overall_share", "accuracy_answered"),
-    "videomme": ("accuracy_answered",),
-    "longvideobench": ("random_unparsed", "accuracy_answered"),
-    "mmvu": ("accuracy_answered",),
-    "toy": ("accuracy_answered",),
 }
 
 
@@ -82,7 +57,7 @@ def score_item(sample: Any, completion: str, *, benchmark: str, prefill: str = "
     text = response_text(completion, prefill)
     answer = extract_answer(text)
     pt = sample.problem_type
-    medical = benchmark in MEDICAL
+    medical = get_benchmark(benchmark).scoring == "closed_open"
     if pt == "multiple_choice":
         pred = extract_choice(answer, sample.options)
         return {"pred": pred, "parsed": pred is not None, "correct": pred == str(sample.answer).upper(),
@@ -144,9 +119,11 @@ def medical_stats(preds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(benchmark: str, preds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Metrics over prediction records (as written to ``predictions.jsonl``)."""
-    groups = GROUPS.get(benchmark, ())
-    if benchmark in MEDICAL:
+    """Metrics over prediction records (as written to ``predictions.jsonl``), as ``benchmark``'s spec says:
+    its scoring, breakdowns, headline and the conventions beside it."""
+    spec = get_benchmark(benchmark)
+    groups = spec.breakdowns
+    if spec.scoring == "closed_open":
         out: dict[str, Any] = medical_stats(preds)
         out["official_metric"] = "closed.hit (LLaVA-Med closed accuracy), open.recall"
         out["headline"] = {"closed_accuracy": out["closed"]["accuracy"], "closed_hit": out["closed"]["hit"],
@@ -164,13 +141,12 @@ def summarize(benchmark: str, preds: list[dict[str, Any]]) -> dict[str, Any]:
             by[str(p.get("group", {}).get(g))].append(p)
         out[f"by_{g}"] = {k: mc_stats(v) for k, v in sorted(by.items())}
     values = dict(out["overall"])
-    if benchmark == "mvbench":
-        accs = [v["accuracy"] for v in out["by_task"].values() if v["accuracy"] is not None]
+    if spec.task_mean_over is not None:
+        accs = [v["accuracy"] for v in out[f"by_{spec.task_mean_over}"].values() if v["accuracy"] is not None]
         values["task_mean"] = out["task_mean"] = _mean(accs)
         values["overall_share"] = out["overall"]["accuracy"]
-    metric, why = HEADLINE.get(benchmark, ("accuracy", "every question"))
+    metric, why = spec.headline
     out["headline"] = {"metric": metric, "value": values.get(metric), "convention": CONVENTIONS[metric],
                        "why": why}
-    out["beside"] = {k: {"value": values.get(k), "convention": CONVENTIONS[k]}
-                     for k in BESIDE.get(benchmark, ("accuracy_answered",))}
+    out["beside"] = {k: {"value": values.get(k), "convention": CONVENTIONS[k]} for k in spec.beside}
     return out
