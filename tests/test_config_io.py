@@ -73,3 +73,12 @@ def test_a_recipe_loop_is_a_clear_error(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(config_mod, "CONFIG_DIR", tmp_path)
     with pytest.raises(ConfigError, match="leads back to itself"):
         config_mod.task_recipe("a")
+
+
+@pytest.mark.parametrize(("override", "key"), [("rollout.group_size=1", "rollout.group_size"),
+                                               ("rollout.temperature=0", "rollout.temperature")])
+def test_settings_that_cannot_learn_are_refused(override: str, key: str) -> None:
+    from mmrl.config import load_run_config
+
+    with pytest.raises(ConfigError, match=key):
+        load_run_config("video-qa", overrides=[override])

@@ -5,7 +5,8 @@ A dataset with planted faults (a missing, an empty, a truncated and a fake MP4, 
 ``data.on_bad_sample=skip`` the run trains on the rest and names each skipped record on the console and in
 the report. The file checks run on a thread pool, keep the decoders' own console noise back, and are cached
 by path, size and modification time. Also: ``mmrl data inspect`` names a bad file once, ``mmrl data
-validate`` says how JSON records are numbered.
+validate`` says how JSON records are numbered; an image the processor cannot take (an aspect ratio past its
+limit) stops the run naming the sample and the file, or is skipped with ``data.on_bad_sample=skip``.
 """
 
 from __future__ import annotations
@@ -135,3 +136,31 @@ def test_inspect_names_a_bad_file_once_and_validate_says_how_records_count(plant
     assert run_validate(tmp_path / "d.json", media_root=planted["root"], out=printed) == 1
     assert f"{tmp_path / 'd.json'}:record 4: sample 'bad-5'" in printed.getvalue()
     assert "0-based index in the JSON list" in printed.getvalue()
+
+
+def _image_set(tmp_path: Path) -> Path:
+    from PIL import Image
+
+    rows = []
+    for i, size in enumerate([(64, 64), (64, 64), (3000, 14), (64, 64)]):
+        Image.new("RGB", size, (40 * i, 200, 90)).save(tmp_path / f"im{i}.png")
+        rows.append({"id": f"q{i}", "problem_type": "multiple_choice", "question": "What colour?",
+                     "options": ["red", "green", "blue"], "answer": "B",
+                     "media": [{"type": "image", "path": f"im{i}.png"}]})
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_media_the_model_cannot_take_are_skipped_when_asked(tmp_path: Path) -> None:
+    from mmrl.run import train
+    from mmrl_common.errors import MmrlError
+
+    data = _image_set(tmp_path)
+    common = [f"data.train={data}", "train.prompts_per_step=4", "data.media.image_max_pixels=12544"]
+    cfg = load_run_config("image-qa", overrides=[*TINY_RUN, *common, "data.on_bad_sample=skip"])
+    summary = train(cfg, run_dir=tmp_path / "skip", show_progress=False)
+    assert summary["stages"]["rl"]["skipped_samples"] >= 1
+    cfg = load_run_config("image-qa", overrides=[*TINY_RUN, *common])
+    with pytest.raises(MmrlError, match=r"sample q2: .*im2\.png.*aspect ratio.*on_bad_sample=skip"):
+        train(cfg, run_dir=tmp_path / "raise", show_progress=False)

@@ -1,5 +1,6 @@
 """Rollouts on a real tiny Qwen2.5-VL: the multi-turn loop with the ``zoom`` environment on toy-world image
-and video samples, loss masks and recorded log-probs, zoom observations, and stop strings."""
+and video samples, loss masks and recorded log-probs, zoom observations, stop strings, and the rollout
+service answering as evaluation does whatever mode the model is left in."""
 
 from __future__ import annotations
 
@@ -248,3 +249,26 @@ def test_stop_string_ends_generation(model_dir: Path) -> None:
     again = backend.generate([prompt], n=1, params=SamplingParams(max_new_tokens=len(target), greedy=True))[0][0]
     assert again.token_ids == free.token_ids
     assert policy.model.training  # the backend restores the train/eval mode
+
+
+def test_rollout_service_answers_as_evaluation_in_any_model_mode(model_dir: Path, tmp_path: Path) -> None:
+    from tiny_runs import TINY_RUN
+
+    from mmrl.config import load_run_config
+    from mmrl.evaluate import evaluate
+    from mmrl.policy import checkpointing_switch
+    from mmrl.service import RolloutService
+
+    toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
+    samples = load_samples(toy / "test.jsonl").samples
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, "rollout.max_new_tokens=12"])
+    policy = load_policy(model_dir, device="cpu")
+    service = RolloutService.from_config(policy, cfg)
+    _, preds = evaluate(service, samples, max_new_tokens=12, show_progress=False)
+    policy.model.train()
+    checkpointing_switch(policy.model, True)
+    answers = service.generate(samples, max_new_tokens=12)
+    assert [a[0].text for a in answers] == [p["completion"] for p in preds]
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in policy.model.modules())
+    assert policy.model.training and checkpointing  # as the caller left it
+    assert len(policy.media) == 0  # the service freed what it encoded

@@ -9,6 +9,7 @@
 * the cache follows the weights: an in-place change, swapped tensors, ``weights_changed()``, a reference
   whose tower differs from the policy's, LoRA adapters on the tower switched off: each encodes again, and
   every result equals the uncached one.
+* a media key names one picture: the same key with other pixels is an error.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
 
 
 # ------------------------------------------------------------------------------------------------ steps
+@pytest.mark.slow
 def test_frozen_tower_encodes_each_item_once_per_step_and_changes_nothing(tmp_path: Path) -> None:
     on = run_rl(tmp_path / "on", *FROZEN, *STEP)
     for r in on:
@@ -107,6 +109,7 @@ def test_frozen_tower_encodes_each_item_once_per_step_and_changes_nothing(tmp_pa
     assert any(r["kl"] != 0 for r in on)  # the weights moved: the equality is not that of an untrained model
 
 
+@pytest.mark.slow
 def test_trainable_tower_shares_the_passes_without_gradient(tmp_path: Path) -> None:
     on = run_rl(tmp_path / "on", *STEP)
     for r in on:
@@ -120,6 +123,7 @@ def test_trainable_tower_shares_the_passes_without_gradient(tmp_path: Path) -> N
     _same_weights(_final_weights(tmp_path / "on"), _final_weights(tmp_path / "off"))
 
 
+@pytest.mark.slow
 def test_the_trainer_logs_the_steps_vision_calls(tmp_path: Path) -> None:
     """Needs the trainer's ``stats["vision_calls"]`` (tower runs of the step, from ``policy.media``)."""
     rows = run_rl(tmp_path, *FROZEN, *STEP, "train.steps=1")
@@ -254,3 +258,18 @@ def test_lora_on_the_tower_reference_encodes_its_own(tiny_dir: Path) -> None:
         assert torch.equal(ref.forward_logprobs(seqs)[0], theirs)
     p.cache_vision_features = True
     assert torch.equal(_logps(p, seqs), mine)
+
+
+def test_a_media_key_cannot_be_reused_for_other_pixels(tiny_dir: Path) -> None:
+    from PIL import Image
+
+    from mmrl.policy import load_policy
+    from mmrl_common.errors import MmrlError
+
+    policy = load_policy(tiny_dir, device="cpu")
+    text = policy.render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}])
+    red, blue = Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (56, 56), (0, 0, 255))
+    policy.encode(text, [MediaInput("same-key", "image", red)])
+    policy.encode(text, [MediaInput("same-key", "image", red)])  # the same pixels again: fine
+    with pytest.raises(MmrlError, match="same-key.*different pixels"):
+        policy.encode(text, [MediaInput("same-key", "image", blue)])
