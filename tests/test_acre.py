@@ -226,6 +226,7 @@ def trainer(tmp_path_factory: pytest.TempPathFactory):
     return GRPOTrainer(cfg, policy, samples, run_dir=tmp_path_factory.mktemp("acre") / "run", show_progress=False)
 
 
+@pytest.mark.slow
 def test_second_pass_runs_in_eval_mode_without_gradient_and_leaves_logprobs_unchanged(trainer) -> None:
     policy = trainer.policy
     batch = trainer.rollout_round(2)
@@ -256,6 +257,7 @@ def test_second_pass_runs_in_eval_mode_without_gradient_and_leaves_logprobs_unch
     assert metrics["acre/unanswered"] == 0.0 and 0.0 <= metrics["acre/oscr"] <= 1.0
 
 
+@pytest.mark.slow
 def test_train_logs_case_shares_and_eval_consistency_lands_in_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["train", "--quiet", "--out", str(out), *TINY_RUN, "train.steps=1", "eval.after_rl=true",

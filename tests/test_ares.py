@@ -292,6 +292,7 @@ def test_plugin_setting_errors():
 
 
 # ------------------------------------------------------------------------------------------ a tiny run
+@pytest.mark.slow
 def test_tiny_run_logs_buckets_and_trains_with_the_weights(tmp_path, module_cache):  # noqa: F811
     from mmrl.checkpoint import latest_checkpoint, load_trainer_state
 

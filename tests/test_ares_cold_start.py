@@ -64,6 +64,7 @@ def test_pass_rate_from_the_record():
         record_pass_rate(count_sample(1.5))
 
 
+@pytest.mark.slow
 def test_cold_start_estimates_missing_pass_rates_once(tmp_path, monkeypatch):
     from tiny_runs import run_rl
 

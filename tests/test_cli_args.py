@@ -149,6 +149,7 @@ def test_video_r1_import_keeps_the_solution_for_trl_rewards(tmp_path: Path) -> N
     assert f"checked on the first training sample, {sample.id}" in msg and "before the model loads" in msg
 
 
+@pytest.mark.slow
 def test_a_start_that_failed_before_its_first_step_can_be_run_again(tmp_path: Path,
                                                                     module_cache: None) -> None:  # noqa: F811
     from mmrl.config import load_run_config
@@ -237,6 +238,7 @@ def test_eval_without_out_writes_its_predictions_to_the_default_folder(
     assert f"{folders[0].relative_to(tmp_path) / 'predictions.jsonl'}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_logged_run_redraws_its_progress_bars_rarely(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
     """The cold start's and RL's bars with their loss/reward postfix: drawn by tqdm's interval, not every step."""
     import os

@@ -336,6 +336,7 @@ def test_report_only_needs_the_folder(tmp_path: Path, capsys: pytest.CaptureFixt
 
 # ------------------------------------------------------------------------------------------------ end to end
 
+@pytest.mark.slow
 def test_compare_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"

@@ -64,6 +64,7 @@ def test_same_seed_identical_different_seed_differs(tiny_builds):
     assert (a / "train.jsonl").read_bytes() != (c / "train.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 def test_every_record_validates_and_counts_match(small):
     manifest = json.loads((small / "manifest.json").read_text())
     assert manifest["tasks"] == list(toy_tasks()) and manifest["seed"] == 0
@@ -76,6 +77,7 @@ def test_every_record_validates_and_counts_match(small):
     assert (small / "README.md").read_text().startswith("# mmrl toy world")
 
 
+@pytest.mark.slow
 def test_splits_are_disjoint(small):
     ids, paths, digests = {}, {}, {}
     for split in SPLITS:
@@ -88,6 +90,7 @@ def test_splits_are_disjoint(small):
         assert not ids[s1] & ids[s2] and not paths[s1] & paths[s2] and not digests[s1] & digests[s2]
 
 
+@pytest.mark.slow
 def test_answers_balanced_and_options_canonical(small):
     recs = _records(small, "train")
     by_task: dict[str, Counter] = {}
@@ -130,6 +133,7 @@ def _dominant_colour(frames: np.ndarray) -> str:
     return max(COLOR_NAMES, key=lambda n: _colour_share(frames, n))
 
 
+@pytest.mark.slow
 def test_videos_small_and_signal_strong(small):
     recs = load_samples(small / "train.jsonl").samples
     for s in recs:
@@ -164,6 +168,7 @@ def test_videos_small_and_signal_strong(small):
             assert _dominant_colour(frames[first_frame:first_frame + 1]) == first
 
 
+@pytest.mark.slow
 def test_scans(small):
     from PIL import Image
 

@@ -16,6 +16,8 @@ import pytest
 import torch
 from synthetic_media import weights
 
+pytestmark = pytest.mark.slow  # DeepSpeed runs with a kill and resume: minutes
+
 MMRL = str(Path(sys.executable).with_name("mmrl"))
 RUN = [
     "model.tiny_family=qwen2_5_vl", "model.init=random", "data.toy_size={train: 4, val: 2, test: 2}",

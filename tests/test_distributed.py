@@ -90,6 +90,7 @@ def single(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
+@pytest.mark.slow
 def test_two_ranks_equal_one_process_and_resume_after_kill(stage: str, single: Path, env: dict[str, str],
                                                           tmp_path: Path) -> None:
     straight = tmp_path / "straight"
@@ -161,6 +162,7 @@ def single_minibatched(env: dict[str, str], tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.mark.parametrize("deepspeed", ["null", "zero3"])
+@pytest.mark.slow
 def test_every_rank_trains_in_every_optimizer_step(deepspeed: str, single_minibatched: Path, env: dict[str, str],
                                                   tmp_path: Path) -> None:
     """4 prompts x 4 answers in mini-batches of 8 rows (two optimizer steps a batch): each rank rolls out 2
@@ -183,6 +185,7 @@ def test_every_rank_trains_in_every_optimizer_step(deepspeed: str, single_miniba
     assert max(gaps.values()) < 1e-4, sorted(gaps.items(), key=lambda kv: -kv[1])[:3]
 
 
+@pytest.mark.slow
 def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
     """LoRA adapters (no dropout: its masks would come from each rank's own random stream) trained on two
     ZeRO-3 ranks, with the KL reference as the adapters-off model, end as the single-process run's."""
@@ -205,6 +208,7 @@ def test_lora_under_zero3_equals_one_process(env: dict[str, str], tmp_path: Path
     assert all(gap <= 1e-2 * 1e-3 for gap in far.values()), sorted(far.items(), key=lambda kv: -kv[1])[:3]
 
 
+@pytest.mark.slow
 def test_zero3_on_mixed_data_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
     """Two ZeRO-3 ranks whose passes differ in every way users' data makes them differ (media counts and
     kinds per rank, frame counts, a text-only share, 2 prompts on one rank and 1 on the other, top-up rounds
@@ -237,6 +241,7 @@ def test_zero3_on_mixed_data_equals_one_process(env: dict[str, str], tmp_path: P
 PROBE = Path(__file__).with_name("zero3_generation_probe.py")
 
 
+@pytest.mark.slow
 def test_zero3_generation_gathers_the_weights_once_per_call(env: dict[str, str], tmp_path: Path) -> None:
     """HF generation under ZeRO-3 gathers the whole model once per generate call (one all-gather per
     parameter, counted by DeepSpeed's own comms logger), not per module per token; ranks that generate
@@ -270,6 +275,7 @@ def _one_and_two_ranks(args: list[str], env: dict[str, str], tmp_path: Path) -> 
     return one, two
 
 
+@pytest.mark.slow
 def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_path: Path) -> None:
     """``mmrl eval`` under torchrun: each rank answers its share (5 questions: 3 and 2), the predictions are
     gathered in order, and the score equals the single-process one."""
@@ -287,6 +293,7 @@ def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_p
     assert m2["accuracy"] == m1["accuracy"] and m2["n"] == m1["n"] == 5
 
 
+@pytest.mark.slow
 def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
     """``mmrl eval --benchmark`` under torchrun: the ranks split the questions, rank 0 merges the predictions
     in question order and scores them as one process does; the fixture's question without its video is
@@ -313,6 +320,7 @@ def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp
     assert m1["media_failures"] and m2["media_failures"] == m1["media_failures"]
 
 
+@pytest.mark.slow
 def test_agent_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_path: Path) -> None:
     """``mmrl eval --agent earl --benchmark`` under torchrun: each rank plays its share of the questions through
     the agent loop (and the plain answer beside it), the episodes are gathered in question order and scored as
@@ -332,6 +340,7 @@ def test_agent_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_pat
     assert all(m2[k] == m1[k] for k in ("n", "agent_loop", "baseline")) and m1["n"] == 3
 
 
+@pytest.mark.slow
 def test_the_agent_eval_plugin_under_zero3_on_two_ranks(env: dict[str, str], tmp_path: Path) -> None:
     """EARL's ``agent_eval`` plug-in in a ZeRO-3 run on 2 ranks: each rank plays its share of the held-out
     questions (3: 2 and 1, so the ranks make different numbers of generate calls inside one weight gather),

@@ -207,6 +207,7 @@ def test_shaper_kl_weights_reach_the_loss(method_run) -> None:
         assert "kl_loss" in r
 
 
+@pytest.mark.slow
 def test_resume_restores_the_stage_and_the_reference(tmp_path: Path, method_run) -> None:
     """Interrupted in step 4 (stage 'second', after checkpoint-3), resumed: the same weights as the straight
     run, so the pool, the rewards, the KL setting and the stored reference all came back."""

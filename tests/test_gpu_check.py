@@ -29,6 +29,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gpu-check-work")
 
 
+@pytest.mark.slow
 def test_a_clean_run_writes_each_stage_when_it_ends_and_exits_0(work: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MMRL_CACHE", str(work / "cache"))
@@ -75,6 +76,7 @@ def test_a_clean_run_writes_each_stage_when_it_ends_and_exits_0(work: Path, tmp_
     assert budgets["train.peak_gb<=16"]["ok"] is True and budgets["profile.peak_gb<=16"]["ok"] is True
 
 
+@pytest.mark.slow
 def test_a_failed_stage_a_timeout_and_a_budget_each_make_the_exit_status_non_zero(work: Path,
                                                                                    tmp_path: Path) -> None:
     env = {**os.environ, "MMRL_CACHE": str(work / "cache"), "OMP_NUM_THREADS": "1"}
@@ -105,6 +107,7 @@ def test_a_failed_stage_a_timeout_and_a_budget_each_make_the_exit_status_non_zer
     assert "budget exceeded: profile.peak_gb<=0.001" in out
 
 
+@pytest.mark.slow
 def test_a_budget_alone_exceeded_sets_only_its_bit(work: Path, tmp_path: Path) -> None:
     """The environment stage alone, with a budget on its CPU count that it cannot meet: every stage passed, the
     exit status is the budget's bit only."""

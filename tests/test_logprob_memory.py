@@ -194,6 +194,7 @@ def big_vocab_step(model_dir: str, vocab: int, chunk: int):
     return work
 
 
+@pytest.mark.slow
 def test_chunked_peak_memory_is_at_most_a_third(model_dir: Path) -> None:
     """One micro-batch (forward + backward) with a 32k vocabulary and 1024 trained tokens, each way in a
     fresh process: each full (tokens x vocabulary) fp32 tensor is 134 MB, a 128-row chunk's 17 MB."""
@@ -220,6 +221,7 @@ def test_measure_counts_a_known_allocation() -> None:
     assert 0 < peak_gb("cpu") < peak.peak_bytes / 1e9 + 0.1
 
 
+@pytest.mark.slow
 def test_measure_in_subprocess_excludes_setup() -> None:
     # setup: functools.partial(os.urandom, n) (nothing allocated yet); work: os.urandom(n), n bytes written
     n = 100 * 2**20

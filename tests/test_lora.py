@@ -86,6 +86,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, module_cache) -> Path:  #
     return run
 
 
+@pytest.mark.slow
 def test_a_lora_run_trains_only_the_adapters(lora_run: Path) -> None:
     rec = PROBES["straight"]
     start, end = rec["start"], rec["end"]
@@ -120,6 +121,7 @@ def test_a_lora_run_trains_only_the_adapters(lora_run: Path) -> None:
     assert load_file(final / ADAPTER_DIR / "adapter_model.safetensors").keys() == saved.keys()
 
 
+@pytest.mark.slow
 def test_an_interrupted_lora_run_resumes_to_the_same_end(lora_run: Path, tmp_path: Path) -> None:
     from mmrl.run import train
 
@@ -169,6 +171,7 @@ def _lora_policy(family: str, seed: int = 0) -> Policy:
     return policy
 
 
+@pytest.mark.slow
 def test_the_runs_merged_export_answers_as_its_adapters(lora_run: Path, tmp_path: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
@@ -199,6 +202,7 @@ def test_the_runs_merged_export_answers_as_its_adapters(lora_run: Path, tmp_path
     assert json.loads((out / "metrics.json").read_text())["n"] == info["used"]
 
 
+@pytest.mark.slow
 def test_a_lora_checkpoint_evaluates_as_its_merged_model(lora_run: Path, tmp_path: Path) -> None:
     """``mmrl eval --model runs/r/checkpoint-N`` on a LoRA run: the checkpoint holds adapters only; it loads
     as its base model with the adapters merged (the same answers as the run's merged final export, taken after

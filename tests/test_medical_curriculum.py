@@ -68,6 +68,7 @@ def config(*overrides: str):
         "train.lr=1e-2", *overrides])
 
 
+@pytest.mark.slow
 def test_steps_rule_resets_the_reference_and_replays_closed_questions(tmp_path: Path) -> None:
     cfg = config(stages("{rule: steps, steps: 2}") % "steps", "train.steps=4")
     train(cfg, run_dir=tmp_path / "run", show_progress=False)
@@ -92,6 +93,7 @@ def test_steps_rule_resets_the_reference_and_replays_closed_questions(tmp_path: 
     assert "curriculum_stage.png" in (tmp_path / "run" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_stage_can_start_with_a_fresh_optimizer_and_its_own_learning_rate(tmp_path: Path) -> None:
     # the same run twice, the second stage's optimizer kept (control) or reset with a 5x peak learning rate
     for key, second in (("opt_kept", ""), ("opt_reset", ", reset_optimizer: true, lr: 0.05")):
@@ -169,6 +171,7 @@ def test_bad_switch_settings_are_named(make_trainer, bad: str, message: str) -> 
         make_trainer(bad)
 
 
+@pytest.mark.slow
 def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     run = tmp_path / "run"
     base = [stages("{rule: steps, steps: 2}", replay=0.0, second=", reset_optimizer: true, lr: 0.05") % "resume",

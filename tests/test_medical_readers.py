@@ -107,6 +107,7 @@ def test_bad_records_are_named(copies, tmp_path: Path) -> None:
         load_benchmark("medxpertqa-mm", folder)
 
 
+@pytest.mark.slow
 def test_export_makes_a_training_file_that_trains(copies, tmp_path: Path, capsys) -> None:
     out = tmp_path / "pmc-train.jsonl"
     assert main(["export", "pmc-vqa", str(copies["pmc-vqa"]), "--split", "test", "--out", str(out)]) == 0

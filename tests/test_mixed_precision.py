@@ -12,6 +12,8 @@ from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache
 
 from mmrl.checkpoint import load_trainer_state
 
+pytestmark = pytest.mark.slow  # real bf16 training runs
+
 BF16 = ["model.dtype=bf16", "train.lr=1e-6", "grpo.entropy_coef=0.01"]
 
 

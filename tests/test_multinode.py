@@ -30,7 +30,7 @@ from tiny_runs import TINY_RUN
 from mmrl.distributed import World
 from mmrl_common.errors import ConfigError
 
-pytestmark = pytest.mark.xdist_group("torchrun")  # one torchrun group at a time
+pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.slow]  # one torchrun group at a time
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 MMRL = str(Path(sys.executable).with_name("mmrl"))

@@ -67,6 +67,7 @@ def test_an_untested_version_is_refused_when_the_config_loads(tmp_path: Path, mo
         load_run_config("video-qa", overrides=["rollout.backend=hf"])
 
 
+@pytest.mark.slow
 def test_a_run_with_an_untested_vllm_stops_before_any_model_exists(tmp_path: Path) -> None:
     """``mmrl train`` itself: the refusal is its error line and exit status; the model cache stays empty (the
     tiny model a run builds first is never made)."""

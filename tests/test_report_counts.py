@@ -73,6 +73,7 @@ def test_load_split_counts_the_file(files: dict) -> None:
     assert info["left_out"] == {"data.problem_types": 1}
 
 
+@pytest.mark.slow
 def test_the_report_says_what_the_files_hold(files: dict, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"
     rc = cli.main(["train", "--quiet", "--data", str(files["train"]), "--eval-data", str(files["test"]),

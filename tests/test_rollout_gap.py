@@ -20,6 +20,7 @@ def t_text_length(completions, **_):
 
 
 @pytest.mark.usefixtures("module_cache")
+@pytest.mark.slow
 def test_hf_rollouts_have_no_gap_and_tis_scales_the_policy_gradient(tmp_path: Path) -> None:
     (tmp_path / "reward.py").write_text(REWARD)
     signal = ["rollout.record_logprobs=true", "train.steps=1", f"imports=[{tmp_path / 'reward.py'}]",

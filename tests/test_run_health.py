@@ -38,6 +38,7 @@ class Interrupt(Callback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_no_signal_and_equal_groups_warn_once_and_survive_a_resume(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from model_names import assert_published_names
 from safetensors.torch import load_file, save_file
@@ -19,6 +20,7 @@ from mmrl.policy import load_policy
 SHORT = ["sft.steps=1", "sft.batch_size=2", "train.steps=1", "train.save_every=1"]
 
 
+@pytest.mark.slow
 def test_a_one_process_run_writes_the_published_names_and_reads_the_old_ones(tmp_path: Path,
                                                                              module_cache) -> None:  # noqa: F811
     run_rl(tmp_path, *SHORT)

@@ -63,6 +63,7 @@ def _bf16_run(run_dir: str, overrides: list[str]) -> Callable[[], None]:
 
 
 @pytest.mark.usefixtures("module_cache")
+@pytest.mark.slow
 def test_checkpoint_needs_no_more_memory_than_the_optimizer_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     overrides = [*TINY_RUN, f"model.tiny_size={SIZE}", "model.dtype=bf16", "grpo.entropy_coef=0.01",

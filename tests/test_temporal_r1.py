@@ -140,6 +140,7 @@ def test_select_variance_keeps_only_records_whose_answers_disagree(tmp_path: Pat
     assert cli.main([*bad[:4], str(tmp_path / "x"), *bad[5:]]) == 2  # K = 1: a clear error
 
 
+@pytest.mark.slow
 def test_variance_filter_sampler_draws_only_the_prompts_whose_rollouts_disagree(tmp_path: Path) -> None:
     """``data.sampler: variance_filter`` in a real run: before the first RL step every training prompt gets k
     scored rollouts; a prompt is kept iff the population variance of its k rewards is above tau; RL draws

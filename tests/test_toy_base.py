@@ -17,6 +17,7 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_pretraining_split_shares_nothing_with_the_rl_and_test_splits(tmp_path: Path) -> None:
     tasks = list(DESCRIPTIONS)
     toy = make_toy(tmp_path / "toy", 0, size={"train": 8, "val": 2, "test": 8}, tasks=tasks, progress=False)
@@ -99,6 +100,7 @@ def test_half_of_the_requests_list_the_words_to_pick_from(tmp_path: Path) -> Non
     assert not any("Pick one of" in r["question"] for r in pre if r["meta"]["task"] == "scan")
 
 
+@pytest.mark.slow
 def test_letter_share_poses_word_list_requests_as_lettered_options(tmp_path: Path) -> None:
     tasks = ["color", "shape", "count", "scan"]
     toy = make_toy(tmp_path / "toy", 0, size={"train": 8, "val": 2, "test": 8}, tasks=tasks, progress=False)

@@ -51,6 +51,7 @@ def _wandb_records(path: Path) -> list:
     return out
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_hold_every_step(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -70,6 +71,7 @@ def test_tensorboard_event_files_hold_every_step(tmp_path: Path, module_cache: N
     assert str(logged[0]["id"]) in table and logged[0]["turns"][0].replace("\n", "<br>")[:20] in table
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_every_step(tmp_path: Path, module_cache: None,  # noqa: F811
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")

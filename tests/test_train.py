@@ -84,6 +84,7 @@ def runs(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     return {"straight": straight, "killed": killed}
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bitwise_identical(runs: dict[str, Path]) -> None:
     a, b = weights(runs["straight"] / "final"), weights(runs["killed"] / "final")
     assert set(a) == set(b)
@@ -105,6 +106,7 @@ def test_resume_after_sigkill_is_bitwise_identical(runs: dict[str, Path]) -> Non
             assert ra.get(key) == rb.get(key), (ra["stage"], ra["step"], key)
 
 
+@pytest.mark.slow
 def test_run_folder_and_final_model(runs: dict[str, Path], cache: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -183,6 +185,7 @@ def test_cli_errors_are_one_line(case: str, noproc_model: Path, cache: Path, tmp
     assert not out.exists() and not (tmp_path / "empty-cache").exists()
 
 
+@pytest.mark.slow
 def test_cli_error_from_a_subprocess_has_no_traceback(tmp_path: Path) -> None:
     env = env_with(tmp_path / "cache")
     proc = subprocess.run([MMRL, "train", "--out", str(tmp_path / "r"), "train.stepz=3"], check=False, env=env,

@@ -20,6 +20,7 @@ from mmrl.run import train
 pytestmark = pytest.mark.usefixtures("module_cache")
 
 
+@pytest.mark.slow
 def test_ppo_epochs_with_kl_loss(tmp_path: Path) -> None:
     # random-model rewards are all equal (zero advantages); the entropy bonus moves the policy anyway
     rows = run_rl(tmp_path, "grpo.ppo_epochs=2", "grpo.kl_coef=0.1", "grpo.kl_estimator=k3", "grpo.entropy_coef=0.05")
@@ -48,6 +49,7 @@ def test_kl_in_reward_dynamic_sampling_and_overlong(tmp_path: Path) -> None:
     ["grpo.advantage_estimator=batch_std", "grpo.loss_agg=seq-mean-token-mean", "grpo.dual_clip_c=3.0"],
     ["model.dtype=bf16"],
 ])
+@pytest.mark.slow
 def test_loss_variants_run(tmp_path: Path, overrides: list[str]) -> None:
     rows = run_rl(tmp_path, *overrides)
     assert len(rows) == 2
@@ -144,6 +146,7 @@ def test_corrupt_video_names_sample_and_file_when_not_skipping(tmp_path: Path) -
         train(cfg, run_dir=tmp_path / "run", show_progress=False)
 
 
+@pytest.mark.slow
 def test_rollout_log_steps_match_metrics_and_resume_keeps_the_run_config(tmp_path: Path) -> None:
     from mmrl import cli
 

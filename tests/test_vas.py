@@ -284,6 +284,7 @@ def vas_runs(module_cache, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     return {"straight": root / "straight", "stopped": root / "stopped"}
 
 
+@pytest.mark.slow
 def test_resume_mid_refresh_period_draws_the_same_prompts(vas_runs: dict[str, Path]) -> None:
     from tiny_runs import rl_rows
 
