@@ -32,12 +32,17 @@ from data_pipelines.benchmarks._common import (
     Benchmark,
     BenchmarkData,
     LayoutError,
+    copy_media,
+    option_lines,
+    plain_options,
     read_with,
     register_benchmark,
+    toy_questions,
 )
 
-__all__ = ["Benchmark", "BenchmarkData", "LayoutError", "available_benchmarks", "benchmarks", "find_benchmark", "get_benchmark",
-           "load_benchmark", "register_benchmark"]
+__all__ = ["Benchmark", "BenchmarkData", "LayoutError", "available_benchmarks", "benchmarks", "copy_media",
+           "find_benchmark", "get_benchmark", "load_benchmark", "option_lines", "plain_options",
+           "register_benchmark", "toy_questions"]
 
 
 def _builtins() -> None:
