@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mmrl.policy import TokenSeq
+from mmrl.model import TokenSeq
+from mmrl.model.packing import token_budget_chunks
 
 TOKEN_FIELDS = ("loss_mask", "rollout_logprobs", "entropies", "advantages", "ref_logprobs", "old_logprobs",
                 "token_kl_weights", "token_loss_weights")
@@ -270,3 +271,32 @@ def _join(name: str, parts: list[Any], width: int) -> Any:
         keys = [k for k in first if all(k in p for p in parts)]
         return {k: _join(k, [p[k] for p in parts], width) for k in keys}
     return first
+
+
+# ------------------------------------------------------------------------------------------ the update's plan
+def micro_batch_rows(rows: Sequence[int], train: Any, batch: RolloutBatch | None = None) -> list[list[int]]:
+    """Micro-batches of ``rows``, in order: ``train.micro_batch_size`` rows each or, with
+    ``train.micro_batch_tokens`` and the ``batch`` the rows index, by that token budget (rows join while their
+    summed lengths stay within it; a longer row alone; a group starts a new micro-batch rather than be split
+    where it fits one whole). Consecutive rows stay together, so a group's rows meet in one micro-batch wherever
+    they fit (the shared-prefix forward needs them side by side). The loss needs no change for either: each
+    micro-batch's terms are normalised by the whole mini-batch's counts (``global_counts``), so their sum is the
+    same however the rows are split."""
+    rows = list(rows)
+    budget = int(getattr(train, "micro_batch_tokens", 0) or 0)
+    if budget > 0 and batch is not None:
+        return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget,
+                                   groups=[int(batch.group_index[i]) for i in rows])
+    mb = max(1, int(train.micro_batch_size))
+    return [rows[i:i + mb] for i in range(0, len(rows), mb)]
+
+
+def update_plan(batch: RolloutBatch, cfg: Any) -> list[list[list[int]]]:
+    """The update of ``batch`` under the run config ``cfg``, in order: one entry per optimizer step (every PPO
+    epoch's mini-batches, :meth:`RolloutBatch.minibatches`), each the rows of its micro-batches
+    (:func:`micro_batch_rows`). The trainer runs this plan (each rank its own rows of each micro-batch); plug-ins
+    read it through ``StepContext.update_plan``."""
+    minis = batch.minibatches(cfg.grpo.ppo_mini_batch_size)
+    return [micro_batch_rows(mini, cfg.train, batch) for _ in range(max(1, int(cfg.grpo.ppo_epochs)))
+            for mini in minis]
+

@@ -9,10 +9,10 @@ uses so that a model is evaluated the way it was trained (every model folder a r
 checkpoints, ``final/``, ``sft-model/``). It is written to a temporary folder and renamed, so a run
 killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one. Every
 model folder names its tensors as the model family's published checkpoints do, however the run loaded and
-sharded the model (:func:`mmrl.weights.save_pretrained`), so vLLM and transformers load it as they load the
+sharded the model (:func:`mmrl.model.weights.save_pretrained`), so vLLM and transformers load it as they load the
 original.
 
-With LoRA (``model.lora``, :mod:`mmrl.lora`) a checkpoint holds the adapters in PEFT format
+With LoRA (``model.lora``, :mod:`mmrl.model.lora`) a checkpoint holds the adapters in PEFT format
 (``adapter_config.json``, ``adapter_model.safetensors``) instead of the model, and
 ``reference_adapter.safetensors`` when the KL reference is not the base model; ``final/`` and
 ``sft-model/`` hold the merged model (a plain Hugging Face folder) with the adapters in ``adapter/``.
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.weights import published_names, save_pretrained
+from mmrl.model.weights import published_names, save_pretrained
 
 
 def rng_state() -> dict[str, Any]:
@@ -94,8 +94,8 @@ def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: d
     """A Hugging Face model folder (safetensors and processor files) plus ``mmrl_eval.json``. A model with
     LoRA adapters is written merged, with its adapters (PEFT format) in ``adapter/``. ``weights`` (and with
     LoRA ``adapter_weights``): the tensors to write where the live model does not hold them (ZeRO-3: gathered
-    to rank 0 by :func:`mmrl.weights.stream_weights`; LoRA: merged already); None: the model's own."""
-    from mmrl import lora
+    to rank 0 by :func:`mmrl.model.weights.stream_weights`; LoRA: merged already); None: the model's own."""
+    from mmrl.model import lora
 
     if lora.has_lora(model):
         lora.merged_export(model, processor, folder, state=weights)
@@ -114,7 +114,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor:
                     settings: dict[str, Any] | None = None) -> Path:
     """``reference``: the KL reference, given only when it differs from the run's starting model (a
     curriculum reset it): a model, stored beside the weights as ``reference.safetensors``, or with LoRA the
-    reference's adapter weights (:meth:`mmrl.lora.AdapterReference.stored`), stored as
+    reference's adapter weights (:meth:`mmrl.model.lora.AdapterReference.stored`), stored as
     ``reference_adapter.safetensors``. ``settings``: the run's evaluation settings (:func:`eval_settings`),
     stored as ``mmrl_eval.json``. A model with LoRA adapters is stored as its adapters (PEFT format) and
     the processor."""
@@ -141,7 +141,7 @@ def write_checkpoint(tmp: Path, step: int, model: torch.nn.Module, processor: An
     from safetensors.torch import save_file
     from safetensors.torch import save_model as save_tensors
 
-    from mmrl import lora
+    from mmrl.model import lora
 
     if lora.has_lora(model):
         lora.save_adapters(model, tmp, state=weights)
@@ -212,7 +212,7 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     adapters gets the adapters of the folder (a checkpoint's own, or ``adapter/`` of a merged export)."""
     from safetensors.torch import load_file
 
-    from mmrl import lora
+    from mmrl.model import lora
 
     if lora.has_lora(model):
         lora.load_adapters(model, checkpoint)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -100,7 +101,7 @@ def _check_paths(cfg) -> None:
     if cfg.model.path and not Path(cfg.model.path).exists():
         raise ConfigError(f"model.path: folder not found: {cfg.model.path}{_recipe_hint(cfg, 'model', 'path')}")
     if cfg.model.path:  # fail before the data are built or loaded
-        from mmrl.policy import check_model_dir
+        from mmrl.model import check_model_dir
 
         check_model_dir(cfg.model.path)
     for split in ("train", "val", "test"):
@@ -128,7 +129,7 @@ def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
     user's own YAML, flags and overrides; None with ``--recipe-settings``, ``--resume`` or no ``--model``."""
     from mmrl.checkpoint import read_eval_settings
     from mmrl.config_io import deep_merge, load_yaml
-    from mmrl.policy import check_model_dir
+    from mmrl.model import check_model_dir
 
     if not args.model or getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
         return None
@@ -191,17 +192,15 @@ def _join_world(cfg: Any) -> Any:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from mmrl.checkpoint import eval_settings, save_model, seed_everything
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import default_run_dir, load_split, resolve_model, set_cpu_threads
     from mmrl.run_log import RunLog
     from mmrl.sft import run_sft
 
     cfg = config_from_args(args, {"sft": {"target": "gold"}})
     _quiet_loading(args.quiet)
-    if args.steps is not None:
-        cfg.sft.steps = args.steps
-    if cfg.sft.steps <= 0:
-        cfg.sft.steps = 100
+    steps = args.steps if args.steps is not None else cfg.sft.steps
+    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps if steps > 0 else 100))
     _check_paths(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -239,7 +238,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return cli_run(args, cfg, checks=checks)
     from mmrl.distributed import device_for
     from mmrl.evaluate import evaluate
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model, set_cpu_threads, split_path
     from mmrl.service import RolloutService
 
@@ -247,12 +246,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if cfg.model.path and not args.recipe_settings:
         cfg = with_training_settings(args, cfg)
     _quiet_loading(args.quiet)
-    if args.split:
-        cfg.eval.split = args.split
-    if args.limit is not None:
-        cfg.eval.limit = args.limit
-    if args.batch_size is not None:
-        cfg.eval.batch_size = args.batch_size
+    given = {"split": args.split or None, "limit": args.limit, "batch_size": args.batch_size}
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
+        cfg.eval, **{k: v for k, v in given.items() if v is not None}))
     _check_paths(cfg)
     w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet and w.is_main)

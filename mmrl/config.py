@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
 from mmrl.grpo.config import GRPOConfig
-from mmrl.prompts import resolve_template
+from mmrl.prompt_templates import resolve_template
 from mmrl.tiny_models import resolve_size
 from mmrl.toy_recipe import check_overrides
 from mmrl_common.errors import ConfigError

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from mmrl.model.loading import warn_cpu_fallback
 from mmrl_common.errors import ConfigError, MmrlError
 
 T = TypeVar("T")
@@ -292,28 +293,6 @@ def device_for(device: str) -> str:
     if device == "auto":
         warn_cpu_fallback()
     return device
-
-
-_WARNED: set[str] = set()
-
-
-def warn_cpu_fallback() -> None:
-    """A warning when this machine has NVIDIA GPUs that CUDA cannot use (a driver or build mismatch,
-    ``CUDA_VISIBLE_DEVICES`` hiding them, a CPU-only torch): ``model.device=auto`` then runs on the CPU,
-    hundreds of times slower, which nobody wants silently."""
-    import warnings
-
-    if "cpu" in _WARNED or torch.cuda.is_available():
-        return
-    gpus = sorted(Path("/dev").glob("nvidia[0-9]*")) if Path("/dev").is_dir() else []
-    if not gpus and not Path("/proc/driver/nvidia").exists():
-        return
-    _WARNED.add("cpu")
-    why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
-           else f"torch built for CUDA {torch.version.cuda} cannot use them (driver too old? "
-                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r})")
-    warnings.warn(f"this machine has NVIDIA GPUs ({len(gpus)} device files) but {why}: model.device=auto runs on "
-                  "the CPU; fix the install, or set model.device=cpu to mean it", RuntimeWarning, stacklevel=2)
 
 
 def _file_view(path: Path, stamp: bool) -> tuple[str, int, int] | None:

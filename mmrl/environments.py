@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmrl.policy import MediaInput
+from mmrl.model import MediaInput
 from mmrl_common.registry import Registry
 
 

@@ -33,7 +33,6 @@ from mmrl.plugins import Callback
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
     from mmrl.plugins import StepContext
-    from mmrl.trainer import GRPOTrainer
 
 NOT_REWARDS = ("kl_penalty", "overlong_penalty")  # engine terms that are legitimately constant
 COLLAPSE_SHARE = 0.9  # one option named by this share of the answered multiple-choice rollouts...
@@ -188,8 +187,6 @@ class RunHealth(Callback):
                 "sampling), or lower train.lr")
 
 
-def add_health_checks(trainer: GRPOTrainer) -> None:
-    """Give ``trainer`` its run-health plug-in (``train.health_window`` > 0)."""
-    window = trainer.cfg.train.health_window
-    if window > 0:
-        trainer.plugins.setdefault("run_health", RunHealth(trainer.context, window))
+def health_plugin(ctx: StepContext, window: int) -> RunHealth | None:
+    """The run-health plug-in of a run (``train.health_window`` steps wide; 0: none)."""
+    return RunHealth(ctx, window) if window > 0 else None

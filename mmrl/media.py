@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 from mmrl.config import MediaConfig
-from mmrl.policy import MediaInput
+from mmrl.model import MediaInput
 from mmrl_common.errors import MediaError
 
 

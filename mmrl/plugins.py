@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mmrl_common.errors import ConfigError
 from mmrl_common.registry import Registry, did_you_mean
@@ -24,7 +24,29 @@ if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
     from mmrl.config import RunConfig
     from mmrl.service import RolloutService
-    from mmrl.trainer import GRPOTrainer
+
+
+class Run(Protocol):
+    """What a :class:`StepContext` reads and calls of the run (:class:`mmrl.trainer.GRPOTrainer` is the one
+    implementation; named here so that this module needs nothing of the trainer's)."""
+
+    cfg: RunConfig
+    step: int
+    stage: dict[str, Any]
+    run_dir: Any
+    train_samples: list[Any]
+    eval_samples: list[Any]
+    rewards: Any  # rewards.CombinedReward: .labels, .specs
+    service: RolloutService
+    policy: Any  # mmrl.model.Policy
+
+    def rollout_prompts(self, indices: Sequence[int], *, n: int | None, hooks: bool) -> RolloutBatch: ...
+
+    def use_rollout_strategy(self, strategy: Callable[..., Any]) -> None: ...
+
+    def update_plan(self, batch: RolloutBatch) -> list[list[list[int]]]: ...
+
+    def set_stage(self, name: str, **changes: Any) -> None: ...
 
 
 class StepContext:
@@ -38,10 +60,11 @@ class StepContext:
     * :meth:`rollout`: roll out and score prompts of the training pool (no plug-in sees those rollouts);
     * :meth:`rescore`: the same over a pool, a chunk at a time, each chunk's media freed after it;
     * :meth:`set_stage`: switch the curriculum stage (pool, rewards, GRPO settings, reference).
-    * :meth:`set_rollout_strategy`: how the training prompts are rolled out (default: ``run_episodes``).
+    * :meth:`set_rollout_strategy`: how the training prompts are rolled out (default: ``run_episodes``);
+    * :meth:`update_plan`: the optimizer steps and micro-batches the update of a batch runs.
     """
 
-    def __init__(self, trainer: GRPOTrainer):
+    def __init__(self, trainer: Run):
         self._trainer = trainer
 
     @property
@@ -98,7 +121,13 @@ class StepContext:
         """Roll out the training prompts with ``strategy`` instead of :func:`mmrl.rollout.run_episodes` (same
         signature and contract: :class:`mmrl.rollout.RolloutStrategy`), e.g. rollouts that branch from
         prefixes of earlier ones. Every training rollout goes through it; evaluation does not."""
-        self._trainer.rollout_strategy = strategy
+        self._trainer.use_rollout_strategy(strategy)
+
+    def update_plan(self, batch: RolloutBatch) -> list[list[list[int]]]:
+        """The update of ``batch``, in order: per optimizer step (every PPO epoch's mini-batches), the rows of its
+        micro-batches, by the trainer's own rule (``train.micro_batch_size`` or ``train.micro_batch_tokens``;
+        :func:`mmrl.batch.update_plan`)."""
+        return self._trainer.update_plan(batch)
 
     def set_stage(self, name: str, **changes: Any) -> None:
         """Switch the curriculum stage at a step boundary (:meth:`mmrl.trainer.GRPOTrainer.set_stage`)."""

@@ -1,6 +1,6 @@
 """Rollouts: a backend interface, the Hugging Face ``generate`` backend, and the multi-turn loop.
 
-A backend turns token sequences into sampled continuations (:class:`~mmrl.policy.Generation`). The HF
+A backend turns token sequences into sampled continuations (:class:`~mmrl.model.Generation`). The HF
 backend is built in; the vLLM backend (``vllm``, :mod:`mmrl.vllm_backend`) implements the same
 :class:`RolloutBackend` protocol.
 
@@ -23,7 +23,7 @@ from mmrl.environments import (  # noqa: F401  (get_environment, register_enviro
     get_environment,
     register_environment,
 )
-from mmrl.policy import Generation, Policy, TokenSeq
+from mmrl.model import Generation, Policy, TokenSeq
 from mmrl_common.registry import Registry
 
 
@@ -114,7 +114,7 @@ def backend_from_config(cfg: Any, policy: Policy, samples: Sequence[Any] | None 
     """The rollout backend of a run configuration (:class:`mmrl.config.RunConfig`): ``rollout.backend`` with
     its settings (``rollout.vllm`` for vLLM, its media limits sized for ``samples``: the run's records)."""
     r = cfg.rollout
-    policy.prefill_once = r.prefill_once  # Policy.generate: each prompt computed once per group
+    policy.configure(prefill_once=r.prefill_once)  # Policy.generate: each prompt computed once per group
     if r.backend == "vllm":
         from mmrl.vllm_backend import settings_from_config
 

@@ -223,8 +223,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
 
     from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
     from mmrl.distributed import device_for, world
+    from mmrl.model import load_policy
     from mmrl.optim import zero3_sharded_loading
-    from mmrl.policy import load_policy
     from mmrl.report import write_report
     from mmrl.sft import run_sft
     from mmrl.trainer import GRPOTrainer
@@ -288,7 +288,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
             print(f"warning: {line}", flush=True)
     lora_info = configure_policy(policy, cfg)
     if lora_info is not None and show_progress:
-        from mmrl.lora import describe
+        from mmrl.model.lora import describe
 
         print(describe(lora_info, cfg.model.lora), flush=True)
     stages: dict[str, Any] = {"data": {"train": train_info, "eval": eval_info}}
@@ -369,17 +369,15 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
 def configure_policy(policy: Any, cfg: RunConfig) -> Any:
     """The run's training settings on a loaded policy, as ``mmrl train`` sets them (log-prob passes, what
     trains, LoRA adapters injected in place, activation checkpointing); LoRA's description or None."""
-    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
-    policy.shared_prefix_forward = cfg.train.shared_prefix
-    policy.padding_free = cfg.train.padding_free
-    policy.cache_vision_features = cfg.model.cache_vision_features
+    from mmrl.model import PolicyOptions, checkpointing_switch
+
+    policy.configure(PolicyOptions.from_config(cfg))
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
-    from mmrl.policy import checkpointing_switch
 
     lora_info = None
     if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
-        from mmrl.lora import apply_lora
+        from mmrl.model.lora import apply_lora
 
         lora_info = apply_lora(policy, cfg.model.lora)
     if cfg.model.gradient_checkpointing:

@@ -23,7 +23,7 @@ from typing import Any
 
 from mmrl.config import PromptConfig
 from mmrl.media import MediaPreparer
-from mmrl.policy import MediaInput, Policy, TokenSeq
+from mmrl.model import MediaInput, Policy, TokenSeq
 from mmrl.prompts import build_messages, encode_prompt, media_parts, with_layout
 from mmrl.rollout import RolloutBackend, SamplingParams
 

@@ -24,8 +24,8 @@ from tqdm import tqdm
 
 from mmrl.config import RunConfig
 from mmrl.media import MediaPreparer
+from mmrl.model import Policy
 from mmrl.optim import lr_lambda
-from mmrl.policy import Policy
 from mmrl.prompts import encode_prompt
 from mmrl.run_log import RunLog
 from mmrl_common.errors import MediaError, MmrlError

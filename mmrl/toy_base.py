@@ -47,17 +47,15 @@ from mmrl.toy_recipe import (  # noqa: F401
 
 def pretrain_config(recipe: BaseRecipe) -> Any:
     """The run configuration of the pre-training (media budgets as the toy recipes, answers in tags)."""
-    from mmrl.config import MediaConfig, PromptConfig, RunConfig, SFTConfig
+    from mmrl.config import DataConfig, MediaConfig, PromptConfig, RunConfig, SFTConfig, TrainConfig
 
-    cfg = RunConfig()
-    cfg.data.media = MediaConfig(min_frames=recipe.max_frames, max_frames=recipe.max_frames,
-                                 video_min_pixels=recipe.video_pixels, video_max_pixels=recipe.video_pixels,
-                                 image_min_pixels=recipe.image_pixels, image_max_pixels=recipe.image_pixels)
-    cfg.prompt = PromptConfig(answer_format="answer")
-    cfg.sft = SFTConfig(steps=recipe.steps, lr=recipe.lr, batch_size=recipe.batch_size,
-                        warmup_steps=recipe.warmup_steps, target="gold")
-    cfg.train.seed = recipe.seed
-    return cfg
+    media = MediaConfig(min_frames=recipe.max_frames, max_frames=recipe.max_frames,
+                        video_min_pixels=recipe.video_pixels, video_max_pixels=recipe.video_pixels,
+                        image_min_pixels=recipe.image_pixels, image_max_pixels=recipe.image_pixels)
+    return RunConfig(data=DataConfig(media=media), prompt=PromptConfig(answer_format="answer"),
+                     sft=SFTConfig(steps=recipe.steps, lr=recipe.lr, batch_size=recipe.batch_size,
+                                   warmup_steps=recipe.warmup_steps, target="gold"),
+                     train=TrainConfig(seed=recipe.seed))
 
 
 def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress: bool = True) -> Path:
@@ -70,7 +68,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress
     from data_pipelines.schema import Sample
     from data_pipelines.toy.pretrain import make_pretrain, pointer_drill
     from mmrl.checkpoint import seed_everything
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.sft import run_sft
     from mmrl.tiny_models import make_tiny
 
@@ -92,7 +90,8 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress
                 flush=True)
             drill = [Sample.from_dict(r) for r in pointer_drill(POINTER_ITEMS, recipe.seed + 2)]
             cfg = pretrain_config(recipe)
-            cfg.sft = dataclasses.replace(cfg.sft, steps=recipe.pointer_steps, batch_size=POINTER_BATCH)
+            cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=recipe.pointer_steps,
+                                                                   batch_size=POINTER_BATCH))
             run_sft(cfg, policy, drill, show_progress=progress, keep_encoded=True, desc="toy base pointer phase")
             # and a share of them among the descriptions: without it, the pre-training forgets the pointer (measured
             # 2026-11-25: 6000 pointer steps, then 2000 steps of descriptions alone: 0.38 on 100 held-out drill items)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-# 2: video positions by the pre-training rule (mmrl.rope): a base pre-trained under transformers' rule would see
+# 2: video positions by the pre-training rule (mmrl.model.rope): a base pre-trained under transformers' rule would see
 # text after a video at other positions in every later run
 # 3: question-form requests and candidate words in half of them (the v2 base answered every RL question with a
 # colour: it had never seen a prompt that lists options)

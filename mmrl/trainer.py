@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from mmrl.batch import RolloutBatch
+from mmrl.batch import RolloutBatch, micro_batch_rows, update_plan
 from mmrl.checkpoint import (
     eval_settings,
     latest_checkpoint,
@@ -49,13 +49,13 @@ from mmrl.grpo import GroupAccumulator, compute_advantages, compute_policy_loss,
 from mmrl.grpo.filters import overlong_keep_mask, soft_overlong_penalty
 from mmrl.grpo.kl import kl_in_reward
 from mmrl.grpo.shaping import ShapingInput
-from mmrl.health import add_health_checks
+from mmrl.health import health_plugin
 from mmrl.media import MediaPreparer
 from mmrl.memory import StagePeaks
+from mmrl.model import Policy, RankBinding, TokenSeq
+from mmrl.model.lora import AdapterReference, has_lora
 from mmrl.optim import lr_lambda, make_updater, set_peak_lr
-from mmrl.packing import token_budget_chunks
 from mmrl.plugins import StepContext, build_plugins
-from mmrl.policy import Policy, TokenSeq
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import (
     RolloutStrategy,
@@ -103,7 +103,7 @@ class GRPOTrainer:
         self._bad_in_a_row = 0  # this rank's unreadable samples since its last good one
         self.skipped_updates = 0
         self.save_seconds: list[float] = []  # each checkpoint written in this session
-        policy.share_vision_features = cfg.model.share_vision_features
+        policy.configure(share_vision_features=cfg.model.share_vision_features)
         self.preparer = MediaPreparer(cfg.data.media, family=policy.family)
         self.backend = backend_from_config(cfg, policy, [*self.train_samples, *self.eval_samples])
         self.service = RolloutService.from_config(policy, cfg, backend=self.backend, preparer=self.preparer)
@@ -126,31 +126,40 @@ class GRPOTrainer:
             raise MmrlError("nothing to train: model.freeze_vision, freeze_merger and freeze_llm are all on")
         t = cfg.train
         self._check_world()
-        self.ref: Policy | None = None
+        self.ref: Policy | AdapterReference | None = None
         self.ref_is_start = True  # the reference equals the run's starting model (not stored in checkpoints)
+        ref_model = None
         if cfg.grpo.uses_reference:  # before the updater: ZeRO-3 shards the policy in place
-            self.reset_reference()
+            if has_lora(policy.model):
+                self.reset_reference()
+            else:
+                ref_model = self._reference_copy()
         # backward, gradient sum over ranks, clipping and the AdamW step (fp32 master weights under bf16)
         self.updater = make_updater(policy.model, t, self.world, bf16=cfg.model.dtype == "bf16")
         self.optimizer = self.updater.optimizer
-        if isinstance(self.ref, Policy):  # a copy of the model (not LoRA's adapters-off view of the policy)
-            self.ref.model = self.updater.wrap_reference(self.ref.model)
         # DeepSpeed over several ranks: ZeRO-3 gathers each module's weights at each of its calls, so every rank
         # must make the same module calls in every pass, forward and backward; ZeRO-2 reduces gradients as they
-        # appear, so every rank must produce gradients for the same parameters. Policy.rank_invariant makes
+        # appear, so every rank must produce gradients for the same parameters. The policy's RankBinding makes
         # the passes so (a dummy vision input where a rank has no media, as many LM-head calls as the rank that
         # needs the most, both shared-prefix passes); generation gathers the weights once per rollout session.
         invariant = ("calls" if self._zero3() else "gradients") if self.world.active and cfg.train.deepspeed else None
-        for p in (policy, self.ref):
-            if isinstance(p, Policy):
-                p.rank_invariant = invariant
-        if self.updater.partitioned:  # ZeRO-3: how generation and the weight readers get whole weights
-            policy.gather_for_generation = self.updater.gathered_for_generation
-            policy.gather_params = self.updater.gather_params
+        sharded = self.updater.partitioned  # ZeRO-3: how generation and the weight readers get whole weights
+        policy.bind_ranks(RankBinding(
+            invariant=invariant, max_int=self.world.max_int,
+            gather_for_generation=self.updater.gathered_for_generation if sharded else None,
+            gather_params=self.updater.gather_params if sharded else None))
+        if ref_model is not None:  # a copy of the model (not LoRA's adapters-off view of the policy)
+            self.ref = self.policy.reference(self.updater.wrap_reference(ref_model))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
         self.plugins = build_plugins(cfg.plugins, self.context)
-        add_health_checks(self)  # warnings when the run cannot be learning (train.health_window)
+        health = health_plugin(self.context, cfg.train.health_window)  # warnings when the run cannot be learning
+        if health is not None:
+            self.plugins.setdefault("run_health", health)
+
+    def use_rollout_strategy(self, strategy: RolloutStrategy) -> None:
+        """Roll out the training prompts with ``strategy`` from now on (:meth:`StepContext.set_rollout_strategy`)."""
+        self.rollout_strategy = strategy
 
     def _zero3(self) -> bool:
         return bool(self.world.active and getattr(self.updater, "stage", 0) == 3)
@@ -231,7 +240,8 @@ class GRPOTrainer:
                                   where=f"{where} rewards")
         combined.load_state_dict(self.rewards.state_dict())  # stateful rewards of the same label carry over
         self.stage, self.pool, self.rewards = stage, pool, combined
-        self.cfg.grpo = grpo
+        # a new config object: one a plug-in or a component read before the switch stays as it was
+        self.cfg = dataclasses.replace(self.cfg, grpo=grpo)
         self.shaper = grpo.build_shaper()
         self.sampler = self._make_sampler()
         if grpo.uses_reference and self.ref is None:
@@ -241,38 +251,32 @@ class GRPOTrainer:
         """A copy of the policy's model for the KL reference. A model loaded already partitioned (ZeRO-3 on
         several ranks, :func:`mmrl.optim.zero3_sharded_loading`) cannot be copied: the reference is loaded
         again, partitioned, from the folder the policy came from (this happens only at the run's start, before
-        any update, with no cold start in the run)."""
+        any update, with no cold start in the run). The copy is frozen, in eval mode."""
+        from mmrl.model import load_policy
         from mmrl.optim import is_sharded, zero3_sharded_loading
-        from mmrl.policy import load_policy
 
         model = self.policy.model
         if not is_sharded(model):
-            return copy.deepcopy(model)
-        args = self.policy.load_args
-        with zero3_sharded_loading(self.cfg.train, self.world, bf16=self.cfg.model.dtype == "bf16"):
-            return load_policy(args["path"], dtype=args["dtype"], attn_implementation=args["attn_implementation"],
-                               device=args["device"]).model
+            copied = copy.deepcopy(model)
+        else:
+            args = self.policy.load_args
+            with zero3_sharded_loading(self.cfg.train, self.world, bf16=self.cfg.model.dtype == "bf16"):
+                copied = load_policy(args["path"], dtype=args["dtype"], device=args["device"],
+                                     attn_implementation=args["attn_implementation"]).model
+        copied.eval()
+        for p in copied.parameters():
+            p.requires_grad_(False)
+        return copied
 
     def reset_reference(self) -> None:
         """Make the KL reference a copy of the current policy, creating it when there is none. With LoRA
         no copy of the model is made: the reference is the policy with its adapters disabled (the base
         model), or, reset after the adapters trained, with the adapter weights of now swapped in for its
-        passes (:class:`mmrl.lora.AdapterReference`)."""
-        from mmrl.lora import AdapterReference, has_lora
-
+        passes (:class:`mmrl.model.lora.AdapterReference`)."""
         if has_lora(self.policy.model):
             self.ref = AdapterReference.of_current(self.policy)
-        elif self.ref is None:
-            ref_model = self._reference_copy().eval()
-            for p in ref_model.parameters():
-                p.requires_grad_(False)
-            self.ref = Policy(ref_model, self.policy.processor)
-            self.ref.media = self.policy.media  # same encoded media, same keys
-            self.ref.share_vision_features = self.policy.share_vision_features
-            self.ref.logprob_chunk_tokens = self.policy.logprob_chunk_tokens
-            self.ref.cache_vision_features = self.policy.cache_vision_features
-            self.ref.shared_prefix_forward = self.policy.shared_prefix_forward
-            self.ref.padding_free = self.policy.padding_free
+        elif self.ref is None:  # the policy's processor, options and media store (same keys)
+            self.ref = self.policy.reference(self._reference_copy())
         elif self._zero3():
             raise MmrlError("a KL reference reset mid-run (a curriculum stage's reset_reference) is not supported "
                             "under ZeRO-3 yet: use train.deepspeed=zero2, or a stage without reset_reference")
@@ -480,20 +484,14 @@ class GRPOTrainer:
         return batch.minibatches(self.cfg.grpo.ppo_mini_batch_size)
 
     def _chunks(self, rows: Sequence[int], batch: RolloutBatch | None = None) -> list[list[int]]:
-        """Micro-batches of ``rows``, in order: ``train.micro_batch_size`` rows each or, with
-        ``train.micro_batch_tokens`` and the ``batch`` the rows index, by that token budget (rows join while
-        their summed lengths stay within it; a longer row alone; a group starts a new micro-batch rather than
-        be split where it fits one whole). Consecutive rows stay together, so a group's rows meet in one
-        micro-batch wherever they fit (the shared-prefix forward needs them side by side).
-        The loss needs no change for either: each micro-batch's terms are normalised by the whole mini-batch's
-        counts (``global_counts``), so their sum is the same however the rows are split."""
-        rows = list(rows)
-        budget = self.cfg.train.micro_batch_tokens
-        if budget > 0 and batch is not None:
-            return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget,
-                                       groups=[int(batch.group_index[i]) for i in rows])
-        mb = max(1, self.cfg.train.micro_batch_size)
-        return [rows[i:i + mb] for i in range(0, len(rows), mb)]
+        """Micro-batches of ``rows`` (:func:`mmrl.batch.micro_batch_rows`: the one rule, which plug-ins see
+        through :meth:`update_plan`)."""
+        return micro_batch_rows(rows, self.cfg.train, batch)
+
+    def update_plan(self, batch: RolloutBatch) -> list[list[list[int]]]:
+        """The update of ``batch`` as one process runs it (:func:`mmrl.batch.update_plan`): per optimizer step,
+        its micro-batches' rows (under data parallelism each rank runs micro-batches of its own rows)."""
+        return update_plan(batch, self.cfg)
 
     def _logprobs(self, policy: Policy, batch: RolloutBatch, *, entropies: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -769,8 +767,6 @@ class GRPOTrainer:
             self.reset_reference()
         if state.get("reference") == "stored":
             from mmrl.checkpoint import load_reference_adapters
-            from mmrl.lora import AdapterReference
-
             if isinstance(self.ref, AdapterReference):  # LoRA: the reference's adapter weights
                 stored = load_reference_adapters(ckpt)
                 if stored is None:
@@ -810,8 +806,6 @@ class GRPOTrainer:
         ``memory/save_reserved_gb`` and ``memory/save_host_gb``, see :class:`mmrl.memory.StagePeaks`, and
         ``time/save_s``), once every file is written and before the folder is renamed: a run resumed from
         this checkpoint has the line, one resumed from an earlier one drops it with the steps after that."""
-        from mmrl.lora import AdapterReference, has_lora
-
         ref = None
         if self.ref is not None and not self.ref_is_start:
             ref = self.ref.stored() if isinstance(self.ref, AdapterReference) else self.ref.model
@@ -841,7 +835,7 @@ class GRPOTrainer:
         """Under ZeRO-3: the model's whole weights (``adapters_only``: the LoRA adapters; ``merged``: LoRA
         merged in, base names) gathered one module at a time, kept on rank 0 as CPU tensors (every rank must
         call it; the others get None). Without ZeRO-3 None: the live model is read directly."""
-        from mmrl.weights import adapter_names, collect_on_main, stream_weights
+        from mmrl.model.weights import adapter_names, collect_on_main, stream_weights
 
         if not self.updater.partitioned:
             return None
@@ -852,8 +846,6 @@ class GRPOTrainer:
     def export(self, folder: Path) -> None:
         """The final model as a Hugging Face folder (:func:`mmrl.checkpoint.save_model`), written by rank 0;
         under ZeRO-3 gathered one module at a time (every rank calls it)."""
-        from mmrl.lora import has_lora
-
         lora = has_lora(self.policy.model)
         merged = self.weights_on_main(merged=True)
         adapters = self.weights_on_main(adapters_only=True) if lora else None

@@ -19,7 +19,7 @@ their media: images as PIL images, videos as their frames with metadata (fps, fr
 re-sampling), so vLLM's processor sees exactly what the policy's did. The raw media are kept only while the
 policy holds their encodings (a step's), so host memory stays bounded.
 
-Sampling equals :meth:`mmrl.policy.Policy.generate`'s: the same temperature, top-p, top-k, stop strings
+Sampling equals :meth:`mmrl.model.Policy.generate`'s: the same temperature, top-p, top-k, stop strings
 (kept in the completion), end-of-turn ids, no repetition penalty or checkpoint defaults, and the vision
 placeholders never sampled. Recorded log-probabilities are those of the raw distribution of the sampled
 token, ``log_softmax(logits)[token]``; that is what training computes at temperature 1 (and for greedy
@@ -29,7 +29,7 @@ after top-k/top-p and the placeholder ban), so asking for log-probs there is ref
 **Weights.** After each optimizer step (:meth:`VLLMBackend.after_update`), and whenever the policy's weights
 are replaced (a resumed checkpoint), the engine's weights are stale; the next rollout session
 (:meth:`VLLMBackend.session`, which every rank enters together) streams the policy's weights into it one
-module at a time through vLLM's ``reload_weights`` (:func:`mmrl.weights.stream_weights`: gathered module by
+module at a time through vLLM's ``reload_weights`` (:func:`mmrl.model.weights.stream_weights`: gathered module by
 module under ZeRO-3, LoRA adapters merged on the device), then clears its encoder cache (else the next image
 request reuses features of the old tower) and its prefix cache (else prompts longer than a KV block reuse
 stale entries). Nothing goes through host memory. With ``rollout.vllm.enable_sleep_mode`` (CUDA) the engine
@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from mmrl.policy import Generation, MediaInput, Policy, TokenSeq
+from mmrl.model import Generation, MediaInput, Policy, TokenSeq
 from mmrl_common.errors import ConfigError, MmrlError
 
 _BAN = -100.0  # vLLM's strongest logit bias: exp(-100) never wins a draw or an argmax
@@ -81,7 +81,7 @@ def model_folder(policy: Policy) -> Path:
     folder = getattr(policy, "model_dir", None) or getattr(policy.model.config, "_name_or_path", "")
     if not folder or not Path(folder).is_dir():
         raise MmrlError("the vLLM backend builds its engine from the policy's model folder; this policy's model "
-                        f"does not name one ({folder!r}): load it with mmrl.policy.load_policy")
+                        f"does not name one ({folder!r}): load it with mmrl.model.load_policy")
     return Path(folder)
 
 
@@ -401,19 +401,16 @@ class VLLMBackend:
     # ------------------------------------------------------------------------------------ media
     def _record_media(self, policy: Policy) -> None:
         """Keep every media item the policy encodes from now on (the engine needs the pixels' source, the
-        policy keeps only processed tensors): ``policy.encode`` is wrapped on this policy instance. Items are
-        dropped once the policy has dropped their encodings (:meth:`_forget_media`)."""
-        encode = getattr(policy.encode, "__wrapped__", policy.encode)  # one wrapper: the latest backend's
+        policy keeps only processed tensors): a listener of ``policy.encode`` (:meth:`Policy.on_encode`). Items are
+        dropped once the policy has dropped their encodings (:meth:`_forget_media`). One listener per policy:
+        the latest backend's."""
         raw = self.raw_media
 
-        def encode_and_record(text: str, media: Sequence[MediaInput] = ()) -> TokenSeq:
-            seq = encode(text, media)
+        def record(media: Sequence[MediaInput]) -> None:
             for m in media:
                 raw.setdefault(m.key, m)
-            return seq
 
-        encode_and_record.__wrapped__ = encode  # type: ignore[attr-defined]
-        policy.encode = encode_and_record  # type: ignore[method-assign]
+        policy.on_encode(record)
 
     def _forget_media(self) -> None:
         """Drop the raw media (and their expansions) whose encodings the policy no longer holds (it clears them
@@ -593,13 +590,13 @@ class VLLMBackend:
     # ------------------------------------------------------------------------------------ weights
     def sync_weights(self, model: torch.nn.Module | None = None) -> None:
         """Stream ``model``'s weights (default: the policy's) into the engine now, one module at a time
-        (:func:`mmrl.weights.stream_weights`: gathered under ZeRO-3, LoRA merged on the device; every rank
+        (:func:`mmrl.model.weights.stream_weights`: gathered under ZeRO-3, LoRA merged on the device; every rank
         calls it together), then clear its encoder and prefix caches (computed with the old weights)."""
-        from mmrl.weights import stream_weights
+        from mmrl.model.weights import stream_weights
 
         t0 = time.perf_counter()
         model = self.policy.model if model is None else model
-        gather = getattr(self.policy, "gather_params", None)
+        gather = self.policy.binding.gather_params
         copy = gather is not None  # gathered tensors are released when the stream moves on: vLLM keeps copies
 
         def weights() -> Iterator[tuple[str, torch.Tensor]]:

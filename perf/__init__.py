@@ -18,7 +18,7 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
 * ``memory``: the peak memory of ONE training micro-batch (``forward_logprobs`` with entropies, a scalar loss,
   backward) at 16 sequences x 512 response tokens on a tiny Qwen2.5-VL (hidden 64, 2 layers) with Qwen's
   real 151,936-token vocabulary: the full log-softmax at once ("before", ``chunk_tokens=0``) vs. chunks of
-  ``Policy.logprob_chunk_tokens`` rows ("after"), entropies without and with gradient, and the ratio
+  ``PolicyOptions.logprob_chunk_tokens`` rows ("after"), entropies without and with gradient, and the ratio
   after/before. Each mode runs in a fresh process (:func:`mmrl.memory.measure_in_subprocess`); on CUDA it
   counts live tensor bytes, on CPU the resident set. Where the machine cannot hold the unchunked modes at
   16 sequences it halves the sequences until it can, and says so (``--memory-seqs``, ``--memory-tokens``,

@@ -56,7 +56,7 @@ def toy_video(path: Path, seed: int, side: int = SIDE) -> Path:
 
 
 def _setup(root: Path):
-    from mmrl.policy import MediaInput, load_policy
+    from mmrl.model import MediaInput, load_policy
     from mmrl.tiny_models import make_tiny
     from video import sample_video
 
@@ -105,7 +105,7 @@ def bench_step(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
 
     def step(shared: bool) -> Callable[[], None]:
         def run() -> None:
-            policy.share_vision_features = shared
+            policy.configure(share_vision_features=shared)
             policy.model.zero_grad(set_to_none=True)
             logp, _, mask = policy.forward_logprobs(seqs)
             (-(logp * mask).sum() / mask.sum()).backward()
@@ -118,12 +118,12 @@ def bench_rollout(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
     policy.model.eval()
 
     def shared() -> None:
-        policy.share_vision_features = True
+        policy.configure(share_vision_features=True)
         torch.manual_seed(0)
         policy.generate(prompts, max_new_tokens=16, num_return_sequences=G)
 
     def repeated() -> None:
-        policy.share_vision_features = False
+        policy.configure(share_vision_features=False)
         torch.manual_seed(0)
         policy.generate([p for p in prompts for _ in range(G)], max_new_tokens=16, num_return_sequences=1)
 
@@ -183,7 +183,7 @@ def memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int |
     (random ids). The returned ``work`` is the measured part: forward_logprobs, a scalar loss, backward."""
     from transformers import AutoConfig, AutoProcessor
 
-    from mmrl.policy import Policy, TokenSeq
+    from mmrl.model import Policy, TokenSeq
     from mmrl.tiny_models import build_model
 
     torch.set_num_threads(threads)
@@ -230,7 +230,7 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", sh
     ``seqs`` x ``tokens`` rows, the number of sequences is halved until it can (said in the returned info)."""
     # by its import name: spawned children cannot find functions of the ``python -m perf`` main module
     from mmrl.memory import GB, available_bytes, measure_in_subprocess
-    from mmrl.policy import Policy, resolve_device
+    from mmrl.model import PolicyOptions, resolve_device
     from mmrl.tiny_models import make_tiny
     from perf.__main__ import memory_case
 
@@ -245,7 +245,7 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", sh
         seqs //= 2
     info = {"device": str(dev), "asked": asked, "seqs": seqs, "tokens": tokens, "vocab": MEM_VOCAB,
             "available_gb": None if avail is None else avail / GB, "need_gb": need(asked) / GB,
-            "chunk": Policy.logprob_chunk_tokens, "threads": torch.get_num_threads()}
+            "chunk": PolicyOptions.logprob_chunk_tokens, "threads": torch.get_num_threads()}
     rows = []
     for label, chunk, entropy_grad in MEM_MODES:
         try:

@@ -2,7 +2,7 @@
 ZeRO-3 checkpoint's weights are gathered and rank 0 writes them.
 
 ``python checkpoint_probe.py MODEL_DIR MODE SAVE_DIR OUT_JSON``; MODE ``modules``: one module at a time, kept
-on rank 0 (:func:`mmrl.weights.stream_weights`); ``whole``: every parameter gathered on every rank at once."""
+on rank 0 (:func:`mmrl.model.weights.stream_weights`); ``whole``: every parameter gathered on every rank at once."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from mmrl import distributed
 from mmrl.config import TrainConfig
 from mmrl.memory import measure
+from mmrl.model import load_policy
+from mmrl.model.weights import collect_on_main, stream_weights
 from mmrl.optim import make_updater
-from mmrl.policy import load_policy
-from mmrl.weights import collect_on_main, stream_weights
 
 
 def main(model_dir: str, mode: str, save_dir: str, out: str) -> None:

@@ -32,7 +32,7 @@ SIZES: dict[str, dict[str, int]] = {
 
 def setup(root: Path, size: str) -> tuple[Any, list, list[int], float]:
     """The policy (tiny Qwen2.5-VL of ``size``), the 2 encoded video prompts, the video grid, parameters (M)."""
-    from mmrl.policy import MediaInput, load_policy
+    from mmrl.model import MediaInput, load_policy
     from mmrl.tiny_models import make_tiny
     from perf.__main__ import FAMILY, toy_video
     from video import sample_video
@@ -63,14 +63,14 @@ def bench_longvideo(root: Path, *, reps: int = 5, size: str = "tiny") -> dict[st
     t0 = time.perf_counter()
     policy, prompts, grid, params = setup(root, size)
     setup_s = time.perf_counter() - t0
-    policy.share_vision_features = True
+    policy.configure(share_vision_features=True)
     backend = HFBackend(policy)
     sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0)
     tokens: dict[str, list[list[int]]] = {}
     times: dict[str, list[float]] = {"on": [], "off": []}
 
     def call(mode: str) -> float:
-        policy.prefill_once = mode == "on"
+        policy.configure(prefill_once=mode == "on")
         torch.manual_seed(0)
         start = time.perf_counter()
         out = backend.generate(prompts, n=G, params=sampling)
@@ -85,7 +85,7 @@ def bench_longvideo(root: Path, *, reps: int = 5, size: str = "tiny") -> dict[st
     for _ in range(reps):
         for mode, seconds in times.items():
             seconds.append(call(mode))
-    policy.prefill_once = True
+    policy.configure(prefill_once=True)
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
     return {"size": size, "parameters_m": params, "prompt_tokens": [len(p) for p in prompts], "grid": grid,
             "on_s": on, "off_s": off, "speedup": off / on, "reps": reps, "setup_s": setup_s,

@@ -101,7 +101,7 @@ def mmrl_trainer(model_dir: Path, images: list[Path], out: Path, *, group: int, 
 
     from data_pipelines.loaders import load_samples
     from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
+    from mmrl.model import PolicyOptions, load_policy
     from mmrl.trainer import GRPOTrainer
 
     _register_reward()
@@ -119,17 +119,8 @@ def mmrl_trainer(model_dir: Path, images: list[Path], out: Path, *, group: int, 
         "data.check_media=none", "train.health_window=0"])
     samples = load_samples(data).samples
     policy = load_policy(model_dir, device="cpu")
-    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
-    # the speed settings, where this version has them
-    for name in ("shared_prefix", "cache_vision_features", "padding_free"):
-        for section in (cfg.train, cfg.model):
-            if hasattr(section, name) and hasattr(policy, _POLICY_ATTR[name]):
-                setattr(policy, _POLICY_ATTR[name], getattr(section, name))
+    policy.configure(PolicyOptions.from_config(cfg))  # the log-prob and vision-cache settings, as mmrl train
     return GRPOTrainer(cfg, policy, samples, run_dir=out / "run", show_progress=False)
-
-
-_POLICY_ATTR = {"shared_prefix": "shared_prefix_forward", "cache_vision_features": "cache_vision_features",
-                "padding_free": "padding_free"}
 
 
 STAGES = ("generation", "other rollout", "log-prob/ref passes", "forward+backward", "optimizer + rest")
@@ -431,7 +422,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
 
     from data_pipelines.loaders import load_samples
     from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.tiny_models import make_tiny
     from mmrl.trainer import GRPOTrainer
     from perf.__main__ import toy_video
@@ -458,8 +449,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
             *(["model.freeze_vision=true", "model.freeze_merger=true"] if name == "frozen" else [])])
         policy = load_policy(model_dir, device="cpu")
         policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger)
-        policy.shared_prefix_forward = cfg.train.shared_prefix
-        policy.cache_vision_features = cfg.model.cache_vision_features
+        policy.configure(shared_prefix=cfg.train.shared_prefix, cache_vision_features=cfg.model.cache_vision_features)
         trainers[name] = GRPOTrainer(cfg, policy, samples, run_dir=root / name, show_progress=False)
     times: dict[str, list[float]] = {name: [] for name in trainers}
     calls: dict[str, list[int]] = {name: [] for name in trainers}
@@ -501,7 +491,7 @@ def generation(root: Path, *, reps: int = 5, group: int = 8, tokens: int = 16) -
         return None
     from mmrl.config import MediaConfig, PromptConfig
     from mmrl.media import MediaPreparer
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.prompts import encode_prompt
     from mmrl.rollout import HFBackend, SamplingParams, make_backend
     from mmrl.tiny_models import make_tiny

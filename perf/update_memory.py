@@ -11,7 +11,7 @@ parameter, and a ZeRO-3 checkpoint's peak on rank 0 and on the other ranks.
   change also kept every bf16 gradient alive meanwhile: 2 more, 20 in all).
 * **ZeRO-3 checkpoint** (2 gloo ranks on the CPU, ``perf/checkpoint_probe.py``): each rank's peak while a
   checkpoint's weights are gathered and rank 0 writes them, as a multiple of the model's bytes: module by
-  module to rank 0 (mmrl, :func:`mmrl.weights.stream_weights`) against the whole model gathered on every
+  module to rank 0 (mmrl, :func:`mmrl.model.weights.stream_weights`) against the whole model gathered on every
   rank at once (``deepspeed.zero.GatheredParameters`` over every parameter).
 """
 
@@ -40,7 +40,7 @@ def update_case(model_dir: str, chunk: int | None, threads: int) -> Callable[[],
     from mmrl import optim
     from mmrl.config import TrainConfig
     from mmrl.distributed import World
-    from mmrl.policy import TokenSeq, load_policy
+    from mmrl.model import TokenSeq, load_policy
 
     torch.set_num_threads(threads)
     if chunk is not None:

@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from mmrl.policy import MediaInput, Policy, TokenSeq
+from mmrl.model import MediaInput, Policy, TokenSeq
 from video.sampling import SampledVideo
 
 

@@ -214,7 +214,7 @@ def test_letter_balance() -> None:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory):
     from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
     from mmrl.trainer import GRPOTrainer
 
@@ -323,7 +323,7 @@ def test_the_reanswer_environment_shuffles_and_the_reward_reads_the_trained_turn
 def test_the_trained_second_turn_is_in_the_loss_mask() -> None:
     """The re-answer is the policy's own turn: its tokens are trained; the shuffled options are masked."""
     from mmrl.methods.acre import ReanswerEnvironment
-    from mmrl.policy import Generation, load_policy
+    from mmrl.model import Generation, load_policy
     from mmrl.rollout import SamplingParams, run_episodes
     from mmrl.tiny_models import ensure_tiny
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fixture)
 
-from mmrl.batch import RolloutBatch
+from mmrl.batch import RolloutBatch, update_plan
 from mmrl.config import RunConfig
 from mmrl.grpo import GRPOConfig, compute_policy_loss
 from mmrl.methods.ares import AresPlugin
-from mmrl.policy import TokenSeq
+from mmrl.model import TokenSeq
 from mmrl.rollout import Episode
 from mmrl_common.errors import ConfigError
 from rewards.ares import (
@@ -151,8 +151,12 @@ def test_plugin_feeds_the_controller_once_per_micro_batch():
     plug.ctx.cfg.train.micro_batch_size = 2
     plug.ctx.cfg.grpo.ppo_mini_batch_size = 3
     plug.ctx.cfg.grpo.ppo_epochs = 2
-    from mmrl.methods.ares import micro_batches
-    assert micro_batches(make_batch(), plug.ctx.cfg) == [[0, 1], [2], [3, 4], [5]] * 2
+    # per optimizer step (2 epochs x mini-batches of 3 rows), its micro-batches of 2 rows
+    assert plug.ctx.update_plan(make_batch()) == [[[0, 1], [2]], [[3, 4], [5]]] * 2
+    # train.micro_batch_tokens too (the rule ARES used to re-derive ignored it): a budget of one group's tokens
+    b = make_batch()
+    plug.ctx.cfg.train.micro_batch_tokens = max(sum(len(b.seqs[i]) for i in rows) for rows in ([0, 1, 2], [3, 4, 5]))
+    assert plug.ctx.update_plan(b) == [[[0, 1, 2]], [[3, 4, 5]]] * 2
 
 
 # ------------------------------------------------------------------------------------------ the plug-in
@@ -178,7 +182,9 @@ def make_plugin(**settings) -> AresPlugin:
     cfg.rollout.record_entropies = True
     cfg.rollout.record_logprobs = True
     cfg.grpo = GRPOConfig(kl_coef=0.01)
-    return AresPlugin(SimpleNamespace(cfg=cfg, policy=None), **settings)
+    # the StepContext's part a plug-in reads: the config and the trainer's own update plan
+    return AresPlugin(SimpleNamespace(cfg=cfg, policy=None, update_plan=lambda batch: update_plan(batch, cfg)),
+                      **settings)
 
 
 def test_plugin_counts_buckets_and_shapes_the_rewards():

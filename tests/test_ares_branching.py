@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmrl.methods.ares import branched_episodes, plan_branches
-from mmrl.policy import Generation, TokenSeq
+from mmrl.model import Generation, TokenSeq
 from mmrl.rollout import Episode, SamplingParams
 from mmrl_common.errors import ConfigError
 from rewards.entropy import branch_points

@@ -9,7 +9,7 @@ import pytest
 from data_pipelines.benchmarks import load_benchmark
 from data_pipelines.benchmarks.fixtures import write_fixture
 from mmrl.benchmarks_eval import read_predictions, run_benchmark, summarize
-from mmrl.policy import load_policy
+from mmrl.model import load_policy
 from mmrl.tiny_models import ensure_tiny
 from mmrl_common.errors import MmrlError
 

@@ -16,7 +16,7 @@ from mmrl.config import MediaConfig, PromptConfig
 from mmrl.media import MediaPreparer
 from mmrl.methods.earl.agent import replay
 from mmrl.methods.earl.environment import FrameSelectionEnvironment, parse_selection
-from mmrl.policy import Generation, Policy, load_policy
+from mmrl.model import Generation, Policy, load_policy
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import SamplingParams, get_environment, run_episodes
 from mmrl.tiny_models import make_tiny

@@ -113,7 +113,7 @@ def test_output_trains_with_mmrl_sft(written: Path, tmp_path: Path) -> None:
 
 def test_mismatched_records_are_refused(written: Path) -> None:
     from mmrl.methods.earl.agent import sft_sequence
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.prompts import encode_prompt
     from mmrl.run import resolve_model
 

@@ -82,7 +82,7 @@ def test_every_saved_model_folder_carries_its_evaluation_settings(own_run: dict)
 
 def test_readme_eval_line_scores_what_the_run_scored(own_run: dict, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.service import RolloutService
 
     final, out = own_run["run"] / "final", tmp_path / "eval"

@@ -11,7 +11,7 @@ import torch
 from synthetic_media import image, prompt, video
 from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fixture)
 
-from mmrl.policy import load_policy
+from mmrl.model import load_policy
 from mmrl.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 
@@ -94,10 +94,10 @@ def packed_vs_padded(device: str, dtype: str, root: Path) -> dict[str, tuple[flo
     errors = {}
     for shared, mode, one_pass in ((False, "packed", None), (False, "one_row", None), (True, "padded", None),
                                    (True, "one_row", False), (True, "one_row", True)):
-        policy.shared_prefix_one_pass = one_pass  # the shared prefix in two passes, or in one packed pass
+        policy.configure(shared_prefix_one_pass=one_pass)  # the shared prefix in two passes, or in one packed pass
         name = f"{'shared prefix, ' if shared else ''}{mode}{', one pass' if one_pass else ''}"
         errors[name] = _errors(policy, seqs, ref, shared, mode)
-    policy.shared_prefix_one_pass = None
+    policy.configure(shared_prefix_one_pass=None)
     return errors
 
 

@@ -3,9 +3,13 @@ inside functions included, read with ``ast``.
 
 * ``mmrl_common`` <- ``vision``, ``video`` <- ``rewards``, ``data_pipelines`` <- core ``mmrl`` <-
   ``mmrl.methods``: the leaf packages never import ``mmrl``; the core never imports ``mmrl.methods``;
-* no import cycle between modules (a package's ``__init__`` counts as a module of its own). Imports under
-  ``if TYPE_CHECKING:`` never run (annotations are strings here) and do not count for cycles; for the layers
-  they do, so a leaf package does not even name a core type.
+* no import cycle between modules of the whole tree, ``perf`` included (a package's ``__init__`` counts as a
+  module of its own), imports under ``if TYPE_CHECKING:`` included: a module that only names another's type
+  still depends on it;
+* the model package (``mmrl.model``) imports nothing of the engine: only itself and ``mmrl_common``;
+* no module writes an attribute of a :class:`~mmrl.model.Policy` or of a run config, or replaces one of their
+  methods: a policy's settings change through ``Policy.configure``/``bind_ranks``, a config by a new object
+  (``dataclasses.replace``).
 
 Also: no module takes another first-party module's private (``_name``) names, by import or through a module
 alias; no tracked text file points at research notes outside the repository (a source is cited directly or
@@ -23,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("mmrl_common", "vision", "video", "rewards", "data_pipelines", "mmrl")
+TREE = (*PACKAGES, "perf")  # everything that is imported, the benchmarks included
 LEAVES = ("mmrl_common", "vision", "video", "rewards", "data_pipelines")
 
 
@@ -147,8 +152,76 @@ def test_no_module_imports_up_the_layers() -> None:
 
 
 def test_no_import_cycle() -> None:
-    found = cycles(import_graph(module_files(ROOT), type_only=False))
+    found = cycles(import_graph(module_files(ROOT, TREE)))
     assert not found, "import cycles:\n" + "\n".join("  " + " <-> ".join(c) for c in found)
+
+
+def engine_imports(graph: dict[str, set[str]], package: str = "mmrl.model") -> list[tuple[str, str]]:
+    """Imports of ``package``'s modules of anything of ``mmrl`` outside ``package``."""
+    return sorted((mod, t) for mod, targets in graph.items() if mod == package or mod.startswith(package + ".")
+                  for t in targets if t.split(".")[0] == "mmrl" and t != package and not t.startswith(package + "."))
+
+
+def test_the_model_package_imports_nothing_of_the_engine() -> None:
+    bad = engine_imports(import_graph(module_files(ROOT, TREE)))
+    assert not bad, "mmrl.model imports the engine:\n" + "\n".join(f"  {a} -> {b}" for a, b in bad)
+
+
+POLICY_OWNERS = ("policy", "ref", "reference")  # names a Policy goes by outside its own class
+
+
+def _chain(node: ast.AST) -> list[str]:
+    """``a.b.c`` -> ``["a", "b", "c"]`` (``?`` for a part that is not a name: a call, a subscript)."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    parts.append(node.id if isinstance(node, ast.Name) else "?")
+    return parts[::-1]
+
+
+def _is_config(part: str) -> bool:
+    return part in ("cfg", "run_config") or part.endswith("_cfg")
+
+
+def foreign_writes(files: dict[str, Path], root: Path = ROOT) -> list[str]:
+    """``file:line: target`` for each statement that writes (assigns, augments, deletes, ``setattr``s) an
+    attribute of a policy (an object named ``policy``/``ref``/``reference``, as an attribute or a variable: its
+    methods included) or of a run config (anything reached through ``cfg``). Writing ``self.x`` in a class's own
+    methods is not foreign, nor writing an attribute of an object a policy holds (``policy.base.x``: the
+    Hugging Face model's)."""
+    out = []
+    for path in files.values():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                    "setattr", "delattr") and node.args:
+                targets = [ast.Attribute(value=node.args[0], attr="<setattr>")]
+            else:
+                continue
+            for target in targets:
+                for el in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if not isinstance(el, ast.Attribute):
+                        continue
+                    chain = _chain(el)
+                    owner = chain[:-1]
+                    if owner in (["self"], ["cls"]):
+                        continue
+                    if owner[-1] in POLICY_OWNERS or any(_is_config(p) for p in owner):
+                        out.append(f"{path.relative_to(root)}:{node.lineno}: {'.'.join(chain)}")
+    return sorted(out)
+
+
+def test_no_module_writes_a_policy_or_a_config() -> None:
+    found = foreign_writes(module_files(ROOT, TREE))
+    assert not found, ("attributes of a policy or a run config written from outside (use Policy.configure / "
+                       "bind_ranks, or dataclasses.replace for a config):\n  " + "\n  ".join(found))
 
 
 def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) -> None:
@@ -301,3 +374,20 @@ def test_the_private_check_finds_planted_private_imports(tmp_path: Path) -> None
     found = [b.split(": ", 1)[1] for b in private_imports(module_files(tmp_path, ("rewards", "mmrl")))]
     assert sorted(found) == sorted(["from rewards.a import _f", "A._f", "import rewards._util",
                                     "from rewards import _util", "rewards.a._f"])
+
+
+def test_the_checkers_find_planted_engine_imports_and_foreign_writes(tmp_path: Path) -> None:
+    for name, text in {
+        "mmrl/__init__.py": "", "mmrl/trainer.py": "", "mmrl/model/__init__.py": "",
+        "mmrl/model/vision.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mmrl.trainer import T\n",
+        "mmrl/run.py": ("def f(policy, cfg, trainer, x):\n    policy.padding_free = True\n    cfg.train.lr = 1.0\n"
+                        "    trainer.ref.media = {}\n    self.policy.encode = print\n    setattr(policy, 'a', 1)\n"
+                        "    policy.base.rope_deltas = None\n    x.y = 2\n"),
+        "mmrl/ok.py": "class A:\n    def f(self, cfg):\n        self.cfg = cfg\n        self.n = 1\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    files = module_files(tmp_path, ("mmrl",))
+    assert engine_imports(import_graph(files)) == [("mmrl.model.vision", "mmrl.trainer")]
+    assert [w.split(": ", 1)[1] for w in foreign_writes(files, tmp_path)] == [
+        "policy.padding_free", "cfg.train.lr", "trainer.ref.media", "self.policy.encode", "policy.<setattr>"]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrl.memory import measure, measure_in_subprocess, peak_gb, reset_peak
-from mmrl.policy import Policy, TokenSeq, load_policy
+from mmrl.model import Policy, PolicyOptions, TokenSeq, load_policy
 from mmrl.tiny_models import build_model, make_tiny
 
 FAMILY = "qwen2_5_vl"
@@ -124,7 +124,7 @@ def test_bf16_model_chunked_equals_unchunked(model_dir: Path) -> None:
 
 def test_default_chunk_setting_and_gradient_free_pass(policy: Policy) -> None:
     seqs = text_batch(policy, [(4, 6), (2, 11)], seed=1)
-    assert Policy.logprob_chunk_tokens and Policy.logprob_chunk_tokens > 0  # chunked by default
+    assert PolicyOptions.logprob_chunk_tokens and PolicyOptions.logprob_chunk_tokens > 0  # chunked by default
     with policy.inference():
         full, full_ent, _ = policy.forward_logprobs(seqs, with_entropy=True, chunk_tokens=0)
         chunked, ent, _ = policy.forward_logprobs(seqs, with_entropy=True, chunk_tokens=5)
@@ -132,12 +132,12 @@ def test_default_chunk_setting_and_gradient_free_pass(policy: Policy) -> None:
     assert not chunked.requires_grad and not ent.requires_grad and no_ent is None
     torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, full_ent, rtol=1e-5, atol=1e-5)
-    policy.logprob_chunk_tokens = 3  # the instance setting is what chunk_tokens=None uses
+    policy.configure(logprob_chunk_tokens=3)  # the instance setting is what chunk_tokens=None uses
     try:
         with policy.inference():
             by_setting = policy.forward_logprobs(seqs)[0]
     finally:
-        del policy.logprob_chunk_tokens
+        policy.configure(logprob_chunk_tokens=PolicyOptions.logprob_chunk_tokens)
     torch.testing.assert_close(by_setting, full, rtol=1e-5, atol=1e-5)
 
 

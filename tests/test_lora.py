@@ -22,7 +22,8 @@ from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401  (module_cac
 
 from mmrl import cli
 from mmrl.config import LoraSettings, load_run_config
-from mmrl.lora import (
+from mmrl.model import Policy, checkpointing_switch, load_policy
+from mmrl.model.lora import (
     ADAPTER_DIR,
     AdapterReference,
     adapter_state,
@@ -33,7 +34,6 @@ from mmrl.lora import (
     save_adapters,
 )
 from mmrl.plugins import Callback, register_plugin
-from mmrl.policy import Policy, checkpointing_switch, load_policy
 from mmrl_common.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("module_cache")

@@ -117,7 +117,7 @@ def test_a_stage_can_start_with_a_fresh_optimizer_and_its_own_learning_rate(tmp_
 
 @pytest.fixture(scope="module")
 def make_trainer(tmp_path_factory: pytest.TempPathFactory):
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import resolve_model
     from mmrl.trainer import GRPOTrainer
 

@@ -20,7 +20,7 @@ BF16 = ["model.dtype=bf16", "train.lr=1e-6", "grpo.entropy_coef=0.01"]
 @pytest.mark.usefixtures("module_cache")
 def test_bf16_master_weights_move_at_lr_1e6(tmp_path: Path) -> None:
     from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import resolve_model
 
     run_rl(tmp_path, *BF16, "train.steps=10", "train.save_every=5")

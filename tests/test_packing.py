@@ -25,9 +25,19 @@ import pytest
 import torch
 from synthetic_media import image, prompt, video
 
-from mmrl import packing
 from mmrl.config import TrainConfig, load_run_config
-from mmrl.policy import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy
+from mmrl.model import (
+    FAMILIES,
+    Policy,
+    PolicyOptions,
+    RankBinding,
+    TokenSeq,
+    checkpointing_switch,
+    load_policy,
+    packing,
+    passes,
+    shared_prefix,
+)
 from mmrl.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 
@@ -67,8 +77,8 @@ class Layer0:
 
 def run(policy: Policy, seqs: list[TokenSeq], *, shared: bool, mode: str, **kw: Any):
     """One forward and backward; ``mode``: padded, packed (the rows the cost model picks) or one_row."""
-    policy.padding_free = mode != "padded"
-    policy.pack_one_row = True if mode == "one_row" else None
+    policy.configure(padding_free=mode != "padded")
+    policy.configure(pack_one_row=True if mode == "one_row" else None)
     policy.model.zero_grad(set_to_none=True)
     probe = Layer0(policy)
     try:
@@ -77,7 +87,7 @@ def run(policy: Policy, seqs: list[TokenSeq], *, shared: bool, mode: str, **kw: 
         loss_of(logp, ent, mask).backward()
     finally:
         probe.close()
-        policy.padding_free, policy.pack_one_row = True, None
+        policy.configure(padding_free=True, pack_one_row=None)
     grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
     return logp.detach(), ent.detach(), mask, grads, probe.calls
 
@@ -124,7 +134,7 @@ def policy_of(folders: dict[str, Path]):
     def get(family: str, attn: str = "sdpa") -> Policy:
         p = _loaded(folders[family], attn)
         p.media.clear()
-        p.padding_free, p.pack_one_row = True, None
+        p.configure(padding_free=True, pack_one_row=None)
         return p
     return get
 
@@ -170,13 +180,13 @@ def test_shared_prefix_packed(policy_of, family: str, kind: str) -> None:
     back, each prompt once; the continuations (pass 2, padded) read their prompt out of the packed rows."""
     policy = policy_of(family)
     seqs = mixed_batch(policy, family, kind)
-    plan = policy._prefix_plan(seqs)
+    plan = shared_prefix.prefix_plan(seqs)
     assert plan is not None and [n > 0 for _, n in plan] == [True, True, True, False]
-    policy.shared_prefix_one_pass = False  # the two passes (flash attention's; sdpa's where they cost less)
+    policy.configure(shared_prefix_one_pass=False)  # the two passes (flash attention's; sdpa's where they cost less)
     try:
         calls = assert_same(policy, seqs, shared=True)
     finally:
-        policy.shared_prefix_one_pass = None
+        policy.configure(shared_prefix_one_pass=None)
     pass1 = sum(n for _, n in plan[:3]) + len(seqs[-1])
     assert calls["one_row"][0][0] == (1, pass1)  # each prompt once, no padding
     shared_rows = sum(len(rows) for rows, n in plan if n > 0)
@@ -216,11 +226,11 @@ def test_text_only_and_gradient_free(policy_of, family: str) -> None:
     assert_same(policy, seqs, shared=False, vision=True)
     assert_same(policy, seqs, shared=True, vision=True)
     with policy.inference():
-        policy.padding_free = False
+        policy.configure(padding_free=False)
         ref = policy.forward_logprobs(seqs, with_entropy=True)
-        policy.padding_free, policy.pack_one_row = True, True
+        policy.configure(padding_free=True, pack_one_row=True)
         got = policy.forward_logprobs(seqs, with_entropy=True)
-        policy.pack_one_row = None
+        policy.configure(pack_one_row=None)
     for a, b in zip(got[:2], ref[:2]):
         assert not a.requires_grad
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
@@ -236,7 +246,7 @@ def test_positions_are_each_sequences_own(policy_of, family: str) -> None:
     policy = policy_of(family)
     seqs = mixed_batch(policy, family, "video")
     batch = policy.pad(seqs, left=False)
-    packed = policy._pack(batch, policy.position_ids(batch, seqs), range(len(seqs)), [len(s) for s in seqs],
+    packed = passes.pack(policy, batch, policy.position_ids(batch, seqs), range(len(seqs)), [len(s) for s in seqs],
                           "flash_attention_2")
     assert packed.input_ids.shape == (1, sum(len(s) for s in seqs))
     for j, s in enumerate(seqs):
@@ -247,12 +257,12 @@ def test_positions_are_each_sequences_own(policy_of, family: str) -> None:
         assert packed.input_ids[0, lo:hi].tolist() == s.ids
     probe = RopeProbe(policy)
     try:
-        policy.pack_one_row = True
+        policy.configure(pack_one_row=True)
         with policy.inference():
             policy.forward_logprobs(seqs, shared_prefix=False)
     finally:
         probe.close()
-        policy.pack_one_row = None
+        policy.configure(pack_one_row=None)
     assert torch.equal(probe.seen[0], packed.position_ids[1:])
 
 
@@ -265,7 +275,7 @@ def test_flash_attention_arguments(policy_of) -> None:
     seqs = mixed_batch(policy, "qwen2_5_vl", "image")
     batch = policy.pad(seqs, left=False)
     lengths = [len(s) for s in seqs]
-    packed = policy._pack(batch, policy.position_ids(batch, seqs), range(len(seqs)), lengths, "flash_attention_2")
+    packed = passes.pack(policy, batch, policy.position_ids(batch, seqs), range(len(seqs)), lengths, "flash_attention_2")
     kw = packed.model_kwargs("flash_attention_2", torch.bfloat16)
     assert kw["attention_mask"] is None
     (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(packed.position_ids[0])
@@ -277,10 +287,10 @@ def test_flash_attention_arguments(policy_of) -> None:
 
 def test_padded_when_off_or_unknown_attention(policy_of) -> None:
     policy = policy_of("qwen2_vl")
-    assert policy._packing_impl() == "sdpa"
-    policy.padding_free = False
-    assert policy._packing_impl() is None
-    policy.padding_free = True
+    assert passes.packing_impl(policy) == "sdpa"
+    policy.configure(padding_free=False)
+    assert passes.packing_impl(policy) is None
+    policy.configure(padding_free=True)
     stub = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flex_attention"))
     assert packing.attention_impl(stub) is None
     stub = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
@@ -379,7 +389,7 @@ def test_trainer_chunks_by_budget_and_by_rows() -> None:
 
 def test_config_fields() -> None:
     cfg = TrainConfig()
-    assert cfg.micro_batch_tokens == 0 and cfg.padding_free is True and Policy.padding_free is True
+    assert cfg.micro_batch_tokens == 0 and cfg.padding_free is True and PolicyOptions.padding_free is True
     with pytest.raises(ConfigError):
         TrainConfig(micro_batch_tokens=-1)
     run = load_run_config("video-qa", overrides=["train.micro_batch_tokens=512", "train.padding_free=false"])
@@ -415,7 +425,7 @@ def test_update_by_token_budget_equals_update_by_rows(tmp_path: Path, tmp_path_f
         "train.micro_batch_size=3", "rollout.max_new_tokens=12", "rollout.temperature=1.5"])
     samples, _ = load_split(cfg, "train", show_progress=False)
     policy = load_policy(resolve_model(cfg), device="cpu")
-    policy.logprob_chunk_tokens = cfg.train.logprob_chunk_tokens
+    policy.configure(logprob_chunk_tokens=cfg.train.logprob_chunk_tokens)
     trainer = GRPOTrainer(cfg, policy, samples, run_dir=tmp_path / "run", show_progress=False)
     with trainer.rollout_session():
         batch, _, _ = trainer.collect()
@@ -430,14 +440,14 @@ def test_update_by_token_budget_equals_update_by_rows(tmp_path: Path, tmp_path_f
     lengths = [len(s) for s in batch.seqs]
     assert len(set(lengths)) > 1
 
-    policy.padding_free = False
+    policy.configure(padding_free=False)
     by_rows, stats_rows = _update_grads(trainer, batch)
     row_chunks = trainer._chunks(range(len(batch)), batch)
     assert row_chunks == [list(range(i, min(i + 3, len(batch)))) for i in range(0, len(batch), 3)]
 
     budget = max(lengths) * 2 + 1
     cfg.train.micro_batch_tokens = budget
-    policy.padding_free = True
+    policy.configure(padding_free=True)
     chunks = trainer._chunks(range(len(batch)), batch)
     assert chunks != row_chunks and [r for c in chunks for r in c] == list(range(len(batch)))
     assert all(sum(lengths[r] for r in c) <= budget for c in chunks)
@@ -464,23 +474,23 @@ def test_shared_prefix_in_one_pass(policy_of, family: str, kind: str) -> None:
     picks and in one row; the model is called once, on no more tokens than the two passes hold."""
     policy = policy_of(family)
     seqs = mixed_batch(policy, family, kind)
-    plan = policy._prefix_plan(seqs)
-    policy.shared_prefix_one_pass = True
+    plan = shared_prefix.prefix_plan(seqs)
+    policy.configure(shared_prefix_one_pass=True)
     try:
         calls = assert_same(policy, seqs, shared=True)
     finally:
-        policy.shared_prefix_one_pass = None
+        policy.configure(shared_prefix_one_pass=None)
     # each prompt once, each continuation but its last token (whose hidden state predicts nothing)
     tokens = sum(n + sum(len(seqs[i]) - 1 - n for i in g) if n else sum(len(seqs[i]) - 1 for i in g) for g, n in plan)
     assert len(calls["one_row"]) == 1 and calls["one_row"][0][0] == (1, tokens)  # one call, no padding
     assert calls["one_row"][0][1] == (1, 1, tokens, tokens)
     assert len(calls["packed"]) == 1 and calls["packed"][0][0][0] <= len(plan)
     with policy.inference():  # the gradient-free passes (reference, old log-probs) too
-        policy.shared_prefix_one_pass = False
+        policy.configure(shared_prefix_one_pass=False)
         ref = policy.forward_logprobs(seqs, with_entropy=True, shared_prefix=True)
-        policy.shared_prefix_one_pass = True
+        policy.configure(shared_prefix_one_pass=True)
         got = policy.forward_logprobs(seqs, with_entropy=True, shared_prefix=True)
-        policy.shared_prefix_one_pass = None
+        policy.configure(shared_prefix_one_pass=None)
     for a, b in zip(got[:2], ref[:2]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
@@ -493,11 +503,11 @@ def test_one_pass_with_one_token_continuations(policy_of) -> None:
     alone = prompt(policy, [image("qwen2_5_vl", "alone", seed=6)], "Alone?")
     seqs = group(policy, p, [0, 4, 0], seed=40) + group(policy, alone, [0], seed=50)
     assert [len(s) - len(p) for s in seqs[:3]] == [1, 5, 1]
-    policy.shared_prefix_one_pass = True
+    policy.configure(shared_prefix_one_pass=True)
     try:
         calls = assert_same(policy, seqs, shared=True)
     finally:
-        policy.shared_prefix_one_pass = None
+        policy.configure(shared_prefix_one_pass=None)
     assert calls["one_row"][0][0] == (1, len(p) + 4 + len(alone))
 
 
@@ -511,11 +521,11 @@ def test_one_pass_chosen_by_cost(policy_of) -> None:
         return [(list(range(len(answers))), prompt)], [[0] * (prompt + a) for a in answers]
 
     short, long = rows(40, [16] * 8), rows(2000, [1000] * 8)
-    assert policy._one_pass(*short) and not policy._one_pass(*long)
-    policy.rank_invariant = "calls"
+    assert shared_prefix.use_one_pass(policy, *short) and not shared_prefix.use_one_pass(policy, *long)
+    policy.bind_ranks(RankBinding(invariant="calls"))
     try:
-        assert not policy._one_pass(*short)
+        assert not shared_prefix.use_one_pass(policy, *short)
     finally:
-        policy.rank_invariant = None
-    policy.padding_free = False
-    assert not policy._one_pass(*short)
+        policy.bind_ranks(RankBinding(invariant=None))
+    policy.configure(padding_free=False)
+    assert not shared_prefix.use_one_pass(policy, *short)

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from synthetic_media import RopeProbe
 
-from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
+from mmrl.model import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
 from mmrl.tiny_models import make_tiny
 from mmrl_common.errors import MmrlError
 from video import sample_video
@@ -110,7 +110,7 @@ def policy_of(policies: dict[str, Policy]):
     """A family's policy, reset: sharing on, everything trainable, no registered media, no grads."""
     def get(family: str) -> Policy:
         p = policies[family]
-        p.share_vision_features = True
+        p.configure(share_vision_features=True)
         p.set_trainable()
         p.media.clear()
         p.model.zero_grad(set_to_none=True)
@@ -141,7 +141,7 @@ def test_vision_tower_runs_once_per_unique_video(policy_of, videos, family: str)
     assert len(seqs) == 2 * G and len(policy.media) == 2
     results = {}
     for shared in (True, False):
-        policy.share_vision_features = shared
+        policy.configure(share_vision_features=shared)
         policy.model.zero_grad(set_to_none=True)
         before = policy.vision_calls
         logp, _, mask = policy.forward_logprobs(seqs)

@@ -28,7 +28,7 @@ import torch
 from synthetic_media import RopeProbe, image, prompt, video
 
 from mmrl.config import RolloutConfig
-from mmrl.policy import FAMILIES, Generation, Policy, TokenSeq, load_policy
+from mmrl.model import FAMILIES, Generation, Policy, PolicyOptions, TokenSeq, load_policy
 from mmrl.tiny_models import make_tiny
 
 G = 4
@@ -46,7 +46,7 @@ def policy_of(policies: dict[str, Policy]):
     def get(family: str) -> Policy:
         p = policies[family]
         p.media.clear()
-        p.prefill_once = True
+        p.configure(prefill_once=True)
         return p
     return get
 
@@ -66,13 +66,13 @@ def prompts_of(policy: Policy, family: str, kind: str) -> list[TokenSeq]:
 
 
 def generate(policy: Policy, seqs: list[TokenSeq], once: bool, seed: int, **kw: Any) -> list[list[Generation]]:
-    policy.prefill_once = once
+    policy.configure(prefill_once=once)
     torch.manual_seed(seed)
     try:
         with policy.inference():
             return policy.generate(seqs, **{"max_new_tokens": 8, "with_entropies": True, **kw})
     finally:
-        policy.prefill_once = True
+        policy.configure(prefill_once=True)
 
 
 def assert_same(got: list[list[Generation]], ref: list[list[Generation]]) -> None:
@@ -121,11 +121,11 @@ def test_same_samples_as_the_plain_call(policy_of, family: str, kind: str) -> No
         ref = generate(policy, seqs, False, 7, num_return_sequences=G, **sampling)
         counter = PromptCounter(policy)
         calls = policy.vision_calls
-        policy.cache_vision_features = False  # count the tower within the call
+        policy.configure(cache_vision_features=False)  # count the tower within the call
         try:
             got = generate(policy, seqs, True, 7, num_return_sequences=G, **sampling)
         finally:
-            policy.cache_vision_features = True
+            policy.configure(cache_vision_features=True)
             counter.close()
         assert_same(got, ref)
         assert policy.vision_calls - calls == len(policy.media)  # each item once for the G samples
@@ -229,15 +229,15 @@ def test_config_key_reaches_the_policy(policy_of, tmp_path: Path, monkeypatch: p
     from mmrl.rollout import backend_from_config
 
     assert RolloutConfig().prefill_once is True
-    assert Policy.prefill_once is True
+    assert PolicyOptions.prefill_once is True
     policy = policy_of("qwen2_5_vl")
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path))
     off = load_run_config("video-qa", overrides=["rollout.prefill_once=false"])
     assert off.rollout.prefill_once is False
     backend_from_config(off, policy)
-    assert policy.prefill_once is False
+    assert policy.options.prefill_once is False
     backend_from_config(load_run_config("video-qa"), policy)
-    assert policy.prefill_once is True
+    assert policy.options.prefill_once is True
 
 
 def test_no_processor_for_neutral_settings(policy_of, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from data_pipelines.schema import Sample
 from mmrl.config import PromptConfig
-from mmrl.prompts import build_messages, register_template, user_text
+from mmrl.prompt_templates import register_template
+from mmrl.prompts import build_messages, user_text
 from mmrl_common.errors import ConfigError
 
 SAMPLE = Sample(id="s0", problem_type="multiple_choice", question="  Which way does it move? ",
@@ -57,7 +58,7 @@ def test_register_template_makes_a_new_name_valid():
         assert messages[0] == {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
         assert [part["type"] for part in messages[1]["content"]] == ["video", "text"]
     finally:
-        from mmrl.prompts import TEMPLATES
+        from mmrl.prompt_templates import TEMPLATES
 
         TEMPLATES.unregister("test_terse")
     with pytest.raises(ConfigError, match="unknown prompt template 'test_terse'"):

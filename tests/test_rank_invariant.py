@@ -11,7 +11,8 @@ import pytest
 import torch
 from synthetic_media import image, prompt, video
 
-from mmrl.policy import FAMILIES, TokenSeq, _token_logprobs, load_policy
+from mmrl.model import FAMILIES, RankBinding, TokenSeq, load_policy
+from mmrl.model.logprob_head import token_logprobs as _token_logprobs
 from mmrl.tiny_models import ensure_tiny
 
 
@@ -49,15 +50,15 @@ def _logps_and_grads(policy, seqs: list[TokenSeq]) -> tuple[torch.Tensor, dict[s
 @pytest.mark.parametrize("batch", ["media", "text only"])
 def test_rank_invariant_passes_change_nothing_but_the_calls(policy, batch: str) -> None:
     seqs = _batch(policy) if batch == "media" else _text(policy)
-    policy.rank_invariant = None
+    policy.bind_ranks(RankBinding(invariant=None))
     calls = policy.tower_calls
-    policy.shared_prefix_one_pass = False  # the two passes the rank-invariant mode always makes
+    policy.configure(shared_prefix_one_pass=False)  # the two passes the rank-invariant mode always makes
     try:
         want, want_grads = _logps_and_grads(policy, seqs)
     finally:
-        policy.shared_prefix_one_pass = None
+        policy.configure(shared_prefix_one_pass=None)
     normal_calls = policy.tower_calls - calls
-    policy.rank_invariant = "calls"
+    policy.bind_ranks(RankBinding(invariant="calls"))
     try:
         calls, items = policy.tower_calls, policy.vision_calls
         got, got_grads = _logps_and_grads(policy, seqs)
@@ -65,7 +66,7 @@ def test_rank_invariant_passes_change_nothing_but_the_calls(policy, batch: str) 
         assert policy.tower_calls - calls == 1
         assert policy.vision_calls - items == (3 if batch == "media" else 0)  # the dummy is no media item
     finally:
-        policy.rank_invariant = None
+        policy.bind_ranks(RankBinding(invariant=None))
     assert normal_calls == (1 if batch == "media" else 0)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     # every parameter that had a gradient has the same one; the tower gets (zero) gradients without media too
@@ -110,10 +111,10 @@ def test_one_tower_call_encodes_images_and_videos_as_one_at_a_time_does(policy, 
         calls = policy.tower_calls
         together = policy.vision_features([m.key for m in items])
         assert policy.tower_calls - calls == 1
-        policy.cache_vision_features = False
+        policy.configure(cache_vision_features=False)
         try:
             alone = {m.key: policy.vision_features([m.key])[m.key] for m in items}
         finally:
-            policy.cache_vision_features = True
+            policy.configure(cache_vision_features=True)
     for key in together:
         torch.testing.assert_close(together[key][0], alone[key][0], rtol=1e-4, atol=1e-5)

@@ -17,7 +17,7 @@ from data_pipelines.toy import make_toy
 from mmrl.config import MediaConfig, PromptConfig
 from mmrl.environments import ZoomEnvironment
 from mmrl.media import MediaPreparer
-from mmrl.policy import IMAGE, Policy, TokenSeq, load_policy
+from mmrl.model import IMAGE, Policy, TokenSeq, load_policy
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import HFBackend, Observation, SamplingParams, observation_fragment, run_episodes
 from mmrl.tiny_models import make_tiny
@@ -81,7 +81,7 @@ def test_multi_turn_zoom_loop(policy: Policy, toy: dict[str, Sample], kind: str)
 
     torch.manual_seed(0)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
-    policy.cache_vision_features = False  # sharing within each call (across calls: tests/test_vision_once.py)
+    policy.configure(cache_vision_features=False)  # sharing within each call (across calls: tests/test_vision_once.py)
     before = policy.vision_calls
     episodes = run_episodes(policy, HFBackend(policy, record_logprobs=True), [prompt], [sample], n=2, params=params,
                             environment=factory, max_turns=3)
@@ -116,7 +116,7 @@ def test_multi_turn_zoom_loop(policy: Policy, toy: dict[str, Sample], kind: str)
         assert seq.media == prompt.media
     # 1 unique media item, 3 generate calls (first turn for both episodes, then two later turns)
     assert policy.vision_calls - before == 3
-    policy.cache_vision_features = True
+    policy.configure(cache_vision_features=True)
     check_episode_tokens(policy, episodes, [prompt])
 
 
@@ -196,11 +196,11 @@ def test_turn_after_a_zoom_observation(policy: Policy, toy: dict[str, Sample]) -
     seq = seq.extend(frag.ids, trained=False, mm_types=frag.mm_types, media=frag.media)
     assert len(seq.media) == 2
     torch.manual_seed(3)
-    policy.cache_vision_features = False  # sharing within the call (across calls: tests/test_vision_once.py)
+    policy.configure(cache_vision_features=False)  # sharing within the call (across calls: tests/test_vision_once.py)
     before = policy.vision_calls
     gens = HFBackend(policy, record_logprobs=True).generate([seq], n=3, params=SamplingParams(max_new_tokens=6, temperature=0.7))[0]
     assert policy.vision_calls - before == 2  # the video and the zoomed image, once each for 3 samples
-    policy.cache_vision_features = True
+    policy.configure(cache_vision_features=True)
     full = [seq.extend(g.token_ids, trained=True) for g in gens]
     with torch.no_grad():
         logp, _, mask = policy.forward_logprobs(full, temperature=0.7)
@@ -256,7 +256,7 @@ def test_rollout_service_answers_as_evaluation_in_any_model_mode(model_dir: Path
 
     from mmrl.config import load_run_config
     from mmrl.evaluate import evaluate
-    from mmrl.policy import checkpointing_switch
+    from mmrl.model import checkpointing_switch
     from mmrl.service import RolloutService
 
     toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from synthetic_media import RopeProbe, image, prompt, video
 
-from mmrl.policy import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
+from mmrl.model import FAMILIES, MediaInput, Policy, TokenSeq, inputs, load_policy
 from mmrl.tiny_models import make_tiny
 
 VIDEO_FRAMES = 16  # temporal patch 2 -> 8 temporal grid steps
@@ -62,7 +62,7 @@ def positions_of(policy: Policy, seqs: list[TokenSeq], *, left: bool = False) ->
 def own_forward_positions(policy: Policy, seq: TokenSeq) -> torch.Tensor:
     """(3, L) positions the model computes itself in a plain forward (no position ids passed)."""
     batch = policy.pad([seq], left=False)
-    grid = policy._grid_kwargs([seq])
+    grid = inputs.grid_kwargs(policy, [seq])
     probe = RopeProbe(policy)
     try:
         policy.base.rope_deltas = None
@@ -124,7 +124,7 @@ def test_text_after_a_long_video_resumes_after_its_largest_position(policy_of, f
     # and the rope delta the model caches for decoding is largest position + 1 - length
     _, delta = policy.base.get_rope_index(
         policy.pad([seq], left=False)["input_ids"], mm_token_type_ids=policy.pad([seq], left=False)[
-            "mm_token_type_ids"], **policy._grid_kwargs([seq]))
+            "mm_token_type_ids"], **inputs.grid_kwargs(policy, [seq]))
     assert delta.tolist() == [[RESUME[family] - 32]]
 
 
@@ -173,7 +173,7 @@ def test_padded_batch_positions_equal_each_sequence_alone(policy_of, family: str
     batch = policy.pad(seqs, left=left)
     together = policy.position_ids(batch, seqs)
     _, deltas = policy.base.get_rope_index(batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
-                                           attention_mask=batch["attention_mask"], **policy._grid_kwargs(seqs))
+                                           attention_mask=batch["attention_mask"], **inputs.grid_kwargs(policy, seqs))
     width = batch["input_ids"].shape[1]
     for i, seq in enumerate(seqs):
         alone = positions_of(policy, [seq])[:, 0]
@@ -232,7 +232,7 @@ def test_image_positions_are_unchanged(policy_of, family: str) -> None:
     # transformers' own (class) get_rope_index, not the rule installed on this instance
     before, _ = type(policy.base).get_rope_index(
         policy.base, batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
-        attention_mask=batch["attention_mask"], **policy._grid_kwargs(seqs))
+        attention_mask=batch["attention_mask"], **inputs.grid_kwargs(policy, seqs))
     assert torch.equal(got, before)
     # by hand: a 3 x 2 image takes 3 positions (its width), a 2 x 4 image 4 (its height)
     (s, e), = runs(seqs[0].ids, policy.image_token_id)

@@ -22,8 +22,8 @@ from data_pipelines.schema import Sample
 from mmrl.batch import RolloutBatch
 from mmrl.config import RunConfig, load_run_config, resume_run_config
 from mmrl.health import RunHealth
+from mmrl.model import TokenSeq
 from mmrl.plugins import Callback, register_plugin
-from mmrl.policy import TokenSeq
 from mmrl.run import train
 
 pytestmark = pytest.mark.usefixtures("module_cache")

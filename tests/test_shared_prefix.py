@@ -26,7 +26,15 @@ import torch
 from synthetic_media import image, prompt, video
 
 from mmrl.config import TrainConfig
-from mmrl.policy import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy
+from mmrl.model import (
+    FAMILIES,
+    Policy,
+    PolicyOptions,
+    TokenSeq,
+    checkpointing_switch,
+    load_policy,
+    shared_prefix,
+)
 from mmrl.tiny_models import make_tiny
 
 
@@ -174,7 +182,7 @@ def test_prompt_tokens_once_per_group(policy_of, family: str) -> None:
     seqs = group(policy, pa, [5] * 4, seed=0) + group(policy, pb, [5] * 3, seed=10)
     placeholders = sum(1 for t in pa.ids + pb.ids if t in (policy.image_token_id, policy.video_token_id))
     counts = {}
-    policy.padding_free = False  # the padded layouts' counts (padding-free ones: tests/test_packing.py)
+    policy.configure(padding_free=False)  # the padded layouts' counts (padding-free ones: tests/test_packing.py)
     for shared in (False, True):
         counter = TokenCounter(policy)
         try:
@@ -183,7 +191,7 @@ def test_prompt_tokens_once_per_group(policy_of, family: str) -> None:
         finally:
             counter.close()
         counts[shared] = counter
-    policy.padding_free = True
+    policy.configure(padding_free=True)
     padded, once = counts[False], counts[True]
     assert padded.layer0 == 7 * (len(pa) + n_ans)  # every row whole, padded to the longest
     assert padded.placeholders == 4 * pa.ids.count(policy.video_token_id) + 3 * pb.ids.count(policy.image_token_id)
@@ -203,14 +211,14 @@ def test_unshareable_groups_take_the_padded_path(policy_of, family: str) -> None
     seqs = [p.extend(answer(policy, n, 1 + n), trained=True)
             .extend(turn.ids, trained=False, mm_types=turn.mm_types, media=turn.media)
             .extend(answer(policy, 2 + n, 2 + n), trained=True) for n in (3, 4)]
-    assert policy._prefix_plan(seqs) is None
+    assert shared_prefix.prefix_plan(seqs) is None
     assert_same(policy, seqs)
     singles = [p.extend(answer(policy, 3, 4), trained=True),
                prompt(policy, [image(family, "c", seed=3)], "Other.").extend(answer(policy, 2, 5), trained=True)]
-    assert policy._prefix_plan(singles) is None
+    assert shared_prefix.prefix_plan(singles) is None
     # a mixed micro-batch: the shareable group shares, the multi-turn rows run whole in the same pass
     mixed = group(policy, p, [2, 6], seed=30) + seqs
-    plan = policy._prefix_plan(mixed)
+    plan = shared_prefix.prefix_plan(mixed)
     assert plan is not None and [n > 0 for _, n in plan] == [True, False]
     assert_same(policy, mixed)
 
@@ -244,7 +252,7 @@ def test_text_only_groups(policy_of, family: str) -> None:
     text = policy.encode(policy.render([{"role": "user", "content": [{"type": "text", "text": "Count to 3."}]}]))
     other = policy.encode(policy.render([{"role": "user", "content": [{"type": "text", "text": "Hi."}]}]))
     seqs = group(policy, text, [4, 2, 7], seed=3) + group(policy, other, [1, 5], seed=9)
-    plan = policy._prefix_plan(seqs)
+    plan = shared_prefix.prefix_plan(seqs)
     assert plan is not None and [rows for rows, _ in plan] == [[0, 1, 2], [3, 4]]
     assert plan[0][1] >= len(text) and plan[1][1] >= len(other)
     assert_same(policy, seqs, vision=False)
@@ -254,4 +262,4 @@ def test_text_only_groups(policy_of, family: str) -> None:
 
 def test_setting_defaults_on() -> None:
     assert TrainConfig().shared_prefix is True
-    assert Policy.shared_prefix_forward is True
+    assert PolicyOptions.shared_prefix is True

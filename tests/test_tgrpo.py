@@ -76,7 +76,7 @@ def test_shuffle_frames_moves_only_the_frames() -> None:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory):
     from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
     from mmrl.trainer import GRPOTrainer
 

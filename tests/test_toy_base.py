@@ -45,7 +45,7 @@ def test_pretraining_describes_what_the_media_show(tmp_path: Path) -> None:
 
 
 def test_toy_base_build_is_a_model_folder_a_run_starts_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.toy_base import INFO_FILE, BaseRecipe, base_dir, ensure_toy_base
 
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
@@ -198,7 +198,7 @@ def test_pointer_phase_runs_before_the_pretraining(tmp_path: Path, capsys: pytes
 
 def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mmrl.config import ModelConfig
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import resolve_model
     from mmrl.toy_base import INFO_FILE, BaseRecipe, base_key
     from mmrl_common.errors import ConfigError

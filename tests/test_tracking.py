@@ -129,7 +129,7 @@ def test_tracker_errors_name_the_key_and_the_extra(monkeypatch: pytest.MonkeyPat
 
 
 def test_prompt_text_shows_the_rendered_prompt_with_counted_placeholders(tmp_path: Path) -> None:
-    from mmrl.policy import MediaInput, load_policy
+    from mmrl.model import MediaInput, load_policy
     from mmrl.tiny_models import make_tiny
 
     policy = load_policy(make_tiny("qwen2_5_vl", tmp_path / "m", seed=0), device="cpu")

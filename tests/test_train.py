@@ -212,7 +212,7 @@ def test_sft_command_writes_a_model(cache: Path, tmp_path: Path, monkeypatch: py
 def sft_on_tiny(cache: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str):
     """Run ``run_sft`` on the tiny toy set; returns (result, the sequences it trained on, samples, policy)."""
     from mmrl.config import load_run_config
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
     from mmrl.sft import run_sft
 

@@ -171,7 +171,7 @@ def test_evaluation_releases_media_after_each_batch(tmp_path: Path) -> None:
     from data_pipelines.loaders import load_samples
     from data_pipelines.toy import make_toy
     from mmrl.evaluate import evaluate
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.service import RolloutService
     from mmrl.tiny_models import ensure_tiny
 

@@ -10,7 +10,7 @@ import torch
 
 from mmrl.batch import RolloutBatch
 from mmrl.distributed import World
-from mmrl.policy import TokenSeq
+from mmrl.model import TokenSeq
 from mmrl.trainer import balance_stats
 
 

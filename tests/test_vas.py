@@ -29,7 +29,7 @@ from data_pipelines.diversity import (
 from data_pipelines.samplers import make_sampler
 from mmrl.batch import RolloutBatch
 from mmrl.methods.vas import VarianceAwareSampler
-from mmrl.policy import TokenSeq
+from mmrl.model import TokenSeq
 from mmrl_common.errors import ConfigError
 
 # ----------------------------------------------------------------------------------------------- diversity

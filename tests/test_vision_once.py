@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file
 from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
+from mmrl.model import MediaInput, Policy
 from mmrl.plugins import Callback, register_plugin
-from mmrl.policy import MediaInput, Policy
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 
@@ -140,7 +140,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_dir: Path) -> Policy:
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
 
     return load_policy(tiny_dir, device="cpu")
 
@@ -161,12 +161,12 @@ def _seqs(policy: Policy) -> list:
 
 
 def _logps(policy: Policy, seqs: list, *, cache: bool = True) -> torch.Tensor:
-    policy.cache_vision_features = cache
+    policy.configure(cache_vision_features=cache)
     try:
         with policy.inference():
             return policy.forward_logprobs(seqs)[0]
     finally:
-        policy.cache_vision_features = True
+        policy.configure(cache_vision_features=True)
 
 
 def _fresh(policy: Policy, *, vision: bool) -> list:
@@ -214,8 +214,7 @@ def test_frozen_tower_shared_with_an_identical_reference_only(tiny_policy: Polic
     ref_model = copy.deepcopy(p.model).eval()
     for q in ref_model.parameters():
         q.requires_grad_(False)
-    ref = Policy(ref_model, p.processor)
-    ref.media = p.media  # as the trainer makes its reference
+    ref = Policy(ref_model, p.processor, media=p.media)  # the media store shared, as Policy.reference does
     runs, stored = p.vision_calls, p.media.vision_calls
     base = _logps(p, seqs)
     assert torch.equal(_logps(ref, seqs), base)
@@ -235,8 +234,8 @@ def test_frozen_tower_shared_with_an_identical_reference_only(tiny_policy: Polic
 
 def test_lora_on_the_tower_reference_encodes_its_own(tiny_dir: Path) -> None:
     from mmrl.config import LoraSettings
-    from mmrl.lora import AdapterReference, apply_lora
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
+    from mmrl.model.lora import AdapterReference, apply_lora
 
     p = load_policy(tiny_dir, device="cpu")  # a policy of its own: adapters go in place
     p.set_trainable(vision=False, merger=False, llm=False)
@@ -253,17 +252,17 @@ def test_lora_on_the_tower_reference_encodes_its_own(tiny_dir: Path) -> None:
         theirs = ref.forward_logprobs(seqs)[0]
     assert p.vision_calls - runs == 4  # the reference did not take the policy's features
     assert not torch.equal(mine, theirs)
-    p.cache_vision_features = False
+    p.configure(cache_vision_features=False)
     with p.inference():
         assert torch.equal(ref.forward_logprobs(seqs)[0], theirs)
-    p.cache_vision_features = True
+    p.configure(cache_vision_features=True)
     assert torch.equal(_logps(p, seqs), mine)
 
 
 def test_a_media_key_cannot_be_reused_for_other_pixels(tiny_dir: Path) -> None:
     from PIL import Image
 
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl_common.errors import MmrlError
 
     policy = load_policy(tiny_dir, device="cpu")

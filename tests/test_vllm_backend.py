@@ -22,7 +22,7 @@ from data_pipelines.schema import Sample
 from data_pipelines.toy import make_toy
 from mmrl.config import MediaConfig, PromptConfig
 from mmrl.media import MediaPreparer
-from mmrl.policy import Policy, TokenSeq, load_policy
+from mmrl.model import Policy, TokenSeq, load_policy
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import HFBackend, SamplingParams, make_backend, run_episodes
 from mmrl.tiny_models import make_tiny
@@ -176,7 +176,7 @@ def test_weight_push_with_lora_adapters(rig: Rig) -> None:
     """A LoRA policy pushes its base weights with the adapters merged: the engine answers as the adapter
     model does. (Last of the family's tests: the adapters stay on the module's policy.)"""
     from mmrl.config import LoraSettings
-    from mmrl.lora import apply_lora
+    from mmrl.model.lora import apply_lora
 
     prompts = [rig.prompts[k] for k in KINDS]
     before = [g[0].token_ids for g in rig.backend.generate(prompts, n=1, params=GREEDY)]

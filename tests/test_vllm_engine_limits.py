@@ -20,7 +20,7 @@ from data_pipelines.loaders import load_samples
 from data_pipelines.toy import make_toy
 from mmrl.config import load_run_config
 from mmrl.media import MediaPreparer
-from mmrl.policy import load_policy
+from mmrl.model import load_policy
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import HFBackend, SamplingParams, backend_from_config
 from mmrl.tiny_models import make_tiny

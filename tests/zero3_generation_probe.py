@@ -20,8 +20,8 @@ import synthetic_media as sm
 
 from mmrl import distributed
 from mmrl.config import TrainConfig
+from mmrl.model import RankBinding, load_policy
 from mmrl.optim import make_updater
-from mmrl.policy import load_policy
 from mmrl.rollout import HFBackend, SamplingParams
 
 
@@ -38,9 +38,8 @@ def main(model_dir: str, out: str) -> None:
         new_tokens = 3
     updater = make_updater(policy.model, TrainConfig(deepspeed="zero3", micro_batch_size=4, lr=1e-3), w,
                            bf16=False)
-    policy.rank_invariant = "calls"
-    policy.gather_for_generation = updater.gathered_for_generation
-    policy.gather_params = updater.gather_params
+    policy.bind_ranks(RankBinding(invariant="calls", max_int=w.max_int, gather_params=updater.gather_params,
+                                  gather_for_generation=updater.gathered_for_generation))
     n_params = len(list(policy.model.parameters()))
 
     deepspeed.comm.configure(enabled=True, prof_all=True)

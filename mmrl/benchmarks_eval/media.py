@@ -25,7 +25,7 @@ from data_pipelines.benchmarks.lvb import lvb_indices
 from data_pipelines.schema import MediaItem
 from mmrl.config import MediaConfig
 from mmrl.media import MediaPreparer
-from mmrl.policy import MediaInput
+from mmrl.model import MediaInput
 from mmrl_common.errors import MediaError
 from video.reader import VideoReader
 from video.sampling import decode_indices, get_policy, qwen_indices, register_policy, sample_video

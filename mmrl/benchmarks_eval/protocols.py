@@ -23,7 +23,7 @@ from typing import Any
 from data_pipelines.benchmarks import benchmarks, get_benchmark
 from data_pipelines.benchmarks._common import DIRECT_MC, option_lines, plain_options
 from data_pipelines.benchmarks.mvbench import PREFILL as MVBENCH_PREFILL
-from mmrl.prompts import format_fields, instruction
+from mmrl.prompt_templates import format_fields, instruction
 from mmrl_common.errors import ConfigError
 from mmrl_common.registry import did_you_mean
 

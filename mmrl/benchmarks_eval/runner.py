@@ -42,7 +42,7 @@ from mmrl.benchmarks_eval.protocols import (
 from mmrl.benchmarks_eval.report import markdown
 from mmrl.benchmarks_eval.scoring import score_item, summarize
 from mmrl.config import MediaConfig
-from mmrl.policy import MediaInput
+from mmrl.model import MediaInput
 from mmrl_common.errors import MmrlError
 
 # settings that must match for a folder's predictions to be reused
@@ -205,7 +205,7 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
     """Load the model (unless ``policy`` is given), make the protocol, create ``out`` (default
     ``runs/eval/<benchmark>-<out_suffix or the model folder's name>``) and read the benchmark's questions."""
     from data_pipelines.benchmarks import load_benchmark
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
 
     if policy is None:
         if model is None:

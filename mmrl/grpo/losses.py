@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -45,8 +45,8 @@ from mmrl_common.registry import Registry, did_you_mean
 
 from ._util import masked_max, masked_mean
 
-if TYPE_CHECKING:
-    from .config import GRPOConfig
+# ``cfg`` below is the run's mmrl.grpo.config.GRPOConfig (not imported: that module imports this one)
+GRPOSettings = Any
 
 LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
@@ -60,7 +60,7 @@ class PolicyLossOutput:
 
 class PolicyLoss(Protocol):
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOConfig
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOSettings
     ) -> PolicyLossOutput: ...
 
 
@@ -202,7 +202,7 @@ def gspo_loss(
 
 
 @register_policy_loss("ppo")
-def _ppo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOConfig):
+def _ppo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOSettings):
     return ppo_clip_loss(logp, old_logp, advantages, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                          clip_c=cfg.dual_clip_c)
 
@@ -215,6 +215,6 @@ def _check_gspo(s: dict[str, Any]) -> None:
 
 
 @register_policy_loss("gspo", settings={"clip_low": 3e-4, "clip_high": 4e-4}, check=_check_gspo)
-def _gspo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOConfig):
+def _gspo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOSettings):
     s = cfg.loss_settings
     return gspo_loss(logp, old_logp, advantages, mask, clip_low=s["clip_low"], clip_high=s["clip_high"])

@@ -25,15 +25,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from mmrl_common.registry import Registry
 
-if TYPE_CHECKING:
-    from .config import GRPOConfig
+# ``cfg`` below is the run's mmrl.grpo.config.GRPOConfig (not imported: that module imports this one)
+GRPOSettings = Any
 
 
 @dataclass
@@ -43,7 +43,7 @@ class ShapingInput:
     logp: Tensor | None = None  # (N, L) pre-update policy log-probs, when the shaper requires them
     old_logp: Tensor | None = None  # (N, L) behaviour policy log-probs (equal to logp on-policy)
     entropies: Tensor | None = None  # (N, L) per-token entropy of the pre-update policy, when required
-    cfg: GRPOConfig | None = None
+    cfg: GRPOSettings | None = None
     group_index: Tensor | None = None  # (N,) long, 0..n_groups-1
     rewards: Tensor | None = None  # (N,) total rewards
     components: dict[str, Tensor] = field(default_factory=dict)  # (N,) each, unweighted

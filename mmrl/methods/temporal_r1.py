@@ -163,7 +163,7 @@ def task_report(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def select_variance(cfg: Any, out: Path, *, k: int | None = None, tau: float = 0.01, split: str = "train",
                     limit: int | None = None, batch_size: int = 8, show_progress: bool = True) -> dict[str, Any]:
     """Score, select and write (see the module docstring); returns the report."""
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model, set_cpu_threads
     from mmrl.service import RolloutService
     from rewards import CombinedReward

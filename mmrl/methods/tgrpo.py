@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 import torch
 
 from mmrl.evaluate import register_check, reward_columns, score_text
+from mmrl.model import MediaInput
 from mmrl.plugins import Callback, register_plugin
-from mmrl.policy import MediaInput
 from mmrl.service import Ask, RolloutService
 from mmrl_common.errors import ConfigError
 from rewards import get_reward

@@ -276,7 +276,7 @@ def stage_environment(spec: dict[str, Any], rec: Recorder) -> None:
     try:
         import importlib
 
-        for module in ("mmrl.policy", "mmrl.run", "video", "vision", "data_pipelines.toy.video_tasks"):
+        for module in ("mmrl.model", "mmrl.run", "video", "vision", "data_pipelines.toy.video_tasks"):
             importlib.import_module(module)
         rec.check("mmrl's training modules import", True, str(REPO))
     except Exception as exc:  # noqa: BLE001 - the message is the result
@@ -496,7 +496,7 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
 
     from mmrl.distributed import device_for
     from mmrl.media import MediaPreparer
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.prompts import encode_prompt
     from mmrl.run import configure_policy, load_split
 

@@ -10,4 +10,4 @@
 
 from . import cold_start  # noqa: F401  (registers the adaptive_reasoning cold start)
 from .branching import branched_episodes, plan_branches  # noqa: F401
-from .plugin import DEFAULTS, AresPlugin, micro_batches  # noqa: F401
+from .plugin import DEFAULTS, AresPlugin  # noqa: F401

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from mmrl.policy import Policy, TokenSeq
+from mmrl.model import Policy, TokenSeq
 from mmrl.rollout import Episode, RolloutBackend, SamplingParams, run_episodes
 from mmrl_common.errors import ConfigError
 from rewards.entropy import branch_points

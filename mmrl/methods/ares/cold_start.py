@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from mmrl.policy import Policy
+from mmrl.model import Policy
 from mmrl.sft import TargetContext, reasoning_target, register_sft_episode, register_target
 from mmrl_common.errors import MmrlError
 from rewards.accuracy import accuracy

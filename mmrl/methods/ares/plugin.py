@@ -142,17 +142,6 @@ def bad_roots(roots: int, group: int) -> ConfigError:
                        f"rollouts of each group are the branches")
 
 
-def micro_batches(batch: RolloutBatch, cfg: Any) -> list[list[int]]:
-    """The rows of each micro-batch of the update, in order (every PPO epoch, every optimizer mini-batch as
-    the trainer forms them, :meth:`RolloutBatch.minibatches`), ``train.micro_batch_size`` rows each."""
-    size = max(1, int(cfg.train.micro_batch_size))
-    out = []
-    for _ in range(max(1, int(cfg.grpo.ppo_epochs))):
-        for rows in batch.minibatches(cfg.grpo.ppo_mini_batch_size):
-            out.extend(rows[i:i + size] for i in range(0, len(rows), size))
-    return out
-
-
 @register_plugin("ares")
 class AresPlugin(Callback):
     """ARES difficulty-aware entropy shaping and dynamic KL (module docstring)."""
@@ -328,7 +317,8 @@ class AresPlugin(Callback):
         m = batch.loss_mask
         seq_kl = (est * m).sum(-1) / m.sum(-1).clamp(min=1)
         buckets = batch.extra["ares_bucket"]
-        for rows in micro_batches(batch, self.ctx.cfg):  # one controller call per micro-batch, as the code
+        # one controller call per micro-batch of the update, as the code, by the trainer's own plan
+        for rows in (mb for step in self.ctx.update_plan(batch) for mb in step):
             per_bucket = {}
             for b in BUCKETS:
                 mine = [i for i in rows if buckets[i] == b]

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.evaluate import reward_columns, score_text, summarize
+from mmrl.model import Policy, TokenSeq
 from mmrl.plugins import Callback, register_plugin
-from mmrl.policy import Policy, TokenSeq
 from mmrl.report import register_curve
 from mmrl.sft import register_sft_episode
 from mmrl_common.errors import ConfigError, DataError, MmrlError
@@ -402,7 +402,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
     held-out split through the agent loop (:func:`evaluate_agent`) beside the plain single answer."""
     from mmrl.distributed import world
     from mmrl.media import MediaPreparer
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.rollout import backend_from_config
     from mmrl.run import load_split, resolve_model, set_cpu_threads
 
@@ -429,7 +429,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
         print(f"results: {result['out']}")
         return 0
     if args.split:
-        cfg.eval.split = args.split
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, split=args.split))
     samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet)
     samples = samples[:args.limit] if args.limit else samples
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)

@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmrl.environments import Environment, Observation, register_environment
-from mmrl.policy import MediaInput
+from mmrl.model import MediaInput
 from mmrl.prompts import media_parts
 from mmrl.report import register_curve
 from mmrl_common.errors import ConfigError, MmrlError

@@ -216,7 +216,7 @@ class AdapterReference:
 
     Its passes run the policy's own model with the adapters disabled (the base model), or, when the
     reference was reset after the adapters had trained (a curriculum stage), with the adapter weights of
-    that moment swapped in. It stands where the trainer uses a reference :class:`~mmrl.policy.Policy`:
+    that moment swapped in. It stands where the trainer uses a reference :class:`~mmrl.model.Policy`:
     ``inference()`` and ``forward_logprobs()``; other attributes are the policy's.
     """
 
@@ -268,9 +268,9 @@ class AdapterReference:
 # ------------------------------------------------------------------------------------------ export
 def merged_state_dict(policy: Any) -> dict[str, torch.Tensor]:
     """The model's weights under the base model's parameter names with every adapter merged in (W + BA *
-    alpha / r, computed in fp32 on the device and stored in W's dtype; :func:`mmrl.weights.stream_weights`),
+    alpha / r, computed in fp32 on the device and stored in W's dtype; :func:`mmrl.model.weights.stream_weights`),
     copied to the CPU; the live model is left as it is."""
-    from mmrl.weights import stream_weights
+    from mmrl.model.weights import stream_weights
 
     model = _model(policy)
     _require(model)
@@ -282,7 +282,7 @@ def merged_export(policy: Any, processor: Any, folder: str | Path, *,
     """A plain Hugging Face model folder (config, merged safetensors weights, processor) that
     ``AutoModelForImageTextToText.from_pretrained`` loads, written without changing the live model.
     ``state``: the merged weights where the live model does not hold them (ZeRO-3)."""
-    from mmrl.weights import save_pretrained
+    from mmrl.model.weights import save_pretrained
 
     model = _model(policy)
     folder = Path(folder)

@@ -3,7 +3,7 @@ vLLM weight push read them from.
 
 Under DeepSpeed ZeRO-3 every rank holds a shard of each parameter; :func:`stream_weights` gathers one module's
 parameters at a time (every rank must iterate alike: the gathers are collectives), so no rank ever holds more
-than one module's whole weights beside its shards. A model with LoRA adapters (PEFT, :mod:`mmrl.lora`) is
+than one module's whole weights beside its shards. A model with LoRA adapters (PEFT, :mod:`mmrl.model.lora`) is
 streamed merged: each LoRA layer's base weight plus ``B @ A * alpha / r``, computed on the device from that
 layer's gathered weights, under the base model's parameter names.
 

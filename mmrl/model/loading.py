@@ -1,0 +1,123 @@
+"""Loading a model folder as a :class:`~mmrl.model.Policy`: the cheap checks first, the device, LoRA
+checkpoints (their base model found and the adapters merged in)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmrl_common.errors import MmrlError
+
+from .policy import Policy
+from .types import FAMILIES
+
+_WARNED: set[str] = set()
+
+
+def warn_cpu_fallback() -> None:
+    """A warning when this machine has NVIDIA GPUs that CUDA cannot use (a driver or build mismatch,
+    ``CUDA_VISIBLE_DEVICES`` hiding them, a CPU-only torch): ``model.device=auto`` then runs on the CPU,
+    hundreds of times slower, which nobody wants silently."""
+    if "cpu" in _WARNED or torch.cuda.is_available():
+        return
+    gpus = sorted(Path("/dev").glob("nvidia[0-9]*")) if Path("/dev").is_dir() else []
+    if not gpus and not Path("/proc/driver/nvidia").exists():
+        return
+    _WARNED.add("cpu")
+    why = (f"torch {torch.__version__} is a CPU-only build" if torch.version.cuda is None
+           else f"torch built for CUDA {torch.version.cuda} cannot use them (driver too old? "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r})")
+    warnings.warn(f"this machine has NVIDIA GPUs ({len(gpus)} device files) but {why}: model.device=auto runs on "
+                  "the CPU; fix the install, or set model.device=cpu to mean it", RuntimeWarning, stacklevel=2)
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Cheap checks of a model folder (before any data is built or loaded); errors name the folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MmrlError(f"model folder not found: {path}")
+    if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+        adapter_base(path)  # a LoRA checkpoint: its base model must be found
+        return path
+    if not (path / "config.json").is_file():
+        raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
+    has_processor = any((path / name).is_file() for name in (
+        "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"))
+    if not has_processor:
+        raise MmrlError(
+            f"{path}: no processor (preprocessor_config.json or processor_config.json); "
+            "save the processor beside the model with processor.save_pretrained(folder)")
+    return path
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto``: the first CUDA device when there is one, else the CPU (with a warning when the machine has
+    GPUs that CUDA cannot use: :func:`warn_cpu_fallback`)."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        warn_cpu_fallback()
+        return torch.device("cpu")
+    return torch.device(device)
+
+
+def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: str = "sdpa",
+                device: str = "auto") -> Policy:
+    """Load any Qwen-VL folder in Hugging Face format onto ``device``; errors name the folder and what is
+    missing."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    path = check_model_dir(path)
+    if not (path / "config.json").is_file():  # a LoRA checkpoint: its base with the adapters merged in
+        return load_adapter_checkpoint(path, dtype=dtype, attn_implementation=attn_implementation, device=device)
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in FAMILIES:
+        raise MmrlError(f"{path}: model type '{config.model_type}' is not supported; "
+                        f"mmrl trains {', '.join(FAMILIES)}")
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    processor = AutoProcessor.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(
+        path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    if not hasattr(next(model.parameters()), "ds_id"):  # ZeRO-3 partitions already sit on their device
+        model = model.to(resolve_device(device))
+    return Policy(model, processor, load_args={"path": str(path), "dtype": dtype,
+                                               "attn_implementation": attn_implementation, "device": device})
+
+
+def adapter_base(folder: Path) -> Path:
+    """The base model of a LoRA checkpoint (``adapter_config.json``'s ``base_model_name_or_path``): as saved
+    when it is a folder; a relative one also against the run folder, whose ``config.yaml`` names the model the
+    run started from. Errors say where it looked."""
+    saved = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    tried = [Path(saved)] if saved else []
+    if saved and not Path(saved).is_absolute():
+        tried.append(folder.parent / saved)
+    run_cfg = folder.parent / "config.yaml"
+    if run_cfg.is_file():
+        import yaml
+
+        start = ((yaml.safe_load(run_cfg.read_text()) or {}).get("model") or {}).get("path")
+        if start:
+            tried.append(Path(start) if Path(start).is_absolute() else folder.parent / start)
+    for cand in tried:
+        if (cand / "config.json").is_file():
+            return cand.resolve()
+    raise MmrlError(f"{folder}: a LoRA checkpoint whose base model was not found (base_model_name_or_path "
+                    f"{saved!r}; looked in {', '.join(str(t) for t in tried) or 'nothing'}); evaluate the run's "
+                    "final/ folder (the merged model), or set base_model_name_or_path in its adapter_config.json")
+
+
+def load_adapter_checkpoint(folder: Path, **kwargs: Any) -> Policy:
+    """A LoRA checkpoint (adapters and processor) as a model: the base loaded, the adapters merged in."""
+    from peft import PeftModel
+
+    policy = load_policy(adapter_base(folder), **kwargs)
+    merged = PeftModel.from_pretrained(policy.model, str(folder)).merge_and_unload()
+    from transformers import AutoProcessor
+
+    return Policy(merged, AutoProcessor.from_pretrained(folder), load_args={**policy.load_args, "path": str(folder)})
