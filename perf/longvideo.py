@@ -34,7 +34,7 @@ def setup(root: Path, size: str) -> tuple[Any, list, list[int], float]:
     """The policy (tiny Qwen2.5-VL of ``size``), the 2 encoded video prompts, the video grid, parameters (M)."""
     from mmrl.model import MediaInput, load_policy
     from mmrl.tiny_models import make_tiny
-    from perf.__main__ import FAMILY, toy_video
+    from perf.toy_media import FAMILY, toy_video
     from video import sample_video
 
     pixels = SIDE * SIDE

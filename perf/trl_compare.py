@@ -425,7 +425,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
     from mmrl.model import load_policy
     from mmrl.tiny_models import make_tiny
     from mmrl.trainer import GRPOTrainer
-    from perf.__main__ import toy_video
+    from perf.toy_media import toy_video
 
     _register_reward()
     model_dir = root / "model"
