@@ -124,7 +124,7 @@ def test_readme_benchmark_is_read_evaluated_and_reported_with_no_other_edit(read
     from data_pipelines.benchmarks.fixtures import write_fixture
     from mmrl.benchmarks_eval import read_predictions, run_benchmark
     from mmrl.lmms_bridge import build_command
-    from mmrl.policy import load_policy
+    from mmrl.model import load_policy
     from mmrl.tiny_models import ensure_tiny
     from mmrl_common.errors import MmrlError
 
