@@ -2,7 +2,9 @@
 asks for (``train.report_to``: TensorBoard event files in ``<run>/tensorboard``, a wandb run in ``<run>/wandb``).
 
 Every line of ``metrics.jsonl`` is one event: ``{"stage": ..., "step": ..., <metric>: value, ...}``. On
-resume, lines from steps after the checkpoint are dropped first so the file reads as one clean run.
+resume, lines from steps after the checkpoint are dropped first so the file reads as one clean run: the kept lines
+are streamed to a new file that replaces the log in one rename (:func:`trim_log`); a log is only ever appended to
+or replaced whole, never rewritten in place.
 """
 
 from __future__ import annotations
@@ -184,32 +186,23 @@ class RunLog:
         if not self.enabled or not self.metrics_path.exists():
             return 0
         last = 0
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("stage") == stage:
-                last = max(last, int(rec.get("step", 0)))
+        with self.metrics_path.open("rb") as f:
+            for line in f:  # a line at a time
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("stage") == stage:
+                    last = max(last, int(rec.get("step", 0)))
         return last
 
     def truncate_after(self, stage: str, step: int) -> None:
-        """Drop events of ``stage`` after ``step`` (and everything logged after them) before a resume."""
+        """Drop events of ``stage`` after ``step`` (and everything logged after them) before a resume
+        (:func:`trim_log`: the log is never rewritten in place)."""
         if not self.enabled:
             return
         for path in (self.metrics_path, self.rollouts_path):
-            if not path.exists():
-                continue
-            kept = []
-            for line in path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by the kill
-                if rec.get("stage") == stage and rec.get("step", 0) > step:
-                    break
-                kept.append(line)
-            path.write_text("".join(k + "\n" for k in kept))
+            trim_log(path, stage, step)
 
     def metrics(self, stage: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -234,6 +227,57 @@ class RunLog:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+
+
+def _kept(path: Path, stage: str, step: int) -> Any:
+    """``(line, whole)`` for each line of the log up to the first event of ``stage`` after ``step``, read a
+    line at a time; ``whole``: a JSON record ending in a newline (else a line cut by a kill, dropped)."""
+    with path.open("rb") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut by the kill (JSON or UTF-8)
+                yield line, False
+                continue
+            if isinstance(rec, dict) and rec.get("stage") == stage and rec.get("step", 0) > step:
+                return
+            yield line, line.endswith(b"\n")
+
+
+def trim_log(path: Path, stage: str, step: int) -> bool:
+    """Drop the events of ``stage`` after ``step`` from the JSON-lines log ``path``, and everything logged after
+    the first of them, and lines cut by a kill; True when the file changed. Streamed (the log may be far larger
+    than memory): the kept lines go to a new file beside it, flushed to the disk, which then replaces the log in
+    one rename, so a process killed at any moment leaves the old log or the trimmed one, whole. A log that
+    loses nothing is left as it is."""
+    if not path.is_file():
+        return False
+    size, kept_bytes, whole = path.stat().st_size, 0, True
+    for line, ok in _kept(path, stage, step):
+        kept_bytes += len(line)
+        whole = whole and ok
+    if whole and kept_bytes == size:
+        return False
+    tmp = path.with_name(f".{path.name}.trim")
+    with tmp.open("wb") as out:
+        for line, ok in _kept(path, stage, step):
+            if ok:
+                out.write(line)
+            elif not line.endswith(b"\n"):  # the last line: whole but for its newline, or cut
+                try:
+                    json.loads(line)
+                    out.write(line + b"\n")
+                except ValueError:
+                    pass
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
