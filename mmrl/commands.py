@@ -165,9 +165,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if base:
         _say_changes(args, cfg, base)
     _check_paths(cfg)
+    if args.resume:
+        check_resume_settings(args, cfg)
     w = _join_world(cfg)
     run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
-    summary = train(cfg, run_dir=run_dir, resume=args.resume, show_progress=not args.quiet)
+    summary = train(cfg, run_dir=run_dir, resume=args.resume, overwrite=args.overwrite,
+                    show_progress=not args.quiet)
     if not w.is_main:
         return 0
     before = (summary.get("eval_before_rl") or {}).get("accuracy")
@@ -175,6 +178,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     if before is not None and after is not None:
         print(f"accuracy before RL {before:.3f} -> after RL {after:.3f} ({after - before:+.3f})")
     return 0
+
+
+def check_resume_settings(args: argparse.Namespace, cfg: Any) -> None:
+    """``--resume`` with settings other than the run's (KEY=VALUE overrides, --model, --data ...) is refused,
+    naming each difference, unless ``--force-settings``; nothing is written either way. Every rank reads the
+    same config.yaml and arguments, so all come to the same verdict."""
+    from mmrl.run import settings_differences
+    from mmrl_common.errors import MmrlError
+
+    changes = settings_differences(Path(args.out) / "config.yaml", cfg)
+    if changes and not args.force_settings:
+        raise MmrlError(f"--resume: these settings differ from those the run in {args.out} started with (its "
+                        f"config.yaml; run's value -> now): {'; '.join(changes)}. Resume without them to continue "
+                        "as the run started, pass --force-settings to continue with the new values, or start a "
+                        "new run (another --out, or --overwrite)")
 
 
 def _join_world(cfg: Any) -> Any:
@@ -191,11 +209,9 @@ def _join_world(cfg: Any) -> Any:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from mmrl.checkpoint import eval_settings, save_model, seed_everything
-    from mmrl.model import load_policy
-    from mmrl.run import default_run_dir, load_split, resolve_model, set_cpu_threads
-    from mmrl.run_log import RunLog
-    from mmrl.sft import run_sft
+    from mmrl import run_lock
+    from mmrl.run import default_run_dir
+    from mmrl_common.errors import MmrlError
 
     cfg = config_from_args(args, {"sft": {"target": "gold"}})
     _quiet_loading(args.quiet)
@@ -203,15 +219,35 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps if steps > 0 else 100))
     _check_paths(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_lock.acquire(run_dir)  # one writer per folder, for as long as this command writes it
+    try:
+        found = run_lock.run_contents(run_dir)
+        if found and not args.overwrite:
+            raise MmrlError(f"{run_dir} already holds a run; pass --overwrite to start afresh (its contents are "
+                            f"moved aside into {run_dir.name}.replaced-<time>), or choose another --out (found: "
+                            f"{', '.join(found[:6])}{' ...' if len(found) > 6 else ''})")
+        if found:
+            aside = run_lock.move_aside(run_dir)
+            print(f"--overwrite: the earlier run in {run_dir} moved aside into {aside}", flush=True)
+        return _sft(args, cfg, run_dir)
+    finally:
+        lock.release()
+
+
+def _sft(args: argparse.Namespace, cfg: Any, run_dir: Path) -> int:
+    from mmrl.checkpoint import eval_settings, save_model, seed_everything
+    from mmrl.config_io import to_dict
+    from mmrl.model import load_policy
+    from mmrl.run import load_split, resolve_model, set_cpu_threads
+    from mmrl.run_log import RunLog
+    from mmrl.sft import run_sft
+
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
     seed_everything(cfg.train.seed)
     samples, _ = load_split(cfg, "train", show_progress=not args.quiet)
     policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
     policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
                          llm=not cfg.model.freeze_llm)
-    from mmrl.config_io import to_dict
-
     log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=not args.quiet)
     try:
         result = run_sft(cfg, policy, samples, log=log, show_progress=not args.quiet)
@@ -337,7 +373,15 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                                    "evaluation after RL, report.md. With no argument it trains a tiny model on the "
                                    "built-in toy videos.")
     _common(p)
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its latest checkpoint, with the settings it started with "
+                        "(other settings are refused unless --force-settings)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out holds a run: start a new one there, its old contents moved aside into "
+                        "<out>.replaced-<time> (without --resume or --overwrite such a folder is refused)")
+    p.add_argument("--force-settings", action="store_true",
+                   help="with --resume: continue with settings that differ from the run's (each is printed and "
+                        "recorded in run_state.json)")
     p.add_argument("--recipe-settings", action="store_true",
                    help="with --model: keep the recipe's (toy-sized) values instead of the real-model preset "
                         "(configs/presets/real-model.yaml: lr 1e-6, bf16, 2 fps up to 32 frames, Qwen's pixel "
@@ -349,6 +393,9 @@ def add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sft", help="supervised fine-tuning (cold start), loss on assistant tokens only")
     _common(p)
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: sft.steps or 100)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out holds a run: start afresh there, its old contents moved aside into "
+                        "<out>.replaced-<time> (without it such a folder is refused)")
     p.set_defaults(func=cmd_sft)
 
 

@@ -205,20 +205,101 @@ def default_run_dir(cfg: RunConfig) -> Path:
     return Path("runs") / f"{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, show_progress: bool = True) -> dict[str, Any]:
+def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, overwrite: bool = False,
+          show_progress: bool = True) -> dict[str, Any]:
     """Run (or with ``resume`` continue) the stages in ``run_dir``; returns the summary. A session that ends
-    with an error or Ctrl-C still adds its time to the run's total."""
+    with an error or Ctrl-C still adds its time to the run's total.
+
+    The run holds ``run_dir``'s lock (:mod:`mmrl.run_lock`) from start to end: a second writer is refused. A
+    folder that already holds a run needs ``resume`` (continue it) or ``overwrite`` (its contents moved aside
+    into ``<name>.replaced-<time>``, then a new run); nothing in the folder is written before that is
+    decided."""
+    from mmrl.distributed import world
+    from mmrl.run_lock import acquire_on_main
+
+    lock = acquire_on_main(run_dir, world(), show=show_progress)
     states: list[RunState | RunLog] = []
     try:
-        return _train(cfg, run_dir=run_dir, resume=resume, show_progress=show_progress, states=states)
+        return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, show_progress=show_progress,
+                      states=states)
     except BaseException:
         for state in states:  # the run's time so far; the trackers' files closed
             state.close() if isinstance(state, RunLog) else state.save()
         raise
+    finally:
+        if lock is not None:
+            lock.release()
 
 
-def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, states: list[RunState | RunLog]
-           ) -> dict[str, Any]:
+def settings_differences(saved: Path, cfg: RunConfig) -> list[str]:
+    """The settings in which ``cfg`` differs from the run's saved ``config.yaml``, as ``key: old -> new``
+    (``out``, the folder's name, is not a setting)."""
+    from mmrl.config import resume_run_config
+    from mmrl.config_io import describe
+
+    def show(v: Any) -> str:
+        return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+    before = {k: v for k, v, _ in describe(resume_run_config(saved))}
+    now = {k: v for k, v, _ in describe(cfg)}
+    return [f"{k}: {show(before.get(k, '(none)'))} -> {show(now.get(k, '(none)'))}"
+            for k in dict.fromkeys([*before, *now]) if k != "out" and before.get(k) != now.get(k)]
+
+
+def _check_run_folder(run_dir: Path, cfg: RunConfig, *, resume: bool, overwrite: bool, show: bool) -> None:
+    """Whether this session may write ``run_dir`` (rank 0 decides, holding the folder's lock): a folder
+    holding a run needs ``resume`` or ``overwrite``; ``resume`` needs the run's config.yaml, a checkpoint when
+    the run wrote any (they may have been deleted), and an unfinished RL stage for a new ``train.steps``.
+    With ``overwrite`` the old contents are moved aside here."""
+    from mmrl.checkpoint import list_checkpoints
+    from mmrl.run_lock import move_aside, run_contents
+
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in the folder, --overwrite starts a new one there: pass one")
+    found = run_contents(run_dir)
+    if not resume:
+        if not found:
+            return
+        if not overwrite:
+            raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it, or --overwrite to start "
+                            f"afresh (its contents are moved aside into {run_dir.name}.replaced-<time>), or choose "
+                            f"another --out (found: {', '.join(found[:6])}{' ...' if len(found) > 6 else ''})")
+        aside = move_aside(run_dir)
+        if show and aside is not None:
+            print(f"--overwrite: the earlier run in {run_dir} moved aside into {aside} (delete it when it is no "
+                  "longer needed); starting afresh", flush=True)
+        return
+    if not (run_dir / "config.yaml").is_file():
+        raise MmrlError(f"--resume: {run_dir} holds no run (no config.yaml)")
+    stages = RunState(run_dir).data["stages"]
+    if "rl" in stages:  # a finished RL stage is never extended: refuse before config.yaml is rewritten
+        done = int(stages["rl"].get("steps", 0))
+        asked = ((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train") or {}).get("steps")
+        if cfg.train.steps != asked:
+            raise MmrlError(f"{run_dir}: RL finished its {done} steps: train.steps={cfg.train.steps} does not "
+                            f"extend (or shorten) a finished run; start a new run from its model (--model "
+                            f"{run_dir / 'final'})")
+        return
+    if list_checkpoints(run_dir):
+        return
+    from mmrl.run_log import read_metrics
+
+    saved = [r.get("step") for r in read_metrics(run_dir) if r.get("stage") == "checkpoint"
+             and not (run_dir / f".tmp-checkpoint-{r.get('step')}").exists()]  # a save cut short is no loss
+    if (run_dir / "latest").exists() or saved:
+        said = [f"metrics.jsonl logs checkpoints at steps {', '.join(map(str, saved))}"] if saved else []
+        if (run_dir / "latest").exists():
+            said.append(f"'latest' names {(run_dir / 'latest').read_text().strip() or 'nothing'}")
+        raise MmrlError(f"--resume: no checkpoint found in {run_dir}: it looked for checkpoint-<step>/trainer_state"
+                        f".pt, and the run wrote checkpoints ({'; '.join(said)}) that are gone; put one back to "
+                        "continue from it, or pass --overwrite (without --resume) to start the run afresh")
+    if show and any(r.get("stage") == "rl" for r in read_metrics(run_dir)):
+        print(f"resume: no checkpoint in {run_dir} (the run stopped before it saved one, train.save_every="
+              f"{cfg.train.save_every}): RL starts again from step 0", flush=True)
+
+
+def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show_progress: bool,
+           states: list[RunState | RunLog]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
@@ -232,27 +313,35 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
     hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
     w = world()
     show_progress = show_progress and w.is_main
-    run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.yaml"
-    if resume and not cfg_path.exists():
-        raise MmrlError(f"--resume: {run_dir} holds no run (no config.yaml)")
-    earlier = RunState(run_dir).data["stages"]
-    if not resume and earlier:
-        if _rl_started(run_dir, earlier):
-            raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-        if w.is_main:  # an attempt that failed before its first RL step: nothing to keep, start again
-            _clear_attempt(run_dir)
-            print(f"{run_dir} holds a run that stopped before its first RL step ({', '.join(earlier)} done); "
-                  "starting it again with this configuration", flush=True)
-    if resume and w.is_main:
-        _note_schedule_change(cfg_path, cfg, run_dir)
-    w.barrier()  # every rank has checked the folder before rank 0 writes into it
+    refusal, changes = None, []
+    if w.is_main:  # rank 0, holding the folder's lock, decides; every rank stops on a refusal
+        try:
+            _check_run_folder(run_dir, cfg, resume=resume, overwrite=overwrite, show=show_progress)
+            if resume:
+                changes = settings_differences(cfg_path, cfg)
+                _note_schedule_change(cfg_path, cfg, run_dir)
+        except MmrlError as exc:
+            refusal = str(exc)
+    refusal = w.broadcast(refusal)
+    if refusal is not None:
+        raise MmrlError(refusal)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if changes and show_progress:
+        print(f"resume: continuing with settings other than the run's ({'; '.join(changes)}); config.yaml now "
+              "records the new ones, run_state.json the changes", flush=True)
     cfg_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     if w.is_main:
         cfg_path.write_text(cfg_text)
     check_run_folder_shared(w, cfg_path, w.broadcast(cfg_text))
     state = RunState(run_dir)
     states.append(state)
+    if changes:  # what config.yaml no longer says: the settings the run had before this session
+        from mmrl.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(run_dir)
+        state.data.setdefault("settings_changes", []).append(
+            {"from_step": int(ckpt.name.split("-")[1]) if ckpt else 0, "changes": changes})
     log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show_progress)
     states.append(log)
     threads = set_cpu_threads(cfg.train.cpu_threads, show=show_progress, earlier=state.data.get("torch_threads"))
@@ -337,12 +426,9 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, show_progress: bool, 
         trainer.export(run_dir / "final")  # ZeRO-3: one module at a time, to rank 0
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
                             "skipped_samples": trainer.skipped_samples, "checkpoint_seconds": trainer.save_seconds})
-    else:
+    else:  # a new train.steps was refused at the start (_check_run_folder)
         with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
             load_weights(policy.model, run_dir / "final")
-        if cfg.train.steps > int(state.get("rl").get("steps", 0)):
-            print(f"RL finished its {state.get('rl')['steps']} steps: train.steps={cfg.train.steps} does not extend "
-                  f"a finished run; start a new run from its model (--model {run_dir / 'final'})", flush=True)
     stages["rl"] = state.get("rl")
 
     # Stage 4: evaluation after RL.
@@ -383,25 +469,6 @@ def configure_policy(policy: Any, cfg: RunConfig) -> Any:
     if cfg.model.gradient_checkpointing:
         checkpointing_switch(policy.model, True)
     return lora_info
-
-
-def _rl_started(run_dir: Path, stages: dict[str, Any]) -> bool:
-    """Whether the run in ``run_dir`` took an RL step (a checkpoint, an RL row in metrics.jsonl, RL done)."""
-    from mmrl.checkpoint import latest_checkpoint
-    from mmrl.run_log import read_metrics
-
-    return ("rl" in stages or latest_checkpoint(run_dir) is not None or (run_dir / "final").exists()
-            or any(r.get("stage") == "rl" for r in read_metrics(run_dir)))
-
-
-def _clear_attempt(run_dir: Path) -> None:
-    """Remove what an attempt that never reached RL left (its state, logs, cold-start model, event files)."""
-    import shutil
-
-    for name in ("run_state.json", "metrics.jsonl", "rollouts.jsonl", "summary.json", "report.md"):
-        (run_dir / name).unlink(missing_ok=True)
-    for name in ("sft-model", "tensorboard"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
 def check_rewards(cfg: RunConfig, sample: Any) -> None:

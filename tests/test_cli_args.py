@@ -161,7 +161,9 @@ def test_a_start_that_failed_before_its_first_step_can_be_run_again(tmp_path: Pa
     (run / "run_state.json").write_text(json.dumps({"stages": {"eval_before_rl": {"accuracy": 0.5}}}))
     (run / "metrics.jsonl").write_text(json.dumps({"stage": "eval", "step": 0, "accuracy": 0.5}) + "\n")
     cfg = load_run_config("video-qa", overrides=TINY_RUN)
-    summary = train(cfg, run_dir=run, show_progress=False)
+    with pytest.raises(MmrlError, match="already holds a run; pass --resume"):  # a folder holding a run: say how
+        train(cfg, run_dir=run, show_progress=False)
+    summary = train(cfg, run_dir=run, overwrite=True, show_progress=False)  # --overwrite
     assert summary["stages"]["rl"]["steps"] == 2 and [r["step"] for r in rl_rows(run)] == [1, 2]
     assert "eval_before_rl" not in json.loads((run / "run_state.json").read_text())["stages"]  # started afresh
     with pytest.raises(MmrlError, match="already holds a run; pass --resume"):  # this one took RL steps
