@@ -103,8 +103,8 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
 class _Workers:
     """Prepares batches in background threads, one media preparer per thread."""
 
-    def __init__(self, policy: Any, protocol: Protocol, subtitles: bool, workers: int):
-        self.policy, self.protocol, self.subtitles = policy, protocol, subtitles
+    def __init__(self, policy: Any, protocol: Protocol, subtitles: bool, workers: int, render: bool = True):
+        self.policy, self.protocol, self.subtitles, self.renders = policy, protocol, subtitles, render
         self.spec = get_benchmark(protocol.benchmark)
         self.local = threading.local()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmrl-decode") if workers > 0 else None
@@ -129,6 +129,10 @@ class _Workers:
                 continue
             try:
                 media = prep.prepare(s)
+                if not self.renders:  # the answers build their own prompts from the decoded media
+                    out.append(_Prepared(s, media=media, raw=media,
+                                         n_frames=sum(len(m.timestamps or []) for m in media if m.kind == "video")))
+                    continue
                 rendered, items, prefill = self.render(s, media)
                 frames = sum(len(m.timestamps or []) for m in media if m.kind == "video")
                 out.append(_Prepared(s, rendered, items, prefill, n_frames=frames, raw=media))
@@ -223,6 +227,95 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
     return BenchmarkRun(name, policy, model_path, proto, out, data, samples)
 
 
+class Answers:
+    """The extension point of :func:`run_benchmark`'s loop: how a batch of prepared questions becomes the records
+    written to ``predictions.jsonl``. The runner opens the run, shares the questions among ranks, prepares their
+    media in its workers, writes each batch's records, merges the ranks' parts and scores; an ``Answers`` builds
+    the prompts, makes the answers and writes each question's record. The default (:class:`_Generate`) is the
+    benchmark's own: the protocol's prompt, generated in batches, read by :func:`score_item`.
+
+    ``modes``: the names of answer sets made side by side, each record carrying its ``mode``
+    (``predictions.jsonl`` lists them mode by mode, each in the order answered, and :meth:`metrics` scores
+    them); empty: one set, its records without a mode, scored by the runner. ``resume``: a re-run reuses the
+    folder's predictions made with the same settings (``run.json``); False: every run starts over (no
+    ``run.json``). ``render``: the workers render the protocol's prompt (``_Prepared.text``, ``.media``,
+    ``.prefill``); False: they only decode (``_Prepared.raw``). ``engine_ranks``: consecutive ranks that share
+    one engine (they answer the same questions). ``generate_s``: the seconds spent answering so far."""
+
+    modes: tuple[str, ...] = ()
+    resume: bool = True
+    render: bool = True
+    engine_ranks: int = 1
+    generate_s: float = 0.0
+
+    def answer(self, prepared: list[_Prepared], workers: _Workers) -> tuple[list[dict[str, Any]], int]:
+        """The records of one batch (a question whose ``error`` is set has no media to answer from) and how many
+        questions were answered."""
+        raise NotImplementedError
+
+    def metrics(self, run: BenchmarkRun, preds: dict[str, list[dict[str, Any]]], seconds: float) -> dict[str, Any]:
+        """The metrics of a run with ``modes`` (``preds``: each mode's records, as in ``predictions.jsonl``),
+        written to ``metrics.json``."""
+        raise NotImplementedError
+
+
+class _Generate(Answers):
+    """The benchmark's own answers: each question's prompt under the protocol, generated in one call per batch
+    (greedy) or per question (sampled), read by :func:`score_item`; the checks asked for run on each batch."""
+
+    def __init__(self, engine: Any, policy: Any, proto: Protocol, name: str, seed: int,
+                 checks: dict[str, tuple[Any, dict[str, Any]]]):
+        self.engine, self.policy, self.proto, self.name, self.seed, self.checks = engine, policy, proto, name, seed, checks
+        self.groups = get_benchmark(name).breakdowns
+
+    def answer(self, prepared: list[_Prepared], workers: _Workers) -> tuple[list[dict[str, Any]], int]:
+        from mmrl.rollout import SamplingParams
+
+        policy, proto, name, sampled = self.policy, self.proto, self.name, self.proto.temperature > 0
+        ready, seqs = [], []
+        for p in prepared:
+            if p.error is None:
+                try:
+                    seqs.append(policy.encode(p.text, p.media))
+                    ready.append(p)
+                except MmrlError as exc:
+                    p.error = str(exc)
+        # a sampled protocol draws each question from its own stream (seed, question id): the answers do
+        # not depend on the batch size, the rank or what was resumed
+        params = [SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=not sampled,
+                                 temperature=proto.temperature if sampled else 1.0,
+                                 seed=_question_seed(self.seed, p.sample.id) if sampled else None)
+                  for p in ready]
+        t0 = time.perf_counter()
+        gens = _generate(self.engine, seqs, params, sampled)
+        self.generate_s += time.perf_counter() - t0
+        texts = {id(p): g[0].text for p, g in zip(ready, gens)}
+        records = []
+        for p in prepared:
+            s = p.sample
+            rec: dict[str, Any] = {"id": s.id, "problem_type": s.problem_type, "answer": s.answer,
+                                   "answer_type": s.meta.get("answer_type"),
+                                   "group": {g: (s.problem_type if g == "problem_type" else s.meta.get(g))
+                                             for g in self.groups}}
+            if p.error is not None:
+                rec.update(completion=None, pred=None, parsed=False, correct=False, error=p.error,
+                           n_options=len(s.options or []))
+            else:
+                rec["completion"] = texts[id(p)]
+                rec.update(score_item(s, texts[id(p)], benchmark=name, prefill=p.prefill))
+                rec["frames"] = p.n_frames
+                rec["prompt"] = p.text  # as rendered, the media as their placeholder tokens
+            records.append(rec)
+        if self.checks and ready:
+            t0 = time.perf_counter()
+            answered = [r for r in records if r.get("error") is None]
+            ask = _asker(self.engine, policy, workers, ready, name, proto.max_new_tokens)
+            for check, kw in self.checks.values():
+                check.benchmark([p.sample for p in ready], answered, ask, **kw)
+            self.generate_s += time.perf_counter() - t0
+        return records, len(ready)
+
+
 def run_benchmark(
     benchmark: str, data_root: str | os.PathLike[str], model: str | os.PathLike[str] | None = None, *,
     out: str | os.PathLike[str] | None = None, protocol: str = "official", frames: int | None = None,
@@ -231,7 +324,8 @@ def run_benchmark(
     subtitles: bool = False, dtype: str = "fp32", policy: Any = None, show_progress: bool = True,
     on_batch: Callable[[int], None] | None = None, backend: str = "hf", vllm: dict[str, Any] | None = None,
     on_bad_sample: str = "raise", seed: int = 0, device: str = "auto",
-    checks: dict[str, dict[str, Any]] | None = None,
+    checks: dict[str, dict[str, Any]] | None = None, answers: Callable[[BenchmarkRun], Answers] | None = None,
+    out_suffix: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a Hugging Face Qwen-VL folder, or an already loaded ``policy``) on ``benchmark``.
 
@@ -249,11 +343,16 @@ def run_benchmark(
     ``checks``: ``{name: settings}`` of evaluation checks (:func:`mmrl.evaluate.register_check`, e.g. ACRE's
     ``consistency``) to run on each batch too, under this protocol; their fields land in the prediction records,
     their sections in ``metrics[name]`` and ``results.md``. Only checks with a benchmark form can run here.
+
+    ``answers``: the loop's extension point, called with the opened :class:`BenchmarkRun`: the
+    :class:`Answers` that turn each batch of prepared questions into records (default: the protocol's prompt
+    generated under ``backend``); with its ``modes``, several answer sets scored side by side by its own
+    ``metrics``. ``out_suffix``: the default ``out`` folder's suffix (default: the model folder's name).
     """
     from tqdm import tqdm
 
     from mmrl.distributed import world
-    from mmrl.rollout import HFBackend, SamplingParams
+    from mmrl.rollout import HFBackend
 
     t_start = time.perf_counter()
     w = world()
@@ -270,40 +369,47 @@ def run_benchmark(
     with w.main_first():
         run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
                                  frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
-                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out, device=device)
+                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out,
+                                 out_suffix=out_suffix, device=device)
     policy, model_path, proto, out, data, samples = (run.policy, run.model_path, run.protocol, run.out, run.data,
                                                      run.samples)
+    answerer = answers(run) if answers is not None else None
     settings = {"benchmark": name, "split": data.info.get("split"), "data_root": str(Path(data_root).resolve()),
                 "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
     if runs:
         settings["checks"] = {k: v for k, (_, v) in runs.items()}
+    pred_path = out / "predictions.jsonl"
     if w.is_main:
-        _check_settings(out, settings)
+        if answerer is None or answerer.resume:
+            _check_settings(out, settings)
+        else:  # every run starts over
+            for path in [pred_path, *out.glob("predictions.rank*.jsonl")]:
+                path.unlink(missing_ok=True)
     w.barrier()
 
-    pred_path = out / "predictions.jsonl"
     part_paths = sorted(out.glob("predictions.rank*.jsonl"))
     done = {p["id"]: p for path in [pred_path, *part_paths] for p in read_predictions(path) if not p.get("error")}
     w.barrier()  # every rank has read the files before any appends to them
+    if answerer is None:
+        if backend == "vllm":
+            from mmrl.rollout import make_backend
+
+            engine = make_backend("vllm", policy,
+                                  **{"max_model_len": protocol_max_len(proto, policy), **(vllm or {})})
+        else:
+            engine = HFBackend(policy, max_batch=batch_size)
+        answerer = _Generate(engine, policy, proto, name, seed, runs)
+    modes = tuple(answerer.modes)
     wanted = {s.id for s in samples}
-    todo = [s for s in samples if s.id not in done]
-    todo = [todo[i] for i in w.share(len(todo))]
+    todo = w.shard([s for s in samples if s.id not in done], answerer.engine_ranks)
     resumed = len(wanted & done.keys())
     my_path = pred_path if not w.active else out / f"predictions.rank{w.rank}.jsonl"
     batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
-    if backend == "vllm":
-        from mmrl.rollout import make_backend
-
-        engine = make_backend("vllm", policy, **{"max_model_len": protocol_max_len(proto, policy), **(vllm or {})})
-    else:
-        engine = HFBackend(policy, max_batch=batch_size)
-    sampled = proto.temperature > 0
     bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q",
                disable=not show_progress or not w.is_main, dynamic_ncols=True)
-    workers_ = _Workers(policy, proto, subtitles, max(0, workers))
-    groups = spec.breakdowns
+    workers_ = _Workers(policy, proto, subtitles, max(0, workers), render=answerer.render)
     generated = 0
-    wait_s = gen_s = 0.0
+    wait_s = 0.0
     pending: deque[Future] = deque()
     it = iter(batches)
     try:
@@ -319,53 +425,12 @@ def run_benchmark(
                 nxt = next(it, None)
                 if nxt is not None:
                     pending.append(workers_.submit(nxt))
-                ready, seqs = [], []
-                for p in prepared:
-                    if p.error is None:
-                        try:
-                            seqs.append(policy.encode(p.text, p.media))
-                            ready.append(p)
-                        except MmrlError as exc:
-                            p.error = str(exc)
-                # a sampled protocol draws each question from its own stream (seed, question id): the answers do
-                # not depend on the batch size, the rank or what was resumed
-                params = [SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=not sampled,
-                                         temperature=proto.temperature if sampled else 1.0,
-                                         seed=_question_seed(seed, p.sample.id) if sampled else None)
-                          for p in ready]
-                t0 = time.perf_counter()
-                gens = _generate(engine, seqs, params, sampled)
-                gen_s += time.perf_counter() - t0
-                texts = {id(p): g[0].text for p, g in zip(ready, gens)}
-                records = []
-                for p in prepared:
-                    s = p.sample
-                    rec: dict[str, Any] = {"id": s.id, "problem_type": s.problem_type, "answer": s.answer,
-                                           "answer_type": s.meta.get("answer_type"),
-                                           "group": {g: (s.problem_type if g == "problem_type" else s.meta.get(g))
-                                                     for g in groups}}
-                    if p.error is not None:
-                        rec.update(completion=None, pred=None, parsed=False, correct=False, error=p.error,
-                                   n_options=len(s.options or []))
-                    else:
-                        rec["completion"] = texts[id(p)]
-                        rec.update(score_item(s, texts[id(p)], benchmark=name, prefill=p.prefill))
-                        rec["frames"] = p.n_frames
-                        rec["prompt"] = p.text  # as rendered, the media as their placeholder tokens
-                    records.append(rec)
-                if runs and ready:
-                    t0 = time.perf_counter()
-                    answered = [r for r in records if r.get("error") is None]
-                    ask = _asker(engine, policy, workers_, ready, name, proto.max_new_tokens)
-                    for check, kw in runs.values():
-                        check.benchmark([p.sample for p in ready], answered, ask, **kw)
-                    gen_s += time.perf_counter() - t0
+                records, answered = answerer.answer(prepared, workers_)
                 policy.media.clear()
-                for rec in records:
-                    fh.write(json.dumps(rec, default=str) + "\n")
+                fh.writelines(json.dumps(rec, default=str) + "\n" for rec in records)
                 fh.flush()
                 os.fsync(fh.fileno())
-                generated += len(ready)
+                generated += answered
                 bar.update(len(prepared) * w.size)
                 if on_batch is not None:
                     on_batch(generated)
@@ -375,7 +440,13 @@ def run_benchmark(
 
     w.barrier()
     metrics: dict[str, Any] = {}
-    if w.is_main:
+    if w.is_main and modes:
+        _merge_parts(out, samples, modes)
+        rows = read_predictions(pred_path)
+        metrics = answerer.metrics(run, {m: [p for p in rows if p.get("mode") == m] for m in modes},
+                                   time.perf_counter() - t_start)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    elif w.is_main:
         if w.active or part_paths:
             _merge_parts(out, samples)
         final = {p["id"]: p for p in read_predictions(pred_path)}
@@ -389,7 +460,8 @@ def run_benchmark(
             "n_available": len(data.samples), "limit": limit, "protocol": proto.settings(),
             "protocol_text": proto.describe(), "subtitles": subtitles, "dataset_info": data.info, "scores": scores,
             "on_bad_sample": on_bad_sample, "media_failures": failures,
-            "timing": {"seconds": time.perf_counter() - t_start, "generate_s": gen_s, "decode_wait_s": wait_s,
+            "timing": {"seconds": time.perf_counter() - t_start, "generate_s": answerer.generate_s,
+                       "decode_wait_s": wait_s,
                        "generated_this_run": generated, "resumed": resumed, "workers": workers,
                        "batch_size": batch_size, "ranks": w.size},
         }
@@ -468,18 +540,23 @@ def _generate(engine: Any, seqs: list[Any], params: list[Any], sampled: bool) ->
     return out
 
 
-def _merge_parts(out: Path, samples: list[Any]) -> None:
+def _merge_parts(out: Path, samples: list[Any], modes: tuple[str, ...] = ()) -> None:
     """Fold every rank's ``predictions.rank<R>.jsonl`` into ``predictions.jsonl`` in question order (an answer
-    beats an error for the same question), then remove the parts."""
+    beats an error for the same question), then remove the parts. With ``modes``: mode by mode, each in the
+    order the records were written, rank after rank (ranks sharing an engine wrote the same records: kept once)."""
     pred_path = out / "predictions.jsonl"
-    parts = sorted(out.glob("predictions.rank*.jsonl"))
-    by_id: dict[str, dict[str, Any]] = {}
+    parts = sorted(out.glob("predictions.rank*.jsonl"), key=lambda p: int(p.name.split(".")[1][len("rank"):]))
+    by_id: dict[tuple[Any, str], dict[str, Any]] = {}
     for path in [pred_path, *parts]:
         for p in read_predictions(path):
-            if p["id"] not in by_id or by_id[p["id"]].get("error"):
-                by_id[p["id"]] = p
-    order = {s.id: i for i, s in enumerate(samples)}
-    rows = sorted(by_id.values(), key=lambda p: order.get(p["id"], len(order)))
+            key = (p.get("mode"), p["id"])
+            if key not in by_id or by_id[key].get("error"):
+                by_id[key] = p
+    if modes:
+        rows = sorted(by_id.values(), key=lambda p: modes.index(p["mode"]))
+    else:
+        order = {s.id: i for i, s in enumerate(samples)}
+        rows = sorted(by_id.values(), key=lambda p: order.get(p["id"], len(order)))
     tmp = pred_path.with_name(".predictions.jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         for p in rows:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mmrl.benchmarks_eval.runner import Answers
 from mmrl.evaluate import reward_columns, score_text, summarize
 from mmrl.model import Policy, TokenSeq
 from mmrl.plugins import Callback, register_plugin
@@ -273,55 +274,63 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     ``metrics.json`` into ``out``; returns the metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's
     own), with frames and rounds per answer. Under torchrun each rank plays its share of the questions; rank 0
     writes the files and every rank returns the metrics."""
-    from data_pipelines.benchmarks import get_benchmark
-    from mmrl.benchmarks_eval.protocols import build_prompt
-    from mmrl.benchmarks_eval.runner import media_config, open_benchmark_run
-    from mmrl.benchmarks_eval.scoring import score_item, summarize
-    from mmrl.distributed import world
-    from mmrl.methods.earl.environment import instructions
-    from mmrl.prompts import media_parts, with_layout
-    from mmrl.rollout import HFBackend, SamplingParams, get_environment, run_episodes
+    from mmrl.benchmarks_eval.runner import run_benchmark
 
     if agent not in AGENTS:
         raise ConfigError(f"--agent {agent!r}: known agents are {', '.join(AGENTS)}")
-    spec = AGENTS[agent]
-    t0 = time.perf_counter()
-    name = get_benchmark(benchmark).name
-    w = world()
-    with w.main_first():  # rank 0 builds a cached model and the media cache first
-        run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
-                                 frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
-                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out, out_suffix=agent)
-    policy, proto, out, samples = run.policy, run.protocol, run.out, run.samples
-    from mmrl.benchmarks_eval.media import BenchMediaPreparer
+    # the benchmark loop's own, with the agent's answers; decoded in the loop's thread (no decode workers),
+    # no progress bar, every run starting over, each question's error counted wrong, as this loop always was
+    return run_benchmark(
+        benchmark, data_root, model, out=out, protocol=protocol, frames=frames, max_pixels=max_pixels,
+        prompt_template=prompt_template, max_new_tokens=max_new_tokens, batch_size=batch_size, limit=limit,
+        workers=0, split=split, dtype=dtype, policy=policy, show_progress=False, out_suffix=agent,
+        answers=lambda run: _AgentAnswers(run, agent=agent, backend=backend, batch_size=batch_size,
+                                          video_layout=video_layout, think=think))
 
-    extra = {"total_pixels": proto.total_pixels} if proto.total_pixels else {}
-    preparer = BenchMediaPreparer(media_config(proto), family=policy.family, extra=extra)
-    env_cls = get_environment(spec["environment"])
-    backend = backend or HFBackend(policy, max_batch=batch_size)
-    tp = int(getattr(backend, "tensor_parallel_size", 1))  # a block of ranks shares one vLLM engine
-    everything, samples = samples, w.shard(samples, tp)
-    params = SamplingParams(max_new_tokens=proto.max_new_tokens, greedy=True)
-    records: dict[str, list[dict[str, Any]]] = {"agent_loop": [], "baseline": []}
-    tool_note = instructions(think=think)  # a model trained with reasoning turns is asked to reason
-    for start in range(0, len(samples), batch_size):
-        chunk = samples[start:start + batch_size]
+
+class _AgentAnswers(Answers):
+    """:func:`run_benchmark_agent`'s answers in the benchmark loop: per question, the ``agent_loop`` episode
+    through the agent's environment (the tool note added to the protocol's system text) and the plain
+    ``baseline`` answer on the same initial frames, both scored as the benchmark scores answers."""
+
+    modes = ("agent_loop", "baseline")
+    resume = False  # every run starts over
+    render = False  # the prompts are built here, the videos in ``video_layout``
+
+    def __init__(self, run: Any, *, agent: str, backend: Any, batch_size: int, video_layout: str, think: bool):
+        from mmrl.methods.earl.environment import instructions
+        from mmrl.rollout import HFBackend, SamplingParams, get_environment
+
+        self.agent, self.spec, self.policy, self.proto, self.name = agent, AGENTS[agent], run.policy, run.protocol, run.name
+        self.env_cls = get_environment(self.spec["environment"])
+        self.backend = backend or HFBackend(run.policy, max_batch=batch_size)
+        self.engine_ranks = int(getattr(self.backend, "tensor_parallel_size", 1))  # ranks sharing one vLLM engine
+        self.params = SamplingParams(max_new_tokens=run.protocol.max_new_tokens, greedy=True)
+        self.video_layout = video_layout
+        self.tool_note = instructions(think=think)  # a model trained with reasoning turns is asked to reason
+
+    def answer(self, prepared: list[Any], workers: Any) -> tuple[list[dict[str, Any]], int]:
+        from mmrl.benchmarks_eval.protocols import build_prompt
+        from mmrl.benchmarks_eval.scoring import score_item
+        from mmrl.prompts import media_parts, with_layout
+        from mmrl.rollout import run_episodes
+
+        policy, proto, name, spec = self.policy, self.proto, self.name, self.spec
+        records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in self.modes}
         ready, seqs, plain, media_of = [], [], [], {}
-        for s in chunk:
-            try:
-                if s.meta.get("missing_media"):
-                    raise MmrlError(f"media not found: {s.meta['missing_media']}")
-                media = with_layout(preparer.prepare(s), video_layout)
-            except MmrlError as exc:
+        for p in prepared:
+            s = p.sample
+            if p.error is not None:
                 for recs in records.values():
-                    recs.append({"id": s.id, "error": str(exc), "correct": False, "parsed": False,
+                    recs.append({"id": s.id, "error": p.error, "correct": False, "parsed": False,
                                  "pred": None, "problem_type": s.problem_type, "answer": s.answer,
                                  "n_options": len(s.options or [])})
                 continue
+            media = with_layout(p.raw, self.video_layout)
             system, text, prefill = build_prompt(s, proto)
             parts, items = media_parts(media)
             content = [*parts, {"type": "text", "text": text}]
-            for mode, sys_text in (("agent_loop", "\n".join(t for t in (system, tool_note) if t)),
+            for mode, sys_text in (("agent_loop", "\n".join(t for t in (system, self.tool_note) if t)),
                                    ("baseline", system)):
                 messages = ([{"role": "system", "content": [{"type": "text", "text": sys_text}]}] if sys_text else [])
                 messages.append({"role": "user", "content": content})
@@ -331,12 +340,15 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
             media_of[id(s)] = media
         if ready:
             group = [s for s, _, _ in ready]
+            t0 = time.perf_counter()
+            env_cls, env_kwargs = self.env_cls, spec["environment_kwargs"]
             runs = {
-                "agent_loop": run_episodes(policy, backend, seqs, group, n=1, params=params,
-                                      environment=lambda s, m=media_of: env_cls(s, m[id(s)], **spec["environment_kwargs"]),
-                                      max_turns=spec["max_turns"]),
-                "baseline": run_episodes(policy, backend, plain, group, n=1, params=params),
+                "agent_loop": run_episodes(policy, self.backend, seqs, group, n=1, params=self.params,
+                                           environment=lambda s, m=media_of: env_cls(s, m[id(s)], **env_kwargs),
+                                           max_turns=spec["max_turns"]),
+                "baseline": run_episodes(policy, self.backend, plain, group, n=1, params=self.params),
             }
+            self.generate_s += time.perf_counter() - t0
             for mode, episodes in runs.items():
                 for (s, prefill, media), ep in zip(ready, episodes):
                     info = ep.env.info if ep.env is not None else {}
@@ -346,23 +358,21 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
                            "frames": int(info.get("frames_shown", initial)), "rounds": int(info.get("rounds", 0))}
                     rec.update(score_item(s, ep.completion, benchmark=name, prefill=prefill))
                     records[mode].append(rec)
-        policy.media.clear()
-    records = {mode: w.unshard(recs, tp) for mode, recs in records.items()}
-    if w.is_main:
-        with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
-            for mode, recs in records.items():
-                for rec in recs:
-                    fh.write(json.dumps({"mode": mode, **rec}, default=str) + "\n")
-    result: dict[str, Any] = {"benchmark": name, "agent": agent, "out": str(out), "n": len(everything),
-                              "protocol": proto.settings(), "seconds": time.perf_counter() - t0}
-    for mode, recs in records.items():
-        ok = [r for r in recs if "error" not in r]
-        n = max(1, len(ok))
-        result[mode] = {"scores": summarize(name, recs), "frames_per_answer": sum(r["frames"] for r in ok) / n,
-                        "rounds_per_answer": sum(r["rounds"] for r in ok) / n}
-    if w.is_main:
-        (out / "metrics.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return result
+        return [{"mode": mode, **rec} for mode, recs in records.items() for rec in recs], len(ready)
+
+    def metrics(self, run: Any, preds: dict[str, list[dict[str, Any]]], seconds: float) -> dict[str, Any]:
+        """``agent_loop`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
+        from mmrl.benchmarks_eval.scoring import summarize as summarize_benchmark
+
+        result: dict[str, Any] = {"benchmark": run.name, "agent": self.agent, "out": str(run.out),
+                                  "n": len(run.samples), "protocol": run.protocol.settings(), "seconds": seconds}
+        for mode, recs in preds.items():
+            ok = [r for r in recs if "error" not in r]
+            n = max(1, len(ok))
+            result[mode] = {"scores": summarize_benchmark(run.name, recs),
+                            "frames_per_answer": sum(r["frames"] for r in ok) / n,
+                            "rounds_per_answer": sum(r["rounds"] for r in ok) / n}
+        return result
 
 
 def headline(result: dict[str, Any]) -> str:
