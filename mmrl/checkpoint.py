@@ -7,7 +7,11 @@ sampler position, the curriculum stage, plugin states, the step; plain data and 
 model, and ``mmrl_eval.json``: the run's prompt, generation and media settings, which ``mmrl eval --model``
 uses so that a model is evaluated the way it was trained (every model folder a run writes has it: the
 checkpoints, ``final/``, ``sft-model/``). It is written to a temporary folder and renamed, so a run
-killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one. Every
+killed while saving never leaves a half checkpoint behind; ``latest`` names the newest complete one. Before
+the rename, ``digest.json`` records each file's size and the sha256 of each 64 MiB block (every file flushed to
+the disk as it is read back); a resume checks the checkpoint it starts from against it and passes over a
+damaged one (a flipped bit, a cut or missing file), naming it, for the previous intact one
+(:func:`latest_checkpoint`). Every
 model folder names its tensors as the model family's published checkpoints do, however the run loaded and
 sharded the model (:func:`mmrl.model.weights.save_pretrained`), so vLLM and transformers load it as they load the
 original.
@@ -21,6 +25,7 @@ With LoRA (``model.lora``, :mod:`mmrl.model.lora`) a checkpoint holds the adapte
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -67,6 +72,106 @@ def seed_everything(seed: int) -> None:
 REFERENCE_FILE = "reference.safetensors"
 REFERENCE_ADAPTER_FILE = "reference_adapter.safetensors"
 EVAL_SETTINGS_FILE = "mmrl_eval.json"
+
+
+# ------------------------------------------------------------------------------------ content digests
+DIGEST_FILE = "digest.json"
+DIGEST_BLOCK = 64 << 20  # each file is hashed in blocks of this size, the blocks in parallel threads
+
+
+def _block_hashes(path: Path, size: int, pool: Any) -> list[str]:
+    """The sha256 of each ``DIGEST_BLOCK`` of the file (hashlib drops the GIL: the blocks hash in parallel)."""
+    import hashlib
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def block(offset: int) -> str:
+            h, end = hashlib.sha256(), min(offset + DIGEST_BLOCK, size)
+            while offset < end:
+                chunk = os.pread(fd, min(8 << 20, end - offset), offset)
+                if not chunk:
+                    break  # the file is shorter than its size said (cut meanwhile): the digest will not match
+                h.update(chunk)
+                offset += len(chunk)
+            return h.hexdigest()
+
+        return list(pool.map(block, range(0, size, DIGEST_BLOCK))) if size else [hashlib.sha256().hexdigest()]
+    finally:
+        os.close(fd)
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and p.name != DIGEST_FILE)
+
+
+def _threads() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def write_digest(folder: Path) -> dict[str, Any]:
+    """``digest.json`` in ``folder``: each file's size and the sha256 of each of its 64 MiB blocks, every file
+    flushed to the disk (fsync) as it is read back. Called on the complete temporary folder, before it is
+    renamed (:func:`publish_checkpoint`): it covers every rank's files (optimizer shards, random states)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files: dict[str, Any] = {}
+    with ThreadPoolExecutor(_threads()) as pool:
+        for path in _files(folder):
+            size = path.stat().st_size
+            files[path.relative_to(folder).as_posix()] = {"size": size, "sha256": _block_hashes(path, size, pool)}
+            _fsync(path)
+    digest = {"format": 1, "algorithm": "sha256", "block_bytes": DIGEST_BLOCK, "files": files}
+    tmp = folder / f".{DIGEST_FILE}.tmp"
+    with tmp.open("w") as f:
+        f.write(json.dumps(digest, indent=1) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / DIGEST_FILE)
+    _fsync(folder)
+    return digest
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_digest(folder: Path) -> str | None:
+    """What is wrong with a checkpoint folder against its ``digest.json`` (``"model.safetensors does not match
+    its digest (size 1234 != 5678)"``), None when every listed file is whole. A folder without a digest (written
+    before mmrl wrote them) raises FileNotFoundError."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = folder / DIGEST_FILE
+    try:
+        digest = json.loads(path.read_text())
+        files = digest["files"]
+        if digest.get("algorithm") != "sha256" or digest.get("block_bytes") != DIGEST_BLOCK:
+            return f"{DIGEST_FILE} uses {digest.get('algorithm')} in blocks of {digest.get('block_bytes')} bytes, " \
+                   f"which this mmrl does not read"
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{DIGEST_FILE} cannot be read ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
+    with ThreadPoolExecutor(_threads()) as pool:
+        for name, want in files.items():
+            file = folder / name
+            if not file.is_file():
+                return f"{name} is missing (its digest lists it)"
+            size = file.stat().st_size
+            if size != want["size"]:
+                return f"{name} does not match its digest (size {size} != {want['size']})"
+            got = _block_hashes(file, size, pool)
+            bad = [i for i, (a, b) in enumerate(zip(got, want["sha256"])) if a != b]
+            if bad or len(got) != len(want["sha256"]):
+                i = bad[0] if bad else min(len(got), len(want["sha256"]))
+                return (f"{name} does not match its digest (sha256 of bytes {i * DIGEST_BLOCK}-"
+                        f"{min((i + 1) * DIGEST_BLOCK, size)} differs)")
+    return None
 
 
 def eval_settings(cfg: Any) -> dict[str, Any]:
@@ -159,32 +264,113 @@ def write_checkpoint(tmp: Path, step: int, model: torch.nn.Module, processor: An
 
 
 def publish_checkpoint(run_dir: Path, step: int, *, keep: int = 2) -> Path:
-    """Rename the complete temporary folder to ``checkpoint-<step>``, point ``latest`` at it and drop all but
-    the newest ``keep`` checkpoints."""
+    """Write the complete temporary folder's digest (:func:`write_digest`), rename the folder to
+    ``checkpoint-<step>``, point ``latest`` at it and drop all but the newest ``keep`` checkpoints, and any of a
+    later step (left by a run that resumed from an earlier one: a damaged checkpoint it passed over)."""
     final = run_dir / f"checkpoint-{step}"
+    tmp = run_dir / f".tmp-checkpoint-{step}"
+    write_digest(tmp)
     shutil.rmtree(final, ignore_errors=True)
-    (run_dir / f".tmp-checkpoint-{step}").rename(final)
-    (run_dir / "latest").write_text(final.name + "\n")
+    tmp.rename(final)
+    latest = run_dir / ".latest.tmp"
+    latest.write_text(final.name + "\n")
+    os.replace(latest, run_dir / "latest")
+    _fsync(run_dir)
+    for later in [p for p in _checkpoint_folders(run_dir) if _step(p) > step]:
+        shutil.rmtree(later, ignore_errors=True)
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def _step(folder: Path) -> int:
+    return int(folder.name.split("-")[1])
+
+
+def _checkpoint_folders(run_dir: Path) -> list[Path]:
+    """Every ``checkpoint-<step>`` folder, whole or not, oldest first."""
+    found = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[1].isdigit()]
+    return sorted(found, key=_step)
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    found = [p for p in run_dir.glob("checkpoint-*") if (p / "trainer_state.pt").is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    return [p for p in _checkpoint_folders(run_dir) if (p / "trainer_state.pt").is_file()]
+
+
+_CHECKED: dict[Path, tuple[tuple[Any, ...], str | None]] = {}  # folder -> (its files' sizes and times, problem)
+_SAID: set[tuple[str, str]] = set()  # (the folder, a line said about it): each said once per process
+UNVERIFIED = "no digest: not verified"
+
+
+def _say(folder: Path, line: str) -> None:
+    from mmrl.distributed import world
+
+    if (str(folder), line) not in _SAID and world().is_main:
+        print(line, flush=True)
+    _SAID.add((str(folder), line))
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """None when ``folder``'s files match its digest; :data:`UNVERIFIED` when it has none (written before mmrl
+    wrote digests) but holds its trainer state; else what is wrong. Checked once per process while no file
+    changes (its files' sizes and modification times)."""
+    files = sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file())
+    key = tuple(files)
+    cached = _CHECKED.get(folder)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        problem = check_digest(folder)
+    except FileNotFoundError:
+        problem = UNVERIFIED if (folder / "trainer_state.pt").is_file() else \
+            "trainer_state.pt is missing (and the folder has no digest)"
+    _CHECKED[folder] = (key, problem)
+    return problem
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
+    """The checkpoint a resume starts from: the newest whose files match its digest (sizes and sha256, see
+    :func:`write_digest`; hashed once per process). A damaged one is named with what is wrong and passed over
+    for the previous one, saying so; one written without a digest is used as it is (``no digest: not
+    verified``). None when the run has no checkpoint; :class:`MmrlError` when none is intact."""
+    from mmrl_common.errors import MmrlError
+
+    folders = _checkpoint_folders(run_dir)
+    damaged: list[str] = []
+    for folder in reversed(folders):
+        problem = checkpoint_problem(folder)
+        if problem is None or problem == UNVERIFIED:
+            if problem == UNVERIFIED:
+                _say(folder, f"{folder.name}: {UNVERIFIED}")
+            if damaged:
+                _say(folder, f"{folder.name} is intact: resuming from it, the newest intact checkpoint")
+            return folder
+        damaged.append(f"{folder.name}: {problem}")
+        _say(folder, f"{damaged[-1]}; this checkpoint is damaged and is passed over")
+    if damaged:
+        raise MmrlError(f"{run_dir}: no intact checkpoint to resume from ({'; '.join(damaged)}); start a new run "
+                        "(--out elsewhere, --model a model folder), or move the checkpoint-* folders out of this "
+                        "one to redo its RL steps from the start")
+    return None
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     """The trainer state on the CPU (the optimizer moves its tensors to the parameters' device); plain data
-    and tensors only, no pickled objects."""
-    return torch.load(checkpoint / "trainer_state.pt", weights_only=True, map_location="cpu")
+    and tensors only, no pickled objects. An empty, truncated or foreign file raises :class:`MmrlError`
+    naming it."""
+    import pickle
+
+    from mmrl_common.errors import MmrlError
+
+    path = checkpoint / "trainer_state.pt"
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        size = path.stat().st_size if path.is_file() else None
+        what = "is empty (0 bytes)" if size == 0 else f"cannot be read ({str(exc).splitlines()[0][:200]})"
+        raise MmrlError(f"{path} {what}: this checkpoint is damaged (a write cut short, a full disk?); resume "
+                        f"from an earlier checkpoint-* (move {checkpoint.name} out of the run folder)") from exc
 
 
 def load_reference(model: torch.nn.Module, checkpoint: Path) -> bool:

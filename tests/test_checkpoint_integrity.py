@@ -109,3 +109,102 @@ def test_a_trim_killed_at_any_point_leaves_every_row_up_to_the_checkpoint(tmp_pa
     assert _ids(run / "rollouts.jsonl", steps) == want
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()] == list(range(1, keep + 1))
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "rollouts.jsonl"]  # no file left behind
+
+
+# ------------------------------------------------------------------------------------ checkpoints verified
+
+
+@pytest.fixture(scope="module")
+def straight(module_cache, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """An uninterrupted run of 4 steps, checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("straight")
+    run_rl(root, *STEPS)
+    return root / "run"
+
+
+def _resume(straight: Path, tmp_path: Path, damage) -> Path:
+    """A copy of ``straight`` as a run killed after its last checkpoint left it, damaged by ``damage(run)``,
+    then resumed."""
+    from mmrl.config import load_run_config
+    from mmrl.run import train
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    shutil.rmtree(run / "final")
+    state = json.loads((run / "run_state.json").read_text())
+    state["stages"].pop("rl", None)
+    (run / "run_state.json").write_text(json.dumps(state))
+    damage(run)
+    train(load_run_config("video-qa", overrides=[*TINY_RUN, *STEPS]), run_dir=run, resume=True, show_progress=False)
+    return run
+
+
+def _flip(path: Path, offset: int, n: int = 64) -> None:
+    with path.open("r+b") as f:
+        f.seek(offset)
+        data = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def _same_end(straight: Path, run: Path) -> None:
+    """The resumed run ends as the uninterrupted one: final weights bitwise, each RL step logged once."""
+    a, b = weights(straight / "final"), weights(run / "final")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in rl_rows(run)] == [1, 2, 3, 4]
+    assert [r["loss"] for r in rl_rows(run)] == [r["loss"] for r in rl_rows(straight)]
+
+
+def test_flipped_bits_in_the_latest_weights_fall_back_to_the_previous_checkpoint(
+        straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    size = (straight / "checkpoint-4" / "model.safetensors").stat().st_size
+    run = _resume(straight, tmp_path, lambda run: _flip(run / "checkpoint-4" / "model.safetensors", size // 2))
+    out = capsys.readouterr().out
+    assert "checkpoint-4: model.safetensors does not match its digest (sha256 of bytes 0-" in out
+    assert "checkpoint-2 is intact: resuming from it" in out
+    assert "resumed from" in out and "(step 2)" in out
+    _same_end(straight, run)
+    from mmrl.checkpoint import check_digest
+
+    for ckpt in (straight / "checkpoint-2", straight / "checkpoint-4", run / "checkpoint-4"):
+        assert check_digest(ckpt) is None  # the resumed run wrote checkpoint-4 again, whole
+
+
+def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(
+        straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def cut(run: Path) -> None:
+        state = run / "checkpoint-4" / "trainer_state.pt"
+        os.truncate(state, state.stat().st_size // 2)
+
+    run = _resume(straight, tmp_path, cut)
+    out = capsys.readouterr().out
+    size = (straight / "checkpoint-4" / "trainer_state.pt").stat().st_size
+    assert f"checkpoint-4: trainer_state.pt does not match its digest (size {size // 2} != {size})" in out
+    assert "checkpoint-2 is intact: resuming from it" in out
+    _same_end(straight, run)
+
+
+def test_no_intact_checkpoint_is_one_clear_error(straight: Path, tmp_path: Path) -> None:
+    def ruin(run: Path) -> None:
+        (run / "checkpoint-4" / "trainer_state.pt").unlink()
+        _flip(run / "checkpoint-2" / "model.safetensors", 4096, 1)
+
+    with pytest.raises(MmrlError) as err:
+        _resume(straight, tmp_path, ruin)
+    message = str(err.value)
+    assert "no intact checkpoint to resume from" in message and "\n" not in message
+    assert "checkpoint-4: trainer_state.pt is missing" in message
+    assert "checkpoint-2: model.safetensors does not match its digest" in message
+
+
+def test_a_checkpoint_written_without_a_digest_still_loads(straight: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    def old(run: Path) -> None:
+        for ckpt in ("checkpoint-2", "checkpoint-4"):
+            (run / ckpt / "digest.json").unlink(missing_ok=True)
+        shutil.rmtree(run / "checkpoint-4")  # resume from step 2, so steps 3 and 4 run again
+
+    run = _resume(straight, tmp_path, old)
+    out = capsys.readouterr().out
+    assert out.count("checkpoint-2: no digest: not verified") == 1
+    _same_end(straight, run)
