@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
-from mmrl.grpo.config import GRPOConfig
+from mmrl.grpo.config import GRPOConfig, check_number
 from mmrl.prompt_templates import resolve_template
 from mmrl.tiny_models import resolve_size
 from mmrl.toy_recipe import check_overrides
@@ -310,9 +310,10 @@ class RolloutConfig:
             raise ConfigError(f"rollout.group_size={self.group_size}: GRPO compares the rollouts of a prompt "
                               "with each other, so one rollout per prompt has advantage 0 and never learns; "
                               "use 2 or more (8 is usual)")
-        if self.temperature <= 0:
-            raise ConfigError(f"rollout.temperature={self.temperature}: training rollouts must be sampled "
-                              "(every rollout of a group would be the same greedy answer); use e.g. 1.0")
+        check_number("rollout.top_p", self.top_p, low=0, high=1, low_open=True, hint="1: off")
+        if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < float("inf")):  # NaN too
+            raise ConfigError(f"rollout.temperature={self.temperature}: must be a finite number > 0; training rollouts "
+                              "must be sampled (every rollout of a group would be the same greedy answer); use e.g. 1.0")
         if self.max_turns < 1:
             raise ConfigError(f"rollout.max_turns={self.max_turns}: must be >= 1")
         if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
@@ -364,6 +365,11 @@ class TrainConfig:
     """AdamW betas."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global norm."""
+    max_skipped_updates_frac: float = 0.5
+    """The run stops (exit status 2, the report says why) when more than this fraction of its last 20
+    optimizer steps (judged from the 4th) were skipped for a non-finite loss or gradient: such a run is
+    diverging (a learning rate far too high, a reward or loss giving NaN) and its checkpoints would only
+    hold its last good weights. 1: never stop."""
     seed: int = 0
     """Seed of everything random in the run (sampling order, rollouts, cold start)."""
     eval_every: int = 0
@@ -420,8 +426,22 @@ class TrainConfig:
         if self.offload != "none" and not self.deepspeed:
             raise ConfigError(f"train.offload={self.offload} is DeepSpeed's CPU offload: set train.deepspeed=zero2 "
                               "or zero3 too")
-        if self.dist_timeout_minutes <= 0:
-            raise ConfigError(f"train.dist_timeout_minutes={self.dist_timeout_minutes}: must be > 0")
+        # a learning rate or coefficient that is NaN, infinite or out of range cannot train: refused here, before
+        # anything loads (an infinite learning rate made every weight NaN in the first optimizer step)
+        check_number("train.lr", self.lr, low=0, low_open=True, hint="the peak learning rate, e.g. 1e-6")
+        check_number("train.min_lr_ratio", self.min_lr_ratio, low=0, high=1)
+        check_number("train.weight_decay", self.weight_decay, low=0)
+        check_number("train.max_grad_norm", self.max_grad_norm, low=0, low_open=True,
+                     hint="gradients are clipped to it; a large value such as 1e9 hardly clips")
+        if not isinstance(self.adam_betas, list) or len(self.adam_betas) != 2:
+            raise ConfigError(f"train.adam_betas={self.adam_betas!r}: must be two numbers, e.g. [0.9, 0.999]")
+        for i, beta in enumerate(self.adam_betas):
+            check_number(f"train.adam_betas[{i}]", beta, low=0, high=1, high_open=True)
+        check_number("train.max_skipped_updates_frac", self.max_skipped_updates_frac, low=0, high=1, low_open=True,
+                     hint="1: never stop")
+        check_number("train.dist_timeout_minutes", self.dist_timeout_minutes, low=0, low_open=True)
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be >= 0")
         if self.micro_batch_tokens < 0:
             raise ConfigError(f"train.micro_batch_tokens={self.micro_batch_tokens}: must be >= 0 (0: off)")
         if isinstance(self.report_to, str):  # train.report_to=wandb
@@ -451,6 +471,11 @@ class SFTConfig:
     """How gold and reasoning targets answer a multiple-choice question: the option letter (``B``), or the
     option's text (``green``; for a model that answers in words, such as the toy base model). The rewards
     accept both."""
+
+    def __post_init__(self) -> None:
+        check_number("sft.lr", self.lr, low=0, low_open=True, hint="the cold start's learning rate, e.g. 1e-4")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"sft.warmup_steps={self.warmup_steps}: must be >= 0")
 
 
 @dataclass

@@ -30,6 +30,7 @@ Defaults and why:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,28 @@ from .aggregate import get_aggregation
 from .kl import get_kl
 from .losses import policy_loss_settings
 from .shaping import TokenShaper, build_shaper, get_shaper
+
+
+def check_number(key: str, value: Any, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, hint: str = "") -> None:
+    """Refuse a setting that is not a finite number within its range, with a :class:`ConfigError` naming the
+    key, the value and the range (``low``/``high``: the bounds, None for none; ``*_open``: the bound itself
+    excluded). NaN and infinities never pass: a comparison with NaN is False, so a plain ``< 0`` lets it by."""
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (low is None or (value > low if low_open else value >= low))
+          and (high is None or (value < high if high_open else value <= high)))
+    if ok:
+        return
+    if low is not None and high is not None:
+        where = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        where = f"{'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        where = f"{'<' if high_open else '<='} {high:g}"
+    else:
+        where = ""
+    raise ConfigError(f"{key}={value!r}: must be a finite number{' ' if where else ''}{where}"
+                      + (f" ({hint})" if hint else ""))
 
 
 @dataclass
@@ -116,16 +139,19 @@ class GRPOConfig:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"grpo.{key}={getattr(self, key)!r}: {why}")
 
-        for key in ("clip_low", "clip_high", "kl_coef", "adv_eps", "dynamic_sampling_tol",
-                    "overlong_penalty_factor"):
-            if getattr(self, key) < 0:
-                raise bad(key, "must be >= 0")
-        if self.clip_low >= 1:
-            raise bad("clip_low", "must be < 1")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
-            raise bad("dual_clip_c", "must be > 1 (e.g. 3.0) or null")
-        if self.kl_clamp is not None and self.kl_clamp <= 0:
-            raise bad("kl_clamp", "must be > 0 or null")
+        # every coefficient finite (a NaN passes any `< 0` test and turns a term off or the loss into NaN)
+        check_number("grpo.clip_low", self.clip_low, low=0, high=1, high_open=True)
+        for key in ("clip_high", "kl_coef", "adv_eps", "dynamic_sampling_tol", "overlong_penalty_factor",
+                    "tis_cap"):
+            check_number(f"grpo.{key}", getattr(self, key), low=0)
+        check_number("grpo.entropy_coef", self.entropy_coef, hint="a bonus when > 0, a penalty when < 0")
+        if self.dual_clip_c is not None:
+            check_number("grpo.dual_clip_c", self.dual_clip_c, low=1, low_open=True, hint="e.g. 3.0, or null: off")
+        if self.kl_clamp is not None:
+            check_number("grpo.kl_clamp", self.kl_clamp, low=0, low_open=True, hint="or null: no clamp")
+        for name, value in (self.policy_loss_kwargs or {}).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"grpo.policy_loss_kwargs.{name}={value!r}: must be a finite number")
         if self.ppo_epochs < 1:
             raise bad("ppo_epochs", "must be >= 1")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:
@@ -143,8 +169,8 @@ class GRPOConfig:
                 raise bad("overlong_cache", f"must be in (0, max_response_length={self.max_response_length}]")
         if self.loss_agg == "seq-mean-token-sum-norm" and self.norm_const is None:
             raise bad("loss_norm_const", "seq-mean-token-sum-norm needs loss_norm_const or max_response_length")
-        if self.loss_norm_const is not None and self.loss_norm_const <= 0:
-            raise bad("loss_norm_const", "must be > 0")
+        if self.loss_norm_const is not None:
+            check_number("grpo.loss_norm_const", self.loss_norm_const, low=0, low_open=True)
         if not isinstance(self.shaper_kwargs, dict) or not isinstance(self.extra, dict):
             raise ConfigError("grpo.shaper_kwargs and grpo.extra must be mappings")
 
@@ -182,4 +208,4 @@ class GRPOConfig:
         return build_shaper(self.shaper, **self.shaper_kwargs)
 
 
-__all__ = ["GRPOConfig"]
+__all__ = ["GRPOConfig", "check_number"]
