@@ -25,7 +25,14 @@ from typing import Any
 from mmrl_common.errors import DataError
 
 from .importers import detect_record_format, get_importer, record_formats
-from .schema import Problem, Sample, check_record
+from .schema import Problem, Sample, check_record, question_chars
+
+DEFAULT_MAX_QUESTION_CHARS = 20_000
+"""The longest prompt text a record may have (question plus the options' texts, in characters; the run setting
+``data.max_question_chars``). 20,000 characters is about 5,000 tokens: ten times a long benchmark question with
+its options, far below what takes minutes and gigabytes to tokenize and roll out (a 200,000-character question
+did); a record over it is refused at load like any bad record."""
+MAX_QUESTION_HINT = "raise the cap with data.max_question_chars=N (max_question_chars=N in load_samples)"
 
 FILE_FORMATS = ("jsonl", "json", "parquet", "hf")
 _EXT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
@@ -246,8 +253,12 @@ class RecordChecker:
     (optionally) media checks. Shared by :func:`load_samples` and ``mmrl data validate``."""
 
     def __init__(self, path: Path, *, record_format: str = "auto", columns: Mapping[str, str] | None = None,
-                 base_dir: Path | None = None, media: str | None = None, progress: bool = False) -> None:
+                 base_dir: Path | None = None, media: str | None = None, progress: bool = False,
+                 max_question_chars: int | None = DEFAULT_MAX_QUESTION_CHARS,
+                 cap_hint: str = MAX_QUESTION_HINT) -> None:
         self.path = path
+        self.max_question_chars = max_question_chars  # None: no cap
+        self.cap_hint = cap_hint
         self.progress = progress  # a progress bar while media files are checked
         self.record_format = record_format
         self.columns = columns
@@ -299,6 +310,13 @@ class RecordChecker:
                                         f"cannot import {self.record_format} record: {exc}", raw.unit))
             else:
                 sample, problems = check_record(native, file=file, line=raw.line, unit=raw.unit)
+        if sample is not None and self.max_question_chars is not None:
+            chars = question_chars(sample.question, sample.options)
+            if chars > self.max_question_chars:
+                problems.append(Problem(file, raw.line, sample.id, "length",
+                                        f"question and options are {chars:,} characters, over the cap of "
+                                        f"{self.max_question_chars:,}; shorten the record, or {self.cap_hint}",
+                                        raw.unit))
         if sample is not None:
             if sample.id in self.seen_ids:
                 problems.append(Problem(file, raw.line, sample.id, "duplicate",
@@ -334,6 +352,7 @@ def load_samples(
     resolve_paths: bool = True,
     progress: bool = False,
     skip_hint: str = "pass on_bad_sample='skip'",
+    max_question_chars: int | None = DEFAULT_MAX_QUESTION_CHARS,
 ) -> LoadResult:
     """Read every record of ``path`` into :class:`Sample` objects.
 
@@ -345,7 +364,9 @@ def load_samples(
     ``split`` picks a split of a ``DatasetDict`` folder. Media files are checked all at once, in parallel,
     and the verdicts cached (:func:`~data_pipelines.media_check.check_files`); ``progress`` shows a bar.
     The error of ``on_bad_sample="raise"`` lists every problem; ``skip_hint`` is how its last line tells
-    the caller to skip them instead (``mmrl train`` says ``data.on_bad_sample=skip``).
+    the caller to skip them instead (``mmrl train`` says ``data.on_bad_sample=skip``). A record whose question
+    and options are longer than ``max_question_chars`` characters (None: no cap) is a bad record. A file with
+    no records at all raises :class:`DataError` ("FILE has no records"), whatever ``on_bad_sample`` says.
     """
     if on_bad_sample not in ("raise", "skip"):
         raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
@@ -353,7 +374,7 @@ def load_samples(
     result = LoadResult(path=path, file_format=file_fmt, record_format=rec_fmt, base_dir=base_dir)
     mode = "exists" if check_media is True else (check_media or None)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir, media=mode,
-                            progress=progress)
+                            progress=progress, max_question_chars=max_question_chars)
     for checked in checker.run(iter_raw_records(path, file_fmt, split=split)):
         result.total += 1
         sample = checked.sample
@@ -370,6 +391,8 @@ def load_samples(
         result.samples.append(sample)
         result.locations.append(checked.location)
     result.record_format = checker.record_format
+    if result.total == 0:
+        raise DataError(no_records_message(path))
     if file_fmt == "jsonl":  # numbered as _iter_jsonl numbers them (FILE:N), blank lines included
         with open(path, "rb") as fh:
             result.lines = sum(1 for _ in fh)
@@ -379,6 +402,15 @@ def load_samples(
                         f"{numbering_note(result.problems)}"
                         f"fix them, or {skip_hint} to load the good records and skip these")
     return result
+
+
+NO_RECORDS = ("has no records (an empty file, only blank lines, an empty list or table); give a file with at "
+              "least one record")
+"""What a data file with no records is told, after its path."""
+
+
+def no_records_message(path: Path) -> str:
+    return f"{path} {NO_RECORDS}"
 
 
 SKIP_KINDS = {"json": "broken JSON", "fields": "bad fields", "duplicate": "duplicate id",

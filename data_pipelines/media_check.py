@@ -4,8 +4,9 @@ any training, ``mmrl train`` / ``sft`` / ``eval``).
 Images are fully decoded with :func:`vision.open_image`; videos are opened with
 :func:`video.reader.open_video` and their first, middle and last frames decoded, which catches truncated
 MP4 files whose header still reads fine. :func:`check_files` checks many files at once on a thread pool and
-remembers each verdict in ``<mmrl cache>/media-check.json`` under the file's path, size and modification
-time, so a second run (or a resume) re-checks only files that changed. The decoders' own messages on the
+remembers each verdict in ``<mmrl cache>/media-check.json`` under the file's path and a digest of its content
+(:func:`content_stamp`), so a second run (or a resume) re-checks only files whose bytes changed; a file
+overwritten with other bytes of the same size, its modification time put back, is checked again. The decoders' own messages on the
 console (ffmpeg, decord) are held back while checking: the reason returned says what is wrong.
 
 In a distributed run (:func:`spread_checks`, which ``mmrl train`` sets up through
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import hashlib
 import json
 import os
@@ -40,14 +42,29 @@ CACHE_FILE = "media-check.json"
 def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str | None:
     """The reason ``path`` is not a usable ``kind`` ("image"/"video") file, or None when it is."""
     p = Path(path)
-    if not p.exists():
+    try:
+        os.stat(p)
+    except FileNotFoundError:
         return f"{kind} file not found: {p}; check the path or pass --media-root / media_root"
+    except OSError as exc:  # a symlink loop, no permission on a folder, a name too long: said as it is
+        cause = "symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or type(exc).__name__)
+        return f"cannot open {kind} file {p}: {cause}; fix the path or the link"
     if p.is_dir():
         return f"{kind} path is a folder, not a file: {p}"
     size = p.stat().st_size
     if size == 0:
         return f"{kind} file is empty (0 bytes): {p}; re-create or re-download it"
     if not decode:
+        if kind == "video":  # even unopened, an image named .mp4 is no video (its first bytes say so)
+            from video.reader import image_format_of
+
+            try:
+                with open(p, "rb") as fh:
+                    found = image_format_of(fh.read(16))
+            except OSError as exc:
+                return f"cannot read video file {p}: {exc.strerror or exc}"
+            if found:
+                return f"video {p}: is a {found} image, not a video; give it as an image item, or replace it"
         return None
     try:
         if kind == "image":
@@ -71,11 +88,20 @@ def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str
         else:
             return f"unknown media type {kind!r} for {p}"
     except MediaError as exc:
-        return f"cannot decode {kind} {p}: {short_reason(exc.reason, p)}; the file may be truncated or corrupt, replace it"
+        reason = short_reason(exc.reason, p)
+        if any(what in reason for what in _NOT_CORRUPTION):  # the file is what it is: no "may be truncated"
+            return f"{kind} {p}: {reason}"
+        return f"cannot decode {kind} {p}: {reason}; the file may be truncated or corrupt, replace it"
     except Exception as exc:  # noqa: BLE001 -- decoders raise many types; all mean "bad file" here
         return (f"cannot decode {kind} {p}: {type(exc).__name__}: {short_reason(str(exc), p)}; the file may be truncated "
                 "or corrupt, replace it")
     return None
+
+
+_NOT_CORRUPTION = ("not a video", "too large to decode", "cannot open the video file", "cannot open the image file",
+                   "cannot read the image file")
+"""Reasons of a decoder's MediaError that say what the file is (an image named .mp4, a decompression bomb, a
+symlink loop, no permission) rather than that it is damaged."""
 
 
 def short_reason(reason: str, path: str | Path) -> str:
@@ -118,8 +144,38 @@ def _cache_key(path: str, kind: str, decode: bool) -> str:
     return f"{kind}:{'decode' if decode else 'exists'}:{path}"
 
 
+DIGEST_WINDOW = 64 * 1024
+"""Bytes :func:`content_stamp` reads at each of a file's start, middle and end."""
+
+
+def content_stamp(path: str | Path) -> list[Any] | None:
+    """``[size, digest]`` of a file's content, None when it cannot be read. The digest is a 128-bit BLAKE2b of
+    the size and of the whole file when it is at most three :data:`DIGEST_WINDOW` (64 KiB) long, else of
+    the first, middle and last 64 KiB. Chosen so that a cached verdict costs three small reads per file
+    whatever its size (hashing every byte would read a whole video set again on every run, as long as
+    checking it), while a file replaced by other bytes of the same size is seen: a container's
+    header (MP4 ``ftyp``/``moov``, an image's header) is at its start or end, and the middle window catches
+    the middle frame's data. A change confined to bytes outside the three windows that keeps the size is not
+    seen: run ``mmrl data validate`` with ``MMRL_CACHE`` pointed at an empty folder (or delete
+    ``media-check.json``) to re-check every file after such an edit."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            h = hashlib.blake2b(str(size).encode(), digest_size=16)
+            if size <= 3 * DIGEST_WINDOW:
+                h.update(fh.read())
+            else:
+                for offset in (0, size // 2 - DIGEST_WINDOW // 2, size - DIGEST_WINDOW):
+                    fh.seek(offset)
+                    h.update(fh.read(DIGEST_WINDOW))
+    except OSError:
+        return None
+    return [size, h.hexdigest()]
+
+
 class CheckCache:
-    """Verdicts of earlier checks, valid while a file keeps its size and modification time."""
+    """Verdicts of earlier checks, valid while a file keeps its content (:func:`content_stamp`). Entries
+    written by earlier versions (keyed on size and modification time) never match and are checked again."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -132,20 +188,17 @@ class CheckCache:
                 self.data = {}
 
     @staticmethod
-    def stamp(path: str) -> list[int] | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return [st.st_size, st.st_mtime_ns]
+    def stamp(path: str) -> list[Any] | None:
+        """The file's ``[size, content digest]`` (:func:`content_stamp`); None when it cannot be read."""
+        return content_stamp(path)
 
-    def get(self, key: str, stamp: list[int] | None) -> tuple[bool, str | None]:
+    def get(self, key: str, stamp: list[Any] | None) -> tuple[bool, str | None]:
         entry = self.data.get(key)
         if stamp is None or entry is None or entry[:2] != stamp:
             return False, None
         return True, entry[2]
 
-    def put(self, key: str, stamp: list[int] | None, reason: str | None) -> None:
+    def put(self, key: str, stamp: list[Any] | None, reason: str | None) -> None:
         if stamp is not None:  # a missing file is checked again next time (it may appear)
             self.data[key] = [*stamp, reason]
             self.changed = True
@@ -215,7 +268,7 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
     todo = list(dict.fromkeys((str(p), k) for p, k in files))
     cache = CheckCache(default_cache_file() if cache_file is True else (cache_file or None))
     out: dict[tuple[str, str], str | None] = {}
-    stamps: dict[tuple[str, str], list[int] | None] = {}
+    stamps: dict[tuple[str, str], list[Any] | None] = {}
     pending: list[int] = []  # indices into todo
     for i, (path, kind) in enumerate(todo):
         stamps[(path, kind)] = stamp = CheckCache.stamp(path)
@@ -262,7 +315,7 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
     return out
 
 
-def _spread_pending(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tuple[str, str], list[int] | None],
+def _spread_pending(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tuple[str, str], list[Any] | None],
                     pending: list[int]) -> list[int]:
     """This process's share of the files that some process has no cached verdict for (one collective).
     Every process must see the same files: a different list (a file missing on one machine, another size)
@@ -285,7 +338,7 @@ def _spread_pending(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tu
     return todo_missing[spread.rank::spread.size]  # strided: a folder's large files spread over everyone
 
 
-def _first_difference(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tuple[str, str], list[int] | None],
+def _first_difference(spread: Spread, todo: list[tuple[str, str]], stamps: dict[tuple[str, str], list[Any] | None],
                       odd: int) -> str:
     """Where process ``odd``'s files first differ from process 0's (a second collective, on the error path)."""
     views = spread.gather([(p, k, (stamps[(p, k)] or [None])[0]) for p, k in todo])

@@ -363,6 +363,16 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def question_chars(question: str, options: list[str] | None) -> int:
+    """The length of a record's prompt text: the question and the options' texts, in characters."""
+    return len(question) + sum(len(o) for o in options or [])
+
+
 def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
     """Raw dict -> (Sample or None, reasons). Structural problems (missing or mistyped fields) and
     answer problems are both reported; the Sample is built whenever the fields have usable types."""
@@ -378,6 +388,10 @@ def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
     sid = data.get("id")
     if sid is not None and not isinstance(sid, (str, int)):
         reasons.append(f"'id' must be a string, got {type(sid).__name__}")
+    question = data.get("question")
+    if question is not None and not isinstance(question, str):  # str() of a list would put its repr in the prompt
+        reasons.append(f"'question' must be a string, got {type(question).__name__} ({_short(question)}); "
+                       "join the parts into one text")
     options = _maybe_json(data.get("options"))
     if options is not None and not (isinstance(options, (list, tuple)) and all(isinstance(o, str) for o in options)):
         reasons.append(f"'options' must be a list of strings or null, got {options!r}")
@@ -402,7 +416,7 @@ def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
     for key, value in data.items():  # extra columns are kept in meta, never dropped silently
         if key not in RECORD_FIELDS and key not in meta:
             meta[key] = value
-    if missing:
+    if missing or not isinstance(question, str):
         return None, reasons
     ptype = normalize_problem_type(str(data["problem_type"]))
     answer = data["answer"]

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .loaders import RecordChecker, iter_raw_records, locate_dataset, numbering_note
+from .loaders import (
+    DEFAULT_MAX_QUESTION_CHARS,
+    NO_RECORDS,
+    RecordChecker,
+    iter_raw_records,
+    locate_dataset,
+    numbering_note,
+)
 from .schema import Problem
 
 
@@ -50,11 +57,14 @@ def validate_dataset(
     check_media: bool = True,
     split: str | None = None,
     progress: bool = False,
+    max_question_chars: int | None = DEFAULT_MAX_QUESTION_CHARS,
 ) -> ValidationReport:
-    """Check every record of ``path`` (and, with ``check_media``, decode every media file)."""
+    """Check every record of ``path`` (and, with ``check_media``, decode every media file); a record longer
+    than ``max_question_chars`` (question and options) is bad, and a file with no records fails."""
     path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir,
-                            media="decode" if check_media else None, progress=progress)
+                            media="decode" if check_media else None, progress=progress,
+                            max_question_chars=max_question_chars)
     report = ValidationReport(path=path, file_format=file_fmt, record_format=rec_fmt)
     records = iter_raw_records(path, file_fmt, split=split)
     if progress:
@@ -67,6 +77,8 @@ def validate_dataset(
             report.bad += 1
             report.problems.extend(checked.problems)
     report.record_format = checker.record_format
+    if report.total == 0:
+        report.problems.append(Problem(str(path), None, None, "structure", NO_RECORDS))
     report.media_checked = len(checker.media_cache)
     report.media_bad = sum(1 for r in checker.media_cache.values() if r)
     return report

@@ -165,6 +165,10 @@ class DataConfig:
     check_media: Literal["decode", "exists", "none"] = "decode"
     """Before training, check every media file: decode (open it and decode first/middle/last video frames,
     in parallel, cached by path, size and time), exists (present and not empty) or none."""
+    max_question_chars: int = 20_000
+    """The longest prompt text a record may have: its question plus its options' texts, in characters (about
+    5,000 tokens). A longer record is refused at load, named FILE:LINE with its length (skipped with
+    on_bad_sample=skip)."""
     toy_seed: int = 0
     """With the toy world: its generation seed."""
     toy_tasks: list[str] = field(default_factory=list)
@@ -185,6 +189,10 @@ class DataConfig:
     """Frame sampling and pixel budgets of images and videos."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_question_chars, bool) or not isinstance(self.max_question_chars, int) \
+                or self.max_question_chars < 1:
+            raise ConfigError(f"data.max_question_chars={self.max_question_chars!r}: must be a whole number of "
+                              "characters >= 1 (default 20000)")
         if self.toy_world:
             from data_pipelines.toy.registry import world_config
             from mmrl_common.errors import DataError

@@ -72,6 +72,9 @@ class MediaPreparer:
                 data = sample_video(item.path, self.cfg.video_policy, start=start, end=end, **opts)
             except ValueError as exc:
                 raise MediaError(item.path, str(exc)) from exc
+            except (OSError, RuntimeError, EOFError, MemoryError) as exc:  # a decoder's own error that got past
+                # the reader: the file named, so data.on_bad_sample=skip skips it like any bad file
+                raise MediaError(item.path, f"cannot decode the video ({type(exc).__name__}: {exc})") from exc
             media = MediaInput(key=key, kind="video", data=data, timestamps=list(data.timestamps))
         elif item.type == "image":
             from vision import fit_pixels, open_image
@@ -81,6 +84,8 @@ class MediaPreparer:
                                    factor=2 * self.patch)
             except ValueError as exc:  # e.g. an aspect ratio the Qwen-VL resize rule rejects
                 raise MediaError(item.path, f"cannot be resized for the model: {exc}") from exc
+            except (OSError, RuntimeError, MemoryError) as exc:
+                raise MediaError(item.path, f"cannot decode the image ({type(exc).__name__}: {exc})") from exc
             media = MediaInput(key=key, kind="image", data=image)
         else:
             raise MediaError(item.path, f"unknown media type '{item.type}' (expected image or video)")

@@ -4,7 +4,7 @@ A dataset with planted faults (a missing, an empty, a truncated and a fake MP4, 
 ``mmrl train`` at load with every bad record listed as FILE:LINE and the override that skips them; with
 ``data.on_bad_sample=skip`` the run trains on the rest and names each skipped record on the console and in
 the report. The file checks run on a thread pool, keep the decoders' own console noise back, and are cached
-by path, size and modification time. Also: ``mmrl data inspect`` names a bad file once, ``mmrl data
+by path and content. Also: ``mmrl data inspect`` names a bad file once, ``mmrl data
 validate`` says how JSON records are numbered; an image the processor cannot take (an aspect ratio past its
 limit) stops the run naming the sample and the file, or is skipped with ``data.on_bad_sample=skip``.
 """
@@ -92,21 +92,22 @@ def test_skip_trains_on_the_rest_and_names_each_skipped_record(planted: dict, tm
     assert [r["where"] for r in info["skipped_records"]] == [f"{data}:{n}" for n in (5, 6, 7, 8, 9)]
 
 
-def test_file_checks_are_cached_by_path_size_and_time(planted: dict, tmp_path: Path) -> None:
-    from data_pipelines.media_check import check_files
+def test_file_checks_are_cached_by_path_and_content(planted: dict, tmp_path: Path) -> None:
+    from data_pipelines.media_check import LAST_CHECK, check_files
 
     video = tmp_path / "v.mp4"
     video.write_bytes(planted["good_video"].read_bytes())
     cache = tmp_path / "media-check.json"
     assert check_files([(video, "video")], cache_file=cache) == {(str(video), "video"): None}
     assert cache.is_file()
-    # same path, size and time: the verdict comes from the cache, although the bytes are now garbage
+    # the same bytes with a newer modification time: the verdict comes from the cache
     st = video.stat()
+    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert check_files([(video, "video")], cache_file=cache) == {(str(video), "video"): None}
+    assert LAST_CHECK["cached_here"] == 1 and LAST_CHECK["checked"] == 0
+    # other bytes of the same size, the time put back: checked again
     video.write_bytes(b"x" * st.st_size)
     os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert check_files([(video, "video")], cache_file=cache) == {(str(video), "video"): None}
-    # a newer modification time: checked again
-    os.utime(video, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert "cannot decode video" in check_files([(video, "video")], cache_file=cache)[(str(video), "video")]
     # the verdicts of files that are gone are dropped when the cache is next written
     other = tmp_path / "w.mp4"
@@ -114,7 +115,7 @@ def test_file_checks_are_cached_by_path_size_and_time(planted: dict, tmp_path: P
     check_files([(other, "video")], cache_file=cache)
     assert len(json.loads(cache.read_text())) == 2
     video.unlink()
-    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))  # changed: checked and written again
+    other.write_bytes(b"y" * 100)  # changed: checked and written again
     check_files([(other, "video")], cache_file=cache)
     assert list(json.loads(cache.read_text())) == [f"video:decode:{other}"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import importlib.util
 import os
 import re
@@ -37,8 +38,36 @@ def decord_available() -> bool:
     return importlib.util.find_spec("decord") is not None
 
 
+# The first bytes of the image formats FFmpeg would open as a one-frame "video" (its png_pipe, jpeg_pipe, ...
+# demuxers): such a file is refused as what it is, not trained on as a still.
+_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+                (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"qoif", "QOI"))
+
+
+def image_format_of(head: bytes) -> str | None:
+    """The image format whose signature ``head`` (a file's first bytes) starts with, or None."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WebP"
+    return next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)
+
+
 def _check_file(path: Path) -> None:
+    """Missing, empty, unreadable (a symlink loop, no permission: said so) or an image file: MediaError."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except FileNotFoundError:
+        head = b""  # check_media_path says "file not found"
+    except IsADirectoryError:
+        head = b""
+    except OSError as exc:
+        cause = "symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or type(exc).__name__)
+        raise MediaError(path, f"cannot open the video file: {cause}") from exc
     check_media_path(path, "video")
+    kind = image_format_of(head)
+    if kind is not None:
+        raise MediaError(path, f"is a {kind} image, not a video (its first bytes are a {kind} signature); give "
+                               "it as an image item, or replace it with the video")
 
 
 # ------------------------------------------------------------------------------ the decoders' own output
@@ -248,6 +277,10 @@ class PyAVReader(VideoReader):
         try:
             if not self._container.streams.video:
                 raise MediaError(self.path, "no video stream in the file")
+            fmt = str(getattr(self._container.format, "name", "") or "")
+            if fmt == "image2" or fmt.endswith("_pipe"):  # FFmpeg's still-image demuxers
+                raise MediaError(self.path, f"is a still image, not a video (FFmpeg reads it as {fmt}); give it "
+                                            "as an image item, or replace it with the video")
             self._stream = self._container.streams.video[0]
             self._threads = threads
             self._stream.thread_count = threads

@@ -5,11 +5,14 @@ qwen-vl-utils' ``to_rgb`` does. High-bit-depth data (16-bit PNG/TIFF, 32-bit int
 is windowed to 8 bits: ``window=(lo, hi)`` maps ``lo -> 0`` and ``hi -> 255`` (values outside clip);
 the default window is the image's own min..max (a constant image becomes black). 8-bit images are
 never windowed. EXIF orientation is applied. Every failure raises :class:`mmrl_common.errors.MediaError`
-naming the file.
+naming the file and the cause: a decoder's own error (PIL's ``DecompressionBombError`` for an image over
+``2 * Image.MAX_IMAGE_PIXELS`` pixels, ``UnidentifiedImageError``, ``OSError`` of a truncated file, ...) never
+leaves :func:`open_image` as it is, so ``data.on_bad_sample=skip`` skips such a file like any other bad one.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import warnings
@@ -119,8 +122,12 @@ def open_image(path: str | os.PathLike[str], *, window: Window | None = None) ->
     DICOM files are read with pydicom when it is installed.
     """
     p = Path(path)
-    check_media_path(p, "image")
-    if p.suffix.lower() == ".dcm" or _is_dicom(p):
+    check_path(p, "image")
+    try:
+        dicom = p.suffix.lower() == ".dcm" or _is_dicom(p)
+    except OSError as exc:  # e.g. no read permission
+        raise MediaError(p, f"cannot read the image file: {exc.strerror or exc}") from exc
+    if dicom:
         return _open_dicom(p, window)
     try:
         with warnings.catch_warnings():
@@ -133,15 +140,39 @@ def open_image(path: str | os.PathLike[str], *, window: Window | None = None) ->
         if p.suffix.lower() in _TIFF_SUFFIXES:
             return _open_tiff(p, window)
         raise MediaError(p, "not an image (unrecognised format)") from exc
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:  # the warning when the
+        # caller turned warnings into errors
+        raise MediaError(p, f"image too large to decode safely ({exc}); shrink it, or raise PIL's "
+                            "Image.MAX_IMAGE_PIXELS in your own code if it is genuine") from exc
     except (OSError, SyntaxError, ValueError) as exc:
         if p.suffix.lower() in _TIFF_SUFFIXES:
             return _open_tiff(p, window)
         text = str(exc)
         reason = "truncated image" if "truncated" in text.lower() else f"cannot decode image ({text})"
         raise MediaError(p, reason) from exc
+    except MemoryError as exc:
+        raise MediaError(p, "not enough memory to decode the image") from exc
+    except Exception as exc:  # PIL's plug-ins raise many types (struct.error, EOFError, ...)
+        raise MediaError(p, f"cannot decode image ({type(exc).__name__}: {exc})") from exc
     if p.suffix.lower() in _TIFF_SUFFIXES and _tiff_needs_tifffile(image, p):
         return _open_tiff(p, window)
-    return to_rgb(image, window)
+    try:
+        return to_rgb(image, window)
+    except (OSError, MemoryError) as exc:  # a lazy plug-in decoding late; a bad window stays a ValueError
+        raise MediaError(p, f"cannot convert the image to RGB ({type(exc).__name__}: {exc})") from exc
+
+
+def check_path(path: Path, kind: str) -> None:
+    """:func:`mmrl_common.errors.check_media_path`, but a path that cannot be read says why (a symlink loop,
+    no permission) instead of "file not found"."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass  # check_media_path says "file not found"
+    except OSError as exc:
+        cause = "symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or type(exc).__name__)
+        raise MediaError(path, f"cannot open the {kind} file: {cause}") from exc
+    check_media_path(path, kind)
 
 
 def _tiff_needs_tifffile(image: Image.Image, path: Path) -> bool:
