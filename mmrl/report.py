@@ -152,6 +152,21 @@ def run_warnings(run_dir: Path) -> list[dict[str, Any]]:
             if r.get("stage") == "rl" for k, v in r.items() if k.startswith("warning/") and v]
 
 
+def skipped_updates(run_dir: Path) -> dict[str, Any] | None:
+    """The optimizer steps RL skipped because the loss or the gradient was not finite, as a warning entry
+    (``step``: the last RL step; ``kind``: ``skipped_updates``), from metrics.jsonl; None when none was."""
+    rows = [r for r in read_metrics(run_dir) if r.get("stage") == "rl"]
+    skipped = max((int(r["skipped_updates"]) for r in rows if isinstance(r.get("skipped_updates"), (int, float))),
+                  default=0)
+    if not skipped:
+        return None
+    applied = sum(int(r.get("optimizer_steps") or 0) for r in rows)
+    return {"step": rows[-1]["step"], "kind": "skipped_updates",
+            "text": f"{skipped} of {skipped + applied} optimizer steps were skipped because the loss or the gradient "
+                    "was not finite (the weights were left as they were in those steps); many skips mean a "
+                    "diverging run: a learning rate too high (train.lr), or a reward or loss term giving NaN"}
+
+
 def _held_out_points(summary: dict[str, Any]) -> list[tuple[int, float]]:
     rl = (summary.get("stages") or {}).get("rl") or {}
     points = []
@@ -169,10 +184,14 @@ def _counted(summary: dict[str, Any]) -> str:
 
 
 def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
-    summary = {**summary, "warnings": run_warnings(run_dir)}
+    skips = skipped_updates(run_dir)
+    summary = {**summary, "warnings": run_warnings(run_dir) + ([skips] if skips else [])}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     plots = plot_curves(run_dir, _held_out_points(summary))
     lines = [f"# mmrl run report: {summary.get('task', '')}", ""]
+    stopped = ((summary.get("stages") or {}).get("rl") or {}).get("stopped")
+    if stopped:  # the run stopped itself (mmrl.trainer.Diverged): what happened and what to do, first
+        lines += ["## Stopped early", "", str(stopped), ""]
     before, after = summary.get("eval_before_rl"), summary.get("eval_after_rl")
     if before or after:
         lines += ["## Held-out evaluation", "",
@@ -205,7 +224,8 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
                         who = f" sample `{rec['id']}`:" if rec.get("id") else ""
                         lines.append(f"  - skipped `{rec['where']}`:{who} {'; '.join(rec['reasons'])}")
             continue
-        lines.append(f"- **{name}**: " + ", ".join(f"{k} {_fmt(v)}" for k, v in (info or {}).items()))
+        lines.append(f"- **{name}**: " + ", ".join(f"{k} {_fmt(v)}" for k, v in (info or {}).items()
+                                                   if k != "stopped"))  # said first, under "Stopped early"
     wall = summary.get("wall_seconds")
     if isinstance(wall, (int, float)):
         lines += [(f"- **time**: {wall:.0f} s in all (every session of the run, resumes included); the RL "

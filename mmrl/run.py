@@ -308,7 +308,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     from mmrl.optim import zero3_sharded_loading
     from mmrl.report import write_report
     from mmrl.sft import run_sft
-    from mmrl.trainer import GRPOTrainer
+    from mmrl.trainer import Diverged, GRPOTrainer
 
     hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
     w = world()
@@ -421,11 +421,21 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     # Stage 3: RL.
     if not state.done("rl"):
         seed_everything(cfg.train.seed + 2)
-        trainer.resume()
-        trainer.train()
+        try:
+            with stop_on_signals(trainer, run_dir, show=w.is_main):  # SIGTERM, SIGINT: at a step boundary
+                trainer.resume()
+                trainer.train()
+        except Diverged as exc:  # most updates skipped as non-finite: the report says so, the run fails
+            stages["rl"] = {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
+                            "skipped_updates": trainer.skipped_updates, "stopped": str(exc)}
+            state.save()
+            if w.is_main:
+                write_report(run_dir, _summary(cfg, run_dir, model_dir, state, stages, threads))
+            raise
         trainer.export(run_dir / "final")  # ZeRO-3: one module at a time, to rank 0
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
-                            "skipped_samples": trainer.skipped_samples, "checkpoint_seconds": trainer.save_seconds})
+                            "skipped_samples": trainer.skipped_samples, "skipped_updates": trainer.skipped_updates,
+                            "checkpoint_seconds": trainer.save_seconds})
     else:  # a new train.steps was refused at the start (_check_run_folder)
         with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
             load_weights(policy.model, run_dir / "final")
@@ -437,12 +447,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
             state.finish("eval_after_rl", _timed(trainer.run_eval, "eval after RL"))
         _print_eval("after RL", state.get("eval_after_rl"), show_progress)
 
-    summary = {
-        "task": cfg.task, "run_dir": str(run_dir), "model": str(model_dir), "eval_split": cfg.eval.split,
-        "eval_min_options": cfg.eval.min_options,
-        "eval_before_rl": state.get("eval_before_rl"), "eval_after_rl": state.get("eval_after_rl"),
-        "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
-    }
+    summary = _summary(cfg, run_dir, model_dir, state, stages, threads)
     state.save()
     if w.is_main:
         report = write_report(run_dir, summary)
@@ -450,6 +455,81 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
             print(f"report: {report}")
     log.close()
     return summary
+
+
+def _summary(cfg: RunConfig, run_dir: Path, model_dir: Path, state: RunState, stages: dict[str, Any],
+             threads: int) -> dict[str, Any]:
+    """What ``summary.json`` and the report hold (``stages``: each stage's result so far)."""
+    return {
+        "task": cfg.task, "run_dir": str(run_dir), "model": str(model_dir), "eval_split": cfg.eval.split,
+        "eval_min_options": cfg.eval.min_options,
+        "eval_before_rl": state.get("eval_before_rl"), "eval_after_rl": state.get("eval_after_rl"),
+        "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
+    }
+
+
+class Stopped(SystemExit):
+    """``mmrl train`` stopped on a signal; its exit status is 128 + the signal's number, as a shell reports a
+    process the signal ended: 143 for SIGTERM, 130 for SIGINT (Ctrl-C)."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+"""The signals after which RL stops at its next step boundary with a checkpoint (:func:`stop_on_signals`)."""
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Any, run_dir: Path, *, show: bool = True) -> Any:
+    """RL inside stops cleanly on SIGTERM (what schedulers send before they kill a job) or SIGINT (Ctrl-C):
+    the first one lets the step in flight finish; at that step's boundary every rank agrees to stop
+    (``World.max_int`` of the signal: a rank that got none stops at the same step), a checkpoint is
+    written, the console says at which step the run stopped and how to resume, and the process ends with
+    status 128 + the signal (:class:`Stopped`: 143 SIGTERM, 130 SIGINT). A second signal stops at once, as
+    before: SIGINT with ``KeyboardInterrupt``, SIGTERM with :class:`Stopped` (143), no checkpoint. The
+    handlers are installed only in the main thread, and the earlier ones restored on leaving."""
+    import signal
+    import sys
+    import threading
+
+    got: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if got:  # the second: at once
+            _say(show, f"\n{name} again: stopping at once, without a checkpoint\n")
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Stopped(signum)
+        got.append(signum)
+        _say(show, f"\n{name}: stopping after the step in flight, with a checkpoint (send it again to stop at "
+                   "once)\n")
+
+    main = threading.current_thread() is threading.main_thread()
+    signums = [getattr(signal, name) for name in STOP_SIGNALS]
+    previous = {sig: signal.signal(sig, on_signal) for sig in signums} if main else {}
+    trainer.stop_requested = lambda: got[0] if got else 0
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        trainer.stop_requested = lambda: 0
+    if trainer.stopped_by:
+        name = signal.Signals(trainer.stopped_by).name
+        if show:
+            print(f"stopped by {name} at step {trainer.step} of {trainer.cfg.train.steps}; checkpoint-{trainer.step} "
+                  f"written. Continue with: mmrl train --out {run_dir} --resume", file=sys.stderr, flush=True)
+        raise Stopped(trainer.stopped_by)
+
+
+def _say(show: bool, text: str) -> None:
+    """Write to stderr from a signal handler (``os.write``: no buffered stream is re-entered)."""
+    if show:
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode())
 
 
 def configure_policy(policy: Any, cfg: RunConfig) -> Any:

@@ -72,6 +72,18 @@ from mmrl_common.errors import ConfigError, MediaError, MmrlError
 LOSS_TERMS = ("loss", "pg_loss", "kl_loss")
 
 
+SKIP_WINDOW = 20
+"""Optimizer steps over which ``train.max_skipped_updates_frac`` is judged (the latest ones)."""
+SKIP_MIN_STEPS = 4
+"""Fewest optimizer steps in that window before the run can be stopped for skipping (a lone skip at the start
+never stops a run: more than half of 4 is 3)."""
+
+
+class Diverged(MmrlError):
+    """The run stopped itself: most of its recent optimizer steps were skipped as non-finite, or a step made
+    the weights non-finite. Nothing after the last good checkpoint is saved."""
+
+
 @dataclass
 class PreparedPrompt:
     index: int
@@ -102,6 +114,9 @@ class GRPOTrainer:
         self.skipped_samples = 0  # over every rank
         self._bad_in_a_row = 0  # this rank's unreadable samples since its last good one
         self.skipped_updates = 0
+        self.recent_updates: list[bool] = []  # the latest optimizer steps, True where skipped (SKIP_WINDOW)
+        self.stop_requested: Callable[[], int] = lambda: 0  # a signal's number when asked to stop (mmrl.run)
+        self.stopped_by = 0  # the signal that stopped train() at a step boundary (0: it ran to the end)
         self.save_seconds: list[float] = []  # each checkpoint written in this session
         policy.configure(share_vision_features=cfg.model.share_vision_features)
         self.preparer = MediaPreparer(cfg.data.media, family=policy.family)
@@ -609,15 +624,19 @@ class GRPOTrainer:
                     finite = self._micro_step(batch, idx, counts, sums, n_updates, dummy=dummy)
                     if not finite:
                         break
-                grad_norm = self._mem.call("optimizer_step", self.updater.step) if finite else None
+                lrs = [group["lr"] for group in self.optimizer.param_groups]
+                lr_ok = all(math.isfinite(lr) and lr >= 0 for lr in lrs)  # one a plug-in set: never stepped
+                grad_norm = self._mem.call("optimizer_step", self.updater.step) if finite and lr_ok else None
                 self.policy.weights_changed()  # cached vision features of a trainable tower are stale now
                 self._fresh = False
                 if grad_norm is not None:
                     norms.append(grad_norm)
+                    self._check_weights(lrs)
                 else:
                     self.skipped_updates += 1
-                    tqdm.write(f"step {self.step + 1}: non-finite loss or gradient; optimizer step skipped "
-                               f"({self.skipped_updates} so far)")
+                    why = "non-finite loss or gradient" if lr_ok else f"learning rate {lrs[0]} is not a finite number >= 0"
+                    tqdm.write(f"step {self.step + 1}: {why}; optimizer step skipped ({self.skipped_updates} so far)")
+                self.recent_updates = [*self.recent_updates, grad_norm is None][-SKIP_WINDOW:]
                 self.updater.zero_grad()
         stats: dict[str, Any] = dict(self.world.sum_stats(sums))
         if batch.rollout_logprobs is not None:  # mean |training - rollout| log-prob per token
@@ -635,6 +654,37 @@ class GRPOTrainer:
         stats["reward_std"] = float(torch.stack([batch.rewards[rows].std(unbiased=False)
                                                  for rows in batch.groups()]).mean())
         return stats
+
+    def _check_weights(self, lrs: list[float]) -> None:
+        """After an optimizer step: every trainable weight finite, on every rank; else the run stops here,
+        before the weights reach a rollout or a checkpoint (the last checkpoint keeps the last good ones).
+        Under ZeRO-3 each rank holds no whole parameter here, so this checks nothing there."""
+        flags = [torch.isfinite(p.detach()).all() for p in self.policy.model.parameters()
+                 if p.requires_grad and p.numel()]
+        ok = bool(torch.stack([f.to(flags[0].device) for f in flags]).all()) if flags else True
+        if not self.world.all_true(ok):
+            raise Diverged(f"step {self.step + 1}: an optimizer step (learning rate {lrs[0]:.3g}) made weights NaN "
+                           "or infinite; the run stops before they reach a rollout or a checkpoint. "
+                           f"{self._resume_hint()}")
+
+    def skipping_verdict(self) -> str | None:
+        """Why the run must stop, when more than ``train.max_skipped_updates_frac`` of its latest optimizer steps
+        (:data:`SKIP_WINDOW`, judged from :data:`SKIP_MIN_STEPS`) were skipped as non-finite; else None."""
+        recent, frac = self.recent_updates[-SKIP_WINDOW:], self.cfg.train.max_skipped_updates_frac
+        skipped = sum(recent)
+        if len(recent) < SKIP_MIN_STEPS or skipped <= frac * len(recent):
+            return None
+        return (f"stopped at step {self.step} of {self.cfg.train.steps}: {skipped} of the last {len(recent)} optimizer "
+                f"steps were skipped because the loss or the gradient was not finite ({self.skipped_updates} skipped "
+                f"in all; train.max_skipped_updates_frac={frac}). The run is diverging: lower train.lr (now "
+                f"{self.cfg.train.lr:g}) or look for a reward or loss term that gives NaN. {self._resume_hint()}")
+
+    def _resume_hint(self) -> str:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return "No checkpoint was written; start a new run with other settings."
+        return (f"{ckpt.name} holds the last good weights: continue from it with `mmrl train --out {self.run_dir} "
+                "--resume train.lr=...`, or start a new run.")
 
     def _micro_step(self, batch: RolloutBatch, idx: list[int], counts: Any, sums: dict[str, float],
                     n_updates: int, *, dummy: bool = False) -> bool:
@@ -747,7 +797,8 @@ class GRPOTrainer:
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.updater.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "skipped_samples": self.skipped_samples,
-                "skipped_updates": self.skipped_updates, "stage": self.stage,
+                "skipped_updates": self.skipped_updates, "recent_updates": list(self.recent_updates),
+                "stage": self.stage,
                 "reference": None if self.ref is None else ("start" if self.ref_is_start else "stored"),
                 "rewards": self.rewards.state_dict(),  # stateful rewards (e.g. a running-quantile remap)
                 "plugins": {k: p.state_dict() for k, p in self.plugins.items()}}
@@ -786,6 +837,7 @@ class GRPOTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_samples = state.get("skipped_samples", 0)
         self.skipped_updates = state.get("skipped_updates", 0)
+        self.recent_updates = list(state.get("recent_updates", []))
         self.rewards.load_state_dict(state.get("rewards") or {})
         for k, p in self.plugins.items():
             p.load_state_dict(state.get("plugins", {}).get(k, {}))
@@ -878,15 +930,26 @@ class GRPOTrainer:
                 ev = self.run_eval(f"eval@{self.step}")
                 stats["eval/accuracy"] = ev["accuracy"]
             self.log.metrics("rl", self.step, stats)
+            verdict = self.skipping_verdict()
+            if verdict is not None:  # every rank alike: the skips are decided on every rank together
+                bar.close()
+                raise Diverged(verdict)
             bar.set_postfix(reward=f"{stats['reward']:.2f}", acc=f"{stats.get('reward/accuracy', float('nan')):.2f}",
                             len=f"{stats.get('response_length', 0):.0f}", refresh=False)  # drawn by update()
             bar.update(1)
             if t.log_every and self.step % t.log_every == 0 and self.show_progress:
                 tqdm.write(self._summary_line(stats))
-            if (t.save_every and self.step % t.save_every == 0) or self.step == t.steps:
+            saved = (t.save_every and self.step % t.save_every == 0) or self.step == t.steps
+            # a stop asked for by a signal (SIGTERM, SIGINT), on any rank: every rank stops after this step,
+            # with its checkpoint (the ranks agree here, at the step boundary, so none waits in a collective)
+            stop = self.world.max_int(self.stop_requested())
+            if saved or stop:
                 t0 = time.perf_counter()
                 self.save()
                 self.save_seconds.append(round(time.perf_counter() - t0, 3))
+            if stop:
+                self.stopped_by = stop
+                break
         bar.close()
 
 
