@@ -24,14 +24,19 @@ Metric names (``metrics:`` in the spec):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,35 +374,131 @@ def check_reuse(runs: list[PlannedRun], *, force: bool) -> None:
                     "as they are.")
 
 
-def execute(runs: list[PlannedRun], parallel: int, *, show_progress: bool = True) -> dict[tuple[str, int], int]:
-    """Run the planned ``mmrl train`` subprocesses, ``parallel`` at once; returns their exit statuses."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+STOP_GRACE_S = 60.0
+"""Seconds a running ``mmrl train`` gets to end after SIGTERM when the compare is stopped, before SIGKILL: in RL
+a SIGTERM lets the step in flight finish and writes a checkpoint (``mmrl.run.stop_on_signals``), so a resume
+loses nothing; before RL it ends at once (``--stop-grace`` sets it; a second Ctrl-C kills at once)."""
 
+
+class Interrupted(Exception):
+    """The compare got SIGINT or SIGTERM: ``stopped`` the runs it ended, ``not_run`` the queued ones it never
+    started (``signum``: the signal)."""
+
+    def __init__(self, signum: int, stopped: list[PlannedRun], not_run: list[PlannedRun]):
+        self.signum, self.stopped, self.not_run = signum, stopped, not_run
+        name = signal.Signals(signum).name
+        def say(runs: list[PlannedRun]) -> str:
+            return ", ".join(f"{r.arm} seed {r.seed}" for r in runs) or "none"
+        super().__init__(f"mmrl compare: stopped by {name}: runs stopped: {say(stopped)}; runs not started: "
+                         f"{say(not_run)}. Run the same command again to resume the stopped runs and start the rest.")
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux send the child SIGKILL when the compare process dies, however it dies
+    (``kill -9`` included, where no handler of ours runs): ``prctl(PR_SET_PDEATHSIG)``. SIGKILL, not SIGTERM:
+    nobody is left to wait out a grace period, and a killed run resumes from its last checkpoint (each is
+    published whole). The signal follows the thread that started the child, so children are started from the
+    main thread only. None elsewhere than Linux (there the children's own process group is what a stop ends)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the compare died before the prctl: die now
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _stop(procs: list[subprocess.Popen], grace: float, hurry: Callable[[], bool] = lambda: False) -> None:
+    """End children and everything they started (each its own process group): SIGTERM to every group, then
+    SIGKILL to what is left after ``grace`` seconds, or as soon as ``hurry()`` says so."""
+    def signal_groups(sig: int) -> None:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+
+    signal_groups(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline and not hurry():
+        time.sleep(0.05)
+    signal_groups(signal.SIGKILL)  # the children left, and anything of their groups still there
+    for proc in procs:
+        proc.wait()
+
+
+def execute(runs: list[PlannedRun], parallel: int, *, show_progress: bool = True,
+            grace: float = STOP_GRACE_S) -> dict[tuple[str, int], int]:
+    """Run the planned ``mmrl train`` subprocesses, ``parallel`` at once; returns their exit statuses.
+
+    Each child runs in a process group of its own (a terminal's Ctrl-C reaches the compare, which decides) and
+    dies with the compare (:func:`_die_with_parent`). SIGINT or SIGTERM stops the running children (their
+    groups get SIGTERM, then SIGKILL after ``grace`` seconds; a second signal kills at once), starts no queued
+    run and raises :class:`Interrupted` naming both."""
     from tqdm import tqdm
 
     env = dict(os.environ)
     if parallel > 1:  # the runs share the cores: torch threads per run = cores / parallel
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // parallel)))
+    got: list[int] = []
 
-    def one(run: PlannedRun) -> int:
-        run.dir.mkdir(parents=True, exist_ok=True)
-        with (run.dir / LOG).open("a") as log:
-            log.write(f"$ {shlex.join(run.command)}\n")
-            log.flush()
-            rc = subprocess.run(run.command, check=False, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-            log.write(f"{EXIT_MARK}{rc}\n")
-        return rc
+    def on_signal(signum: int, _frame: Any) -> None:
+        got.append(signum)
 
+    queue = list(runs)
+    running: list[tuple[PlannedRun, subprocess.Popen, Any]] = []  # (run, its process, its log file)
     codes: dict[tuple[str, int], int] = {}
-    with ThreadPoolExecutor(max_workers=parallel) as pool, \
-            tqdm(total=len(runs), desc="compare", unit="run", disable=not show_progress) as bar:
-        futures = {pool.submit(one, run): run for run in runs}
-        for future in as_completed(futures):
-            run = futures[future]
-            codes[(run.arm, run.seed)] = rc = future.result()
-            if rc:
-                bar.write(f"failed: {run.arm} seed {run.seed} (exit {rc}); log: {run.dir / LOG}")
-            bar.update(1)
+    preexec = _die_with_parent(os.getpid())
+    main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        with tqdm(total=len(runs), desc="compare", unit="run", disable=not show_progress) as bar:
+            while (queue or running) and not got:
+                while queue and len(running) < parallel and not got:
+                    run = queue.pop(0)
+                    run.dir.mkdir(parents=True, exist_ok=True)
+                    log = (run.dir / LOG).open("a")
+                    log.write(f"$ {shlex.join(run.command)}\n")
+                    log.flush()
+                    child = subprocess.Popen(run.command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=True,
+                                             preexec_fn=preexec)  # noqa: PLW1509 -- only a prctl system call
+                    running.append((run, child, log))
+                for entry in list(running):
+                    run, proc, log = entry
+                    rc = proc.poll()
+                    if rc is None:
+                        continue
+                    running.remove(entry)
+                    log.write(f"{EXIT_MARK}{rc}\n")
+                    log.close()
+                    codes[(run.arm, run.seed)] = rc
+                    if rc:
+                        bar.write(f"failed: {run.arm} seed {run.seed} (exit {rc}); log: {run.dir / LOG}")
+                    bar.update(1)
+                if running and not got:
+                    time.sleep(0.2)
+        if got:
+            print(f"mmrl compare: {signal.Signals(got[0]).name}: stopping {len(running)} running run(s) (SIGTERM: "
+                  f"up to {grace:g} s to checkpoint, then SIGKILL; Ctrl-C again to kill them now), starting none "
+                  f"of the {len(queue)} queued", file=sys.stderr, flush=True)
+            _stop([proc for _, proc, _ in running], grace, hurry=lambda: len(got) > 1)
+            for run, proc, log in running:
+                log.write(f"[mmrl compare] stopped by {signal.Signals(got[0]).name}\n{EXIT_MARK}{proc.returncode}\n")
+                log.close()
+            stopped, running = [r for r, _, _ in running], []
+            raise Interrupted(got[0], stopped, queue)
+    finally:
+        if running:  # an error of our own: no child outlives the compare
+            _stop([proc for _, proc, _ in running], 0.0)
+            for _, _, log in running:
+                log.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return codes
 
 
@@ -762,7 +863,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             if r.command:
                 print(f"       {shlex.join(r.command)}")
         return 0
-    codes = execute(todo, spec.parallel, show_progress=not args.quiet)
+    if args.stop_grace < 0:
+        raise MmrlError("--stop-grace: expected seconds >= 0")
+    try:
+        codes = execute(todo, spec.parallel, show_progress=not args.quiet, grace=args.stop_grace)
+    except Interrupted as stop:
+        print(stop, file=sys.stderr, flush=True)
+        return 128 + stop.signum
     report = write_report(spec)
     failed = [k for k, rc in codes.items() if rc]
     print(f"report: {report}" + (f" ({len(failed)} of {len(todo)} runs failed; see the table)" if failed else ""))
@@ -805,5 +912,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true",
                    help="reuse finished or interrupted runs whose saved config.yaml differs from what the spec now "
                         "asks (by default such runs are refused with the differences named)")
+    p.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, metavar="S",
+                   help=f"on Ctrl-C or SIGTERM: seconds the running runs get to checkpoint and stop before they are "
+                        f"killed (default {STOP_GRACE_S:g}); queued runs never start")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)
