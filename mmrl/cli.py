@@ -8,7 +8,9 @@ for the command that runs, so ``mmrl --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -130,6 +132,57 @@ def calm_progress_bars(stream: Any = None) -> None:
         os.environ.setdefault("TQDM_MININTERVAL", str(PROGRESS_INTERVAL_NO_TTY))
 
 
+IO_FAULT_HINTS = {
+    errno.ENOSPC: "free space on that disk (df -h), or give another --out, and run again",
+    errno.EDQUOT: "free space within your disk quota (quota -s), or write elsewhere, and run again",
+    errno.EFBIG: "the file grew past the file-size limit (ulimit -f) or what the filesystem allows: raise the "
+                 "limit or write elsewhere, and run again",
+    errno.EROFS: "the filesystem is mounted read-only: write elsewhere (--out, MMRL_CACHE) and run again",
+    errno.EACCES: "check the permissions of that file and its folders (ls -l), or write elsewhere",
+    errno.EPERM: "check the permissions and attributes of that file and its folders (ls -l, lsattr)",
+}
+"""The I/O faults :func:`main` reports as one line (what the errno means, the file and what to do)."""
+
+
+def io_fault(exc: BaseException) -> str | None:
+    """One line for an :class:`OSError` of :data:`IO_FAULT_HINTS` (``exc`` or what it was raised from):
+    the path (the error's own, else the file that the innermost frame was writing: a ``Path`` or an open
+    file among its locals), the cause and a hint; None for any other error."""
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in IO_FAULT_HINTS:
+            break
+        err = err.__cause__ or err.__context__
+    else:
+        return None
+    if not isinstance(err, OSError) or err.errno not in IO_FAULT_HINTS:
+        return None
+    path = err.filename if err.filename is not None else _path_in_frames(err.__traceback__)
+    name = errno.errorcode.get(err.errno, str(err.errno))
+    where = f"{os.fsdecode(path)}: " if path is not None else "(the file was not named by the system) "
+    return f"{where}{err.strerror or os.strerror(err.errno)} ({name}); {IO_FAULT_HINTS[err.errno]}"
+
+
+def _path_in_frames(tb: Any) -> Any:
+    """The path of the file being written where an error without a file name was raised: the first
+    ``os.PathLike`` or open file's name among the locals of the innermost frames."""
+    import io
+
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, io.IOBase) and isinstance(getattr(value, "name", None), (str, bytes)):
+                return value.name
+            if isinstance(value, os.PathLike):
+                return os.fspath(value)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_party()
@@ -145,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     except MmrlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        fault = io_fault(exc)
+        if fault is None:
+            raise
+        print(f"error: {fault}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
