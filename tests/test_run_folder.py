@@ -50,10 +50,12 @@ def made(module_cache: None, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
     root = tmp_path_factory.mktemp("made")
     tiny_runs.STOP_AT[:] = [2]
-    with pytest.raises(tiny_runs.StopRun):
-        train(load_run_config("video-qa", overrides=[*RUN, "plugins={test-stop-at: {}}"]), run_dir=root / "stopped",
-              show_progress=False)
-    tiny_runs.STOP_AT[:] = []
+    try:
+        with pytest.raises(tiny_runs.StopRun):
+            train(load_run_config("video-qa", overrides=[*RUN, "plugins={test-stop-at: {}}"]),
+                  run_dir=root / "stopped", show_progress=False)
+    finally:
+        tiny_runs.STOP_AT[:] = []
     assert (root / "stopped" / "checkpoint-1").is_dir() and not (root / "stopped" / "checkpoint-2").exists()
     train(load_run_config("video-qa", overrides=RUN), run_dir=root / "finished", show_progress=False)
     return {"stopped": root / "stopped", "finished": root / "finished"}
@@ -132,16 +134,20 @@ def test_several_ranks_all_stop_when_rank_0_is_refused(tmp_path: Path) -> None:
             said = f"{type(exc).__name__}: {exc}"
         print(json.dumps(said), flush=True)
     """)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000),
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
     try:
         ranks = [subprocess.Popen([sys.executable, "-c", script, str(run)], cwd=ROOT, env={**env, "RANK": str(r)},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-        said = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in ranks]
+        outs = [p.communicate(timeout=120) for p in ranks]
     finally:
         proc.kill()
         proc.wait()
-    assert all(p.returncode == 0 for p in ranks)
+    assert all(p.returncode == 0 for p in ranks), [err[-2000:] for _, err in outs]
+    said = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     for s in said:
         assert s.startswith("RunFolderBusy: ") and f"is in use by pid {proc.pid}" in s, s
 
