@@ -207,10 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    if "torch.distributed" in sys.modules:  # a command that joined a process group leaves it
+    except SystemExit:  # a run stopped by a signal at a step boundary (mmrl.run.Stopped): every rank agreed
+        _leave_process_group()
+        raise
+    _leave_process_group()
+    return code
+
+
+def _leave_process_group() -> None:
+    """A command that joined a process group leaves it (vLLM's engines first: they sit on it)."""
+    if "torch.distributed" in sys.modules:
         from mmrl.distributed import finish
 
-        if "mmrl.vllm_backend" in sys.modules:  # vLLM's engines leave their groups before the group they sit on
+        if "mmrl.vllm_backend" in sys.modules:
             sys.modules["mmrl.vllm_backend"].close_engines()
         finish()
-    return code

@@ -103,11 +103,15 @@ class RunHealth(Callback):
                 tqdm.write(f"warning (step {step}): {text}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fired": list(self.fired), "gap_start": list(self.gap_start)}
+        # the window too: a resumed run must see the steps before its checkpoint, or its warnings (and when
+        # they fire) would differ from an unbroken run's
+        return {"fired": list(self.fired), "gap_start": list(self.gap_start), "steps": list(self.steps)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fired = list(state.get("fired", []))
         self.gap_start = [float(g) for g in state.get("gap_start", [])]
+        self.steps.clear()
+        self.steps.extend(state.get("steps", []))
 
     # ------------------------------------------------------------------------------------ checks
     def check(self) -> list[tuple[str, str]]:
