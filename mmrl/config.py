@@ -164,7 +164,7 @@ class DataConfig:
     those records out and names each one on the console and in the report."""
     check_media: Literal["decode", "exists", "none"] = "decode"
     """Before training, check every media file: decode (open it and decode first/middle/last video frames,
-    in parallel, cached by path, size and time), exists (present and not empty) or none."""
+    in parallel, cached by path and a digest of the file's content), exists (present and not empty) or none."""
     max_question_chars: int = 20_000
     """The longest prompt text a record may have: its question plus its options' texts, in characters (about
     5,000 tokens). A longer record is refused at load, named FILE:LINE with its length (skipped with

@@ -86,7 +86,8 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
     result = load_samples(path, fmt=cfg.data.format, columns=cfg.data.columns or None,
                           media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample,
                           check_media=check or False, progress=show_progress,
-                          skip_hint="pass data.on_bad_sample=skip")
+                          skip_hint="pass data.on_bad_sample=skip",
+                          max_question_chars=cfg.data.max_question_chars)
     samples = list(result.samples)
     left_out: dict[str, int] = {}  # good records the run's settings leave out, by setting
     if cfg.data.toy_tasks and getattr(cfg.data, split) is None:  # toy-world settings never filter user data

@@ -146,3 +146,16 @@ def test_data_max_question_chars_is_a_setting_checked_at_load() -> None:
     assert load_run_config("video-qa", overrides=["data.max_question_chars=500"]).data.max_question_chars == 500
     with pytest.raises(ConfigError, match="data.max_question_chars"):
         load_run_config("video-qa", overrides=["data.max_question_chars=0"])
+
+
+def test_the_run_reads_its_data_under_its_question_cap(tmp_path: Path) -> None:
+    from mmrl.config import load_run_config
+    from mmrl.run import load_split
+
+    data = _jsonl(tmp_path / "train.jsonl", [_record(1), _record(2, question="Why? " * 100)])  # 500 characters
+    common = [f"data.train={data}", "data.check_media=none", "data.problem_types=[multiple_choice]"]
+    with pytest.raises(DataError, match=r"train\.jsonl:2: .*over the cap of 200"):
+        load_split(load_run_config("video-qa", overrides=[*common, "data.max_question_chars=200"]), "train",
+                   show_progress=False)
+    samples, _ = load_split(load_run_config("video-qa", overrides=common), "train", show_progress=False)
+    assert [s.id for s in samples] == ["q1", "q2"]
