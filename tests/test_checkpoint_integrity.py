@@ -155,6 +155,7 @@ def _same_end(straight: Path, run: Path) -> None:
     assert [r["loss"] for r in rl_rows(run)] == [r["loss"] for r in rl_rows(straight)]
 
 
+@pytest.mark.slow
 def test_flipped_bits_in_the_latest_weights_fall_back_to_the_previous_checkpoint(
         straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     size = (straight / "checkpoint-4" / "model.safetensors").stat().st_size
@@ -170,6 +171,7 @@ def test_flipped_bits_in_the_latest_weights_fall_back_to_the_previous_checkpoint
         assert check_digest(ckpt) is None  # the resumed run wrote checkpoint-4 again, whole
 
 
+@pytest.mark.slow
 def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(
         straight: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     def cut(run: Path) -> None:
@@ -184,6 +186,7 @@ def test_a_truncated_trainer_state_falls_back_to_the_previous_checkpoint(
     _same_end(straight, run)
 
 
+@pytest.mark.slow
 def test_no_intact_checkpoint_is_one_clear_error(straight: Path, tmp_path: Path) -> None:
     def ruin(run: Path) -> None:
         (run / "checkpoint-4" / "trainer_state.pt").unlink()
@@ -197,6 +200,7 @@ def test_no_intact_checkpoint_is_one_clear_error(straight: Path, tmp_path: Path)
     assert "checkpoint-2: model.safetensors does not match its digest" in message
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_without_a_digest_still_loads(straight: Path, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture) -> None:
     def old(run: Path) -> None:

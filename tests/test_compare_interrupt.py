@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from tiny_runs import TINY_RUN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,6 +99,7 @@ def test_sigint_stops_the_running_child_and_starts_no_queued_run(tmp_path: Path)
         _clean_up(compare, child)
 
 
+@pytest.mark.slow
 def test_a_killed_compare_takes_its_child_with_it(tmp_path: Path) -> None:
     compare, child = _start(tmp_path)
     try:

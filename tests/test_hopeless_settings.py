@@ -92,6 +92,7 @@ def test_an_update_that_makes_weights_infinite_stops_the_run_before_a_rollout_or
     assert trainer.step == 0 and not list((tmp_path / "run").glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_a_run_whose_updates_are_mostly_skipped_stops_and_the_report_says_why(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "run"

@@ -116,6 +116,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is
     assert holder(run) is None  # released at the end of the run
 
 
+@pytest.mark.slow
 def test_several_ranks_all_stop_when_rank_0_is_refused(tmp_path: Path) -> None:
     """Two gloo ranks: rank 0 is refused the held folder and both ranks raise the refusal (neither waits)."""
     run = tmp_path / "run"
@@ -154,6 +155,7 @@ def test_several_ranks_all_stop_when_rank_0_is_refused(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------- an existing --out
 
+@pytest.mark.slow
 def test_a_rerun_without_resume_is_refused_and_overwrite_starts_afresh(
         made: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "stopped", tmp_path)
@@ -175,6 +177,7 @@ def test_a_rerun_without_resume_is_refused_and_overwrite_starts_afresh(
 
 # ------------------------------------------------------------------------------------------- --resume
 
+@pytest.mark.slow
 def test_resume_with_a_changed_setting_is_refused_and_forced_it_continues(
         made: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "stopped", tmp_path)
@@ -194,6 +197,7 @@ def test_resume_with_a_changed_setting_is_refused_and_forced_it_continues(
     assert [r["step"] for r in rl_rows(run)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_with_more_steps_leaves_config_yaml_alone(
         made: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "finished", tmp_path)
@@ -205,6 +209,7 @@ def test_resume_of_a_finished_run_with_more_steps_leaves_config_yaml_alone(
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_resume_with_every_checkpoint_gone_says_no_checkpoint_found(
         made: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "stopped", tmp_path)
@@ -220,6 +225,7 @@ def test_resume_with_every_checkpoint_gone_says_no_checkpoint_found(
         train(resume_run_config(run / "config.yaml"), run_dir=run, resume=True, show_progress=False)
 
 
+@pytest.mark.slow
 def test_sft_refuses_a_folder_holding_a_run(made: dict[str, Path], tmp_path: Path,
                                            capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "finished", tmp_path)

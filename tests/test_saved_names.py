@@ -48,6 +48,7 @@ def test_a_one_process_run_writes_the_published_names_and_reads_the_old_ones(tmp
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), folder
 
 
+@pytest.mark.slow
 def test_a_lora_run_writes_its_merged_models_under_the_published_names(tmp_path: Path,
                                                                        module_cache) -> None:  # noqa: F811
     run_rl(tmp_path, *SHORT, "model.lora={r: 4}")

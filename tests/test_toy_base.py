@@ -84,6 +84,7 @@ def test_processes_that_need_the_base_at_once_build_it_once(tmp_path: Path,
     assert (paths[0] / toy_base.INFO_FILE).is_file()
 
 
+@pytest.mark.slow
 def test_half_of_the_requests_list_the_words_to_pick_from(tmp_path: Path) -> None:
     from data_pipelines.toy.pretrain import VOCABULARIES
 

@@ -30,6 +30,7 @@ def test_ppo_epochs_with_kl_loss(tmp_path: Path) -> None:
     assert "kl_loss" in rows[1]
 
 
+@pytest.mark.slow
 def test_kl_in_reward_dynamic_sampling_and_overlong(tmp_path: Path) -> None:
     rows = run_rl(tmp_path, "grpo.kl_coef=0.1", "grpo.kl_in_reward=true", "grpo.kl_estimator=k1",
                "grpo.dynamic_sampling=true", "grpo.max_draws=2",
@@ -56,6 +57,7 @@ def test_loss_variants_run(tmp_path: Path, overrides: list[str]) -> None:
     assert all(r["grad_norm"] == r["grad_norm"] for r in rows)  # finite (not NaN)
 
 
+@pytest.mark.slow
 def test_frozen_vision_tower_does_not_change(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
@@ -70,6 +72,7 @@ def test_frozen_vision_tower_does_not_change(tmp_path: Path) -> None:
     assert any(not torch.equal(before[k], after[k]) for k in text)  # the language model did train
 
 
+@pytest.mark.slow
 def test_multi_turn_environment_in_training(tmp_path: Path) -> None:
     rows = run_rl(tmp_path, "data.toy_tasks=[scan]", "data.problem_types=[yes_no]", "rollout.environment=zoom",
                "rollout.max_turns=2", "rollout.max_new_tokens=6", task="image-qa")
@@ -104,6 +107,7 @@ class RewardBonus(Callback):
         stats["plugin_step"] = step
 
 
+@pytest.mark.slow
 def test_plugin_callback_hooks(tmp_path: Path) -> None:
     RewardBonus.calls.clear()
     rows = run_rl(tmp_path, "plugins={test_reward_bonus: {bonus: 10.0}}")
@@ -123,6 +127,7 @@ def _corrupt_first_train_video(tmp_path: Path) -> Path:
     return toy
 
 
+@pytest.mark.slow
 def test_corrupt_video_is_skipped_when_asked(tmp_path: Path) -> None:
     toy = _corrupt_first_train_video(tmp_path)
     cfg = load_run_config("video-qa", overrides=[
