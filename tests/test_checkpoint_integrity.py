@@ -86,7 +86,7 @@ def test_a_trim_killed_at_any_point_leaves_every_row_up_to_the_checkpoint(tmp_pa
     shutil.copytree(run, spare)
     proc = _trim(spare, keep)
     seconds = float(proc.stdout.readline())
-    assert proc.wait() == 0
+    assert proc.wait(timeout=300) == 0
     assert _ids(spare / "rollouts.jsonl", steps) == want
     trimmed = (spare / "rollouts.jsonl").stat().st_size
 
@@ -105,7 +105,7 @@ def test_a_trim_killed_at_any_point_leaves_every_row_up_to_the_checkpoint(tmp_pa
 
     proc = _trim(run, keep)  # the next resume's trim completes
     proc.stdout.readline()
-    assert proc.wait() == 0
+    assert proc.wait(timeout=300) == 0
     assert _ids(run / "rollouts.jsonl", steps) == want
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()] == list(range(1, keep + 1))
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "rollouts.jsonl"]  # no file left behind

@@ -40,7 +40,7 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path: Path, capsys: pytest.
 
 def test_a_file_size_limit_is_one_line_naming_the_file(tmp_path: Path) -> None:
     spec, out = _spec(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "mmrl", "compare", str(spec), "--report-only"], check=False,
+    done = subprocess.run([sys.executable, "-m", "mmrl", "compare", str(spec), "--report-only"], check=False, timeout=300,
                           cwd=REPO, capture_output=True, text=True,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200)))
     assert done.returncode == 1 and "Traceback" not in done.stderr

@@ -78,7 +78,7 @@ def _clean_up(compare: subprocess.Popen, child: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    compare.communicate()
+    compare.communicate(timeout=120)
 
 
 def test_sigint_stops_the_running_child_and_starts_no_queued_run(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_a_killed_compare_takes_its_child_with_it(tmp_path: Path) -> None:
     compare, child = _start(tmp_path)
     try:
         compare.kill()
-        compare.wait()
+        compare.wait(timeout=120)
         deadline = time.monotonic() + 10
         while _alive(child) and time.monotonic() < deadline:
             time.sleep(0.1)
