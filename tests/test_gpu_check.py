@@ -127,3 +127,29 @@ def test_malformed_budgets_and_unknown_stages_are_refused_before_anything_runs(t
     assert run(["--stages", "environment,warp", "--work", str(tmp_path)]) == 2
     assert run(["--timeout", "train", "--work", str(tmp_path)]) == 2
     assert not list(tmp_path.glob("stages/*"))  # no stage started
+
+
+def test_the_profile_check_catches_a_processor_that_shrinks_the_sampled_frames(tmp_path: Path) -> None:
+    """The acceptance model's processor must keep the frames at the size the settings sampled them: the tiny
+    models' budget (16 tokens a frame) shrank the README command's 448 x 448 frames to 112 x 112 in the first
+    GPU run of this check; the published budgets (``perf.gpu_check.PROCESSOR``) keep them."""
+    from types import SimpleNamespace
+
+    from transformers import AutoProcessor
+
+    from mmrl.model import MediaInput
+    from mmrl.tiny_models import build_processor, make_tiny, resolve_size
+    from perf.gpu_check import FAMILY, PROCESSOR
+    from perf.gpu_check.stages import sampled_vision_tokens
+
+    small = AutoProcessor.from_pretrained(make_tiny(FAMILY, tmp_path / "tiny"))
+    published = build_processor(FAMILY, resolve_size(FAMILY, **PROCESSOR), small.tokenizer)
+    frames = torch.zeros(4, 3, 448, 448, dtype=torch.uint8)
+    media = [MediaInput(key="v", kind="video", data=SimpleNamespace(frames=frames))]
+
+    def tokens(processor) -> int:
+        grid = processor.video_processor(videos=[frames], return_tensors="pt")["video_grid_thw"]
+        return int(grid.prod()) // processor.video_processor.merge_size ** 2
+
+    assert sampled_vision_tokens(media, published) == 2 * 16 * 16 == tokens(published)
+    assert tokens(small) < sampled_vision_tokens(media, small)

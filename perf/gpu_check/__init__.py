@@ -44,11 +44,15 @@ from __future__ import annotations
 FAMILY = "qwen2_5_vl"
 # The published Qwen2.5-VL configurations (config.json of Qwen/Qwen2.5-VL-3B-Instruct and -7B-Instruct).
 VISION = {"vision_depth": 32, "vision_hidden_size": 1280, "vision_heads": 16, "vision_intermediate_size": 3420}
+# The published processor's pixel budgets (preprocessor_config.json: min_pixels 3136, max_pixels 12845056, for
+# images and videos alike): the tiny models' small defaults would shrink every frame the settings ask for.
+PROCESSOR = {"image_min_pixels": 3136, "image_max_pixels": 12845056, "video_min_pixels": 3136,
+             "video_max_pixels": 12845056}
 REAL_SIZES = {
     "3b": {"hidden_size": 2048, "layers": 36, "heads": 16, "kv_heads": 2, "intermediate_size": 11008,
-           "tie_word_embeddings": True, **VISION},
+           "tie_word_embeddings": True, **VISION, **PROCESSOR},
     "7b": {"hidden_size": 3584, "layers": 28, "heads": 28, "kv_heads": 4, "intermediate_size": 18944,
-           "tie_word_embeddings": False, **VISION},
+           "tie_word_embeddings": False, **VISION, **PROCESSOR},
 }
 REAL_OVERRIDES = {"text_config": {"vocab_size": 151936},
                   "vision_config": {"window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]}}

@@ -490,6 +490,23 @@ def top_kernels(prof: Any, cuda: bool, n: int = 12) -> list[dict[str, Any]]:
              "share": round(self_time(e) / total, 3)} for e in ranked]
 
 
+def sampled_vision_tokens(media: list[Any], processor: Any) -> int:
+    """The vision tokens the decoded media make at the size mmrl sampled them (frames fitted to the settings'
+    pixel budget): a processor whose own budget is smaller would resize them and give fewer."""
+    video = processor.video_processor
+    side = int(video.patch_size) * int(video.merge_size)
+    total = 0
+    for item in media:
+        if item.kind == "video":
+            frames = item.data.frames
+            groups = -(-int(frames.shape[0]) // int(video.temporal_patch_size))
+            total += groups * (int(frames.shape[-2]) // side) * (int(frames.shape[-1]) // side)
+        else:
+            width, height = item.data.size
+            total += (height // side) * (width // side)
+    return total
+
+
 def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -510,8 +527,8 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
     configure_policy(policy, cfg)  # as `mmrl train` sets the policy up
     policy.model.train()
     samples, _ = load_split(cfg, "train", show_progress=False)
-    prompt, _media = encode_prompt(policy, MediaPreparer(cfg.data.media, family=policy.family), samples[0],
-                                   cfg.prompt)
+    prompt, media = encode_prompt(policy, MediaPreparer(cfg.data.media, family=policy.family), samples[0],
+                                  cfg.prompt)
     rows, answer = cfg.train.micro_batch_size, cfg.rollout.max_new_tokens
     g = torch.Generator().manual_seed(0)
     words = int(policy.processor.tokenizer.vocab_size)  # ordinary tokens (the special ones come after them)
@@ -523,6 +540,9 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
                          "shared_prefix": bool(cfg.train.shared_prefix), "attention": cfg.model.attn_implementation,
                          "gradient_checkpointing": bool(cfg.model.gradient_checkpointing), "dtype": cfg.model.dtype})
     say(f"micro-batch: {rows} rows of {len(prompt)} prompt tokens ({vision_tokens} vision) + {answer} answer tokens")
+    sampled = sampled_vision_tokens(media, policy.processor)
+    rec.check("the processor keeps the frames mmrl sampled (vision tokens equal the sampled frames' size)",
+              vision_tokens == sampled, f"{vision_tokens} in the prompt, {sampled} from the sampled frames")
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
 
     def forward() -> torch.Tensor:
