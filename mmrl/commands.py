@@ -35,6 +35,12 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                        help="the questions to evaluate (JSONL, JSON, Parquet or a datasets folder)")
         p.add_argument("--out", default=None, metavar="DIR",
                        help="folder for metrics.json and predictions.jsonl (default: runs/eval-<time>)")
+    elif command == "sft":  # no evaluation: no --eval-data
+        p.add_argument("--data", default=None, metavar="FILE",
+                       help="training data, its reference answers the targets (JSONL, JSON, Parquet or a datasets "
+                            "folder; default: the toy world)")
+        p.add_argument("--out", default=None, metavar="DIR",
+                       help="run folder; the model is written to <out>/final (default: runs/<task>-<time>-sft)")
     else:
         p.add_argument("--data", default=None, metavar="FILE",
                        help="training data (JSONL, JSON, Parquet or a datasets folder; default: the toy world)")
@@ -124,9 +130,10 @@ def _estimated_params(model_dir: str | Path) -> float:
 
 
 def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``mmrl train --model DIR``: the real-model preset (``configs/presets/real-model.yaml``) for a model of
-    100M+ parameters, then the settings the folder was trained with (its ``mmrl_eval.json``), both under the
-    user's own YAML, flags and overrides; None with ``--recipe-settings``, ``--resume`` or no ``--model``."""
+    """``mmrl train --model DIR`` and ``mmrl sft --model DIR``: the real-model preset
+    (``configs/presets/real-model.yaml``) for a model of 100M+ parameters, then the settings the folder was
+    trained with (its ``mmrl_eval.json``), both under the user's own YAML, flags and overrides; None with
+    ``--recipe-settings``, ``--resume`` or no ``--model``."""
     from mmrl.checkpoint import read_eval_settings
     from mmrl.config_io import deep_merge, load_yaml
     from mmrl.model import check_model_dir
@@ -145,14 +152,26 @@ def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
     return base or None
 
 
-def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any]) -> None:
+def own_model_config(args: argparse.Namespace, extra: dict[str, Any] | None = None, command: str = "train"):
+    """The config of a command that trains ``--model DIR`` (``mmrl train``, ``mmrl sft``): the recipe with
+    :func:`own_model_base` under the user's settings (``extra``: the command's own sections), and the line
+    saying which values the preset and the folder's settings changed."""
+    base = own_model_base(args)
+    cfg = config_from_args(args, extra, base=base)
+    if base:
+        _say_changes(args, cfg, base, extra=extra, command=command)
+    return cfg
+
+
+def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any], *, extra: dict[str, Any] | None = None,
+                 command: str = "train") -> None:
     """Print the settings that ``base`` (the preset, the folder's training settings) changed in the recipe."""
     from mmrl.config_io import describe
 
-    recipe = {k: v for k, v, _ in describe(config_from_args(args))}
+    recipe = {k: v for k, v, _ in describe(config_from_args(args, extra))}
     changed = [f"{k}={v}" for k, v, _ in describe(cfg) if recipe.get(k) != v]
     if changed and not args.quiet:
-        print(f"train: --model {args.model}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
+        print(f"{command}: --model {args.model}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
               f"training settings change the recipe: {' '.join(changed)} (a KEY=VALUE override wins; "
               "--recipe-settings keeps the recipe's values)", flush=True)
 
@@ -213,10 +232,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from mmrl.run import default_run_dir
     from mmrl_common.errors import MmrlError
 
-    cfg = config_from_args(args, {"sft": {"target": "gold"}})
+    cfg = sft_config(args)
     _quiet_loading(args.quiet)
-    steps = args.steps if args.steps is not None else cfg.sft.steps
-    cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps if steps > 0 else 100))
     _check_paths(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
     lock = run_lock.acquire(run_dir)  # one writer per folder, for as long as this command writes it
@@ -232,6 +249,18 @@ def cmd_sft(args: argparse.Namespace) -> int:
         return _sft(args, cfg, run_dir)
     finally:
         lock.release()
+
+
+def sft_config(args: argparse.Namespace):
+    """The config ``mmrl sft`` runs with: reference-answer targets, ``--steps`` (else sft.steps, else 100), and
+    with ``--model DIR`` the settings ``mmrl train`` takes for that folder (:func:`own_model_config`)."""
+    from mmrl_common.errors import ConfigError
+
+    cfg = own_model_config(args, {"sft": {"target": "gold"}}, command="sft")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps={args.steps}: the cold start needs at least 1 optimizer step")
+    steps = args.steps if args.steps is not None else cfg.sft.steps
+    return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps if steps > 0 else 100))
 
 
 def _sft(args: argparse.Namespace, cfg: Any, run_dir: Path) -> int:
@@ -390,9 +419,18 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_sft_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sft", help="supervised fine-tuning (cold start), loss on assistant tokens only")
-    _common(p)
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: sft.steps or 100)")
+    p = sub.add_parser("sft", help="supervised fine-tuning (cold start), loss on assistant tokens only",
+                       description="Supervised fine-tuning on the reference answers (sft.target=gold; loss on the "
+                                   "assistant tokens only); the model is written to <out>/final with the settings "
+                                   "it was trained with (mmrl_eval.json), for mmrl train --model and mmrl eval. "
+                                   "With --model DIR the settings are chosen as mmrl train chooses them.")
+    _common(p, "sft")
+    p.add_argument("--steps", type=int, default=None,
+                   help="optimizer steps (default: sft.steps when above 0, else 100)")
+    p.add_argument("--recipe-settings", action="store_true",
+                   help="with --model: keep the recipe's (toy-sized) values instead of the real-model preset "
+                        "(configs/presets/real-model.yaml, for a model of 100M+ parameters) and the folder's own "
+                        "mmrl_eval.json")
     p.add_argument("--overwrite", action="store_true",
                    help="--out holds a run: start afresh there, its old contents moved aside into "
                         "<out>.replaced-<time> (without it such a folder is refused)")

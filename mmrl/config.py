@@ -6,6 +6,7 @@ overrides (``train.lr=1e-5``) are merged on top. See :mod:`mmrl.config_io` for t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,156 @@ from mmrl_common.errors import ConfigError
 from rewards.registry import RewardSpec
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a count, size or rate setting may take: a finite number (a whole one with ``whole``) within
+    ``low``/``high`` (None: no bound; ``*_open``: the bound itself excluded); null passes where the key allows
+    it (off, or derived from the run), as do the words in ``words`` (``auto``). ``why`` replaces the generic
+    "must be ..." of the error; ``hint`` is added to it."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    whole: bool = False
+    why: str = ""
+    hint: str = ""
+    words: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        """The allowed range in words (``a whole number >= 1``, ``a finite number in (0, 1]``)."""
+        kind = "a whole number" if self.whole else "a finite number"
+        lo, hi = (None if v is None else int(v) if float(v).is_integer() else v for v in (self.low, self.high))
+        if lo is not None and hi is not None:
+            where = f" in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        elif lo is not None:
+            where = f" {'>' if self.low_open else '>='} {lo}"
+        elif hi is not None:
+            where = f" {'<' if self.high_open else '<='} {hi}"
+        else:
+            where = ""
+        return kind + where
+
+    def ok(self, value: Any) -> bool:
+        if value is None or (isinstance(value, str) and value in self.words):
+            return True
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.whole and not float(value).is_integer():
+            return False
+        return ((self.low is None or (value > self.low if self.low_open else value >= self.low))
+                and (self.high is None or (value < self.high if self.high_open else value <= self.high)))
+
+
+def _count(low: int = 1, hint: str = "", **kw: Any) -> Range:
+    return Range(low, whole=True, hint=hint, **kw)
+
+
+SEED_MAX = 2**32 - 1  # numpy's seeds are 32-bit
+_NEW_TOKENS = "a completion needs at least one new token; use e.g. 64 (the toy answers) or 512-1024 (reasoning)"
+
+RANGES: dict[str, Range] = {
+    # every count, size and rate setting of the run config and the values it may take; each section checks its
+    # own keys when it is built (:func:`check_ranges`), so a bad value is refused when the config loads, before
+    # anything else does (`config show` too), in one line naming the key, the value and the range
+    "model.tiny_seed": _count(0, high=SEED_MAX),
+    "model.lora.r": _count(1, hint="the rank of the adapters, e.g. 16"),
+    "model.lora.alpha": Range(0, low_open=True, hint="the update is scaled by alpha / r"),
+    "model.lora.dropout": Range(0, 1, high_open=True),
+    "data.max_question_chars": _count(1, hint="default 20000"),
+    "data.toy_seed": _count(0, high=SEED_MAX),
+    "data.media.fps": Range(0, low_open=True, hint="frames sampled per second of video, e.g. 2"),
+    "data.media.nframes": _count(1, hint="or null: use fps"),
+    "data.media.min_frames": _count(1),
+    "data.media.max_frames": _count(1),
+    "data.media.video_min_pixels": _count(1),
+    "data.media.video_max_pixels": _count(1),
+    "data.media.image_min_pixels": _count(1),
+    "data.media.image_max_pixels": _count(1),
+    "data.media.cache_mb": Range(0, hint="0: no cache"),
+    "rollout.group_size": _count(2, why="GRPO compares the rollouts of a prompt with each other, so one rollout per "
+                                      "prompt has advantage 0 and never learns; use 2 or more (8 is usual)"),
+    "rollout.temperature": Range(0, low_open=True, why="must be a finite number > 0; training rollouts must be "
+                                 "sampled (every rollout of a group would be the same greedy answer); use e.g. 1.0"),
+    "rollout.top_p": Range(0, 1, low_open=True, hint="1: off"),
+    "rollout.top_k": _count(0, hint="0: off"),
+    "rollout.max_new_tokens": _count(1, why=_NEW_TOKENS),
+    "rollout.max_turns": _count(1),
+    "rollout.vllm.gpu_memory_utilization": Range(0, 1, low_open=True),
+    "rollout.vllm.max_model_len": _count(16, hint="shorter is too small for any prompt; or null: derived from the run"),
+    "rollout.vllm.tensor_parallel_size": _count(1),
+    "rollout.vllm.max_num_seqs": _count(1, hint="or null: derived from the run"),
+    "rollout.vllm.max_num_batched_tokens": _count(1, hint="or null: derived from the run"),
+    "rollout.vllm.kv_cache_gb": _count(1),
+    "rollout.vllm.max_media_per_prompt": _count(1, hint="or null: derived from the run"),
+    # grpo: GRPOConfig (mmrl.grpo.config) refuses these itself when built; listed so that every key has its range
+    "grpo.adv_eps": Range(0),
+    "grpo.clip_low": Range(0, 1, high_open=True),
+    "grpo.clip_high": Range(0),
+    "grpo.dual_clip_c": Range(1, low_open=True, hint="e.g. 3.0, or null: off"),
+    "grpo.loss_norm_const": Range(0, low_open=True),
+    "grpo.kl_coef": Range(0),
+    "grpo.kl_clamp": Range(0, low_open=True, hint="or null: no clamp"),
+    "grpo.entropy_coef": Range(hint="a bonus when > 0, a penalty when < 0"),
+    "grpo.tis_cap": Range(0, hint="0: off"),
+    "grpo.ppo_epochs": _count(1),
+    "grpo.ppo_mini_batch_size": _count(1, hint="or null: the whole batch"),
+    "grpo.dynamic_sampling_tol": Range(0),
+    "grpo.max_draws": _count(0),
+    "grpo.max_response_length": _count(1),
+    "grpo.overlong_cache": _count(1),
+    "grpo.overlong_penalty_factor": Range(0),
+    "rewards.weight": Range(hint="the reward's factor in the total"),
+    "train.steps": _count(1, hint="RL steps; for a cold start alone use mmrl sft"),
+    "train.prompts_per_step": _count(1, hint="each prompt is rolled out rollout.group_size times"),
+    "train.micro_batch_size": _count(1),
+    "train.micro_batch_tokens": _count(0, hint="0: off"),
+    "train.lr": Range(0, low_open=True, hint="the peak learning rate, e.g. 1e-6"),
+    "train.warmup_steps": _count(0),
+    "train.min_lr_ratio": Range(0, 1),
+    "train.weight_decay": Range(0),
+    "train.max_grad_norm": Range(0, low_open=True, hint="gradients are clipped to it; a large value such as 1e9 "
+                                                        "hardly clips"),
+    "train.max_skipped_updates_frac": Range(0, 1, low_open=True, hint="1: never stop"),
+    "train.seed": _count(0, high=SEED_MAX),
+    "train.eval_every": _count(0, hint="0: only before and after RL"),
+    "train.save_every": _count(0, hint="0: only at the last step"),
+    "train.keep_checkpoints": _count(0, hint="0: all"),
+    "train.log_rollouts": _count(0),
+    "train.log_every": _count(0, hint="0: never"),
+    "train.cpu_threads": _count(1, words=("auto",)),
+    "train.logprob_chunk_tokens": _count(0, hint="0: all at once"),
+    "train.dist_timeout_minutes": Range(0, low_open=True),
+    "train.health_window": _count(0, hint="0: off"),
+    "sft.steps": _count(0, hint="0: no cold start"),
+    "sft.lr": Range(0, low_open=True, hint="the cold start's learning rate, e.g. 1e-4"),
+    "sft.batch_size": _count(1),
+    "sft.warmup_steps": _count(0),
+    "eval.limit": _count(1, hint="or null: every question"),
+    "eval.batch_size": _count(1, hint="questions per generate call, e.g. 16"),
+    "eval.max_new_tokens": _count(1, why="an answer needs at least one new token; use e.g. 64, or null for "
+                                         "rollout.max_new_tokens"),
+    "eval.min_options": _count(0, hint="0: every question counts"),
+}
+
+
+def check_value(key: str, value: Any, rng: Range) -> None:
+    """A :class:`ConfigError` naming ``key``, ``value`` and the range when ``value`` is outside ``rng``."""
+    if rng.ok(value):
+        return
+    why = rng.why or f"must be {rng.text()}{' or ' + ', '.join(rng.words) if rng.words else ''}"
+    raise ConfigError(f"{key}={value!r}: {why}" + (f" ({rng.hint})" if rng.hint and not rng.why else ""))
+
+
+def check_ranges(section: Any, prefix: str) -> None:
+    """Check the keys of config section ``section`` (at ``prefix``, e.g. ``data.media``) against
+    :data:`RANGES`."""
+    for key, rng in RANGES.items():
+        head, _, name = key.rpartition(".")
+        if head == prefix:
+            check_value(key, getattr(section, name), rng)
 
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -37,10 +188,7 @@ class LoraSettings:
     regular expression matched against full module names (e.g. to include the vision tower)."""
 
     def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ConfigError(f"model.lora.r={self.r}: the rank must be >= 1")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"model.lora.dropout={self.dropout}: must be in [0, 1)")
+        check_ranges(self, "model.lora")
         if not self.target_modules:
             raise ConfigError("model.lora.target_modules is empty: name the modules that get adapters")
 
@@ -94,6 +242,7 @@ class ModelConfig:
     KL reference is the model with the adapters disabled (no copy)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self, "model")
         if self.attn_implementation == "flash_attention_2":
             import importlib.util
 
@@ -135,6 +284,7 @@ class MediaConfig:
     """Decoded media kept in memory between steps (LRU, megabytes of pixels; 0: no cache)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self, "data.media")
         for kind in ("video", "image"):
             lo, hi = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
             if lo > hi:
@@ -189,10 +339,7 @@ class DataConfig:
     """Frame sampling and pixel budgets of images and videos."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_question_chars, bool) or not isinstance(self.max_question_chars, int) \
-                or self.max_question_chars < 1:
-            raise ConfigError(f"data.max_question_chars={self.max_question_chars!r}: must be a whole number of "
-                              "characters >= 1 (default 20000)")
+        check_ranges(self, "data")
         if self.toy_world:
             from data_pipelines.toy.registry import world_config
             from mmrl_common.errors import DataError
@@ -261,16 +408,7 @@ class VLLMConfig:
     for the run's images; the video processor keeps the folder's settings)."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"rollout.vllm.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"rollout.vllm.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
-        if self.max_model_len is not None and self.max_model_len < 16:
-            raise ConfigError(f"rollout.vllm.max_model_len={self.max_model_len}: too small for any prompt")
-        for key in ("max_num_seqs", "max_num_batched_tokens", "max_media_per_prompt"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"rollout.vllm.{key}={value}: must be >= 1 (or null: derived from the run)")
+        check_ranges(self, "rollout.vllm")
 
 
 @dataclass
@@ -314,19 +452,7 @@ class RolloutConfig:
     log-probabilities up to fp32 round-off (false: plain transformers generate; vLLM caches prefixes itself)."""
 
     def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ConfigError(f"rollout.group_size={self.group_size}: GRPO compares the rollouts of a prompt "
-                              "with each other, so one rollout per prompt has advantage 0 and never learns; "
-                              "use 2 or more (8 is usual)")
-        check_number("rollout.top_p", self.top_p, low=0, high=1, low_open=True, hint="1: off")
-        if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < float("inf")):  # NaN too
-            raise ConfigError(f"rollout.temperature={self.temperature}: must be a finite number > 0; training rollouts "
-                              "must be sampled (every rollout of a group would be the same greedy answer); use e.g. 1.0")
-        if self.max_turns < 1:
-            raise ConfigError(f"rollout.max_turns={self.max_turns}: must be >= 1")
-        if isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
-            raise ConfigError(f"rollout.max_new_tokens={self.max_new_tokens}: a completion needs at least one new "
-                              "token; use e.g. 64 (the toy answers) or 512-1024 (reasoning)")
+        check_ranges(self, "rollout")
         if self.record_logprobs is None:  # vLLM's log-probs are exact at temperature 1 only (mmrl.vllm_backend)
             self.record_logprobs = self.backend == "vllm" and self.temperature == 1.0
         if self.backend == "vllm":
@@ -434,24 +560,13 @@ class TrainConfig:
         if self.offload != "none" and not self.deepspeed:
             raise ConfigError(f"train.offload={self.offload} is DeepSpeed's CPU offload: set train.deepspeed=zero2 "
                               "or zero3 too")
-        # a learning rate or coefficient that is NaN, infinite or out of range cannot train: refused here, before
-        # anything loads (an infinite learning rate made every weight NaN in the first optimizer step)
-        check_number("train.lr", self.lr, low=0, low_open=True, hint="the peak learning rate, e.g. 1e-6")
-        check_number("train.min_lr_ratio", self.min_lr_ratio, low=0, high=1)
-        check_number("train.weight_decay", self.weight_decay, low=0)
-        check_number("train.max_grad_norm", self.max_grad_norm, low=0, low_open=True,
-                     hint="gradients are clipped to it; a large value such as 1e9 hardly clips")
+        # a learning rate, count or coefficient that is NaN, infinite or out of range cannot train: refused here,
+        # before anything loads (an infinite learning rate made every weight NaN in the first optimizer step)
+        check_ranges(self, "train")
         if not isinstance(self.adam_betas, list) or len(self.adam_betas) != 2:
             raise ConfigError(f"train.adam_betas={self.adam_betas!r}: must be two numbers, e.g. [0.9, 0.999]")
         for i, beta in enumerate(self.adam_betas):
             check_number(f"train.adam_betas[{i}]", beta, low=0, high=1, high_open=True)
-        check_number("train.max_skipped_updates_frac", self.max_skipped_updates_frac, low=0, high=1, low_open=True,
-                     hint="1: never stop")
-        check_number("train.dist_timeout_minutes", self.dist_timeout_minutes, low=0, low_open=True)
-        if self.warmup_steps < 0:
-            raise ConfigError(f"train.warmup_steps={self.warmup_steps}: must be >= 0")
-        if self.micro_batch_tokens < 0:
-            raise ConfigError(f"train.micro_batch_tokens={self.micro_batch_tokens}: must be >= 0 (0: off)")
         if isinstance(self.report_to, str):  # train.report_to=wandb
             self.report_to = [] if self.report_to in ("", "none") else [self.report_to]
         from mmrl.run_log import check_trackers
@@ -481,9 +596,7 @@ class SFTConfig:
     accept both."""
 
     def __post_init__(self) -> None:
-        check_number("sft.lr", self.lr, low=0, low_open=True, hint="the cold start's learning rate, e.g. 1e-4")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"sft.warmup_steps={self.warmup_steps}: must be >= 0")
+        check_ranges(self, "sft")
 
 
 @dataclass
@@ -505,9 +618,7 @@ class EvalConfig:
     (0: every question counts); the questions left out are named with the reason."""
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1):
-            raise ConfigError(f"eval.max_new_tokens={self.max_new_tokens}: an answer needs at least one new token; "
-                              "use e.g. 64, or null for rollout.max_new_tokens")
+        check_ranges(self, "eval")
 
 
 @dataclass
@@ -535,6 +646,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         from rewards.registry import resolve_reward
 
+        check_ranges(self.grpo, "grpo")  # GRPOConfig refuses these itself; a GRPOConfig built elsewhere too
+        for i, spec in enumerate(self.rewards):
+            if isinstance(spec, RewardSpec):
+                check_value(f"rewards[{i}].weight", spec.weight, RANGES["rewards.weight"])
         for i, spec in enumerate(self.rewards):  # a typo fails when the config loads (config show too)
             if isinstance(spec, RewardSpec) and isinstance(spec.name, str):
                 resolve_reward(spec.name, where=f"rewards[{i}]")
