@@ -380,7 +380,12 @@ def load_reference(model: torch.nn.Module, checkpoint: Path) -> bool:
     path = checkpoint / REFERENCE_FILE
     if not path.is_file():
         return False
-    load_model(model, str(path), device=str(next(model.parameters()).device))
+    try:
+        load_model(model, str(path), device=str(next(model.parameters()).device))
+    except RuntimeError as exc:
+        if "size mismatch" not in str(exc):
+            raise
+        raise another_model(checkpoint, model, f"{REFERENCE_FILE}: {str(exc).splitlines()[-1].strip()}") from None
     return True
 
 
@@ -401,7 +406,12 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
     from mmrl.model import lora
 
     if lora.has_lora(model):
-        lora.load_adapters(model, checkpoint)
+        try:
+            lora.load_adapters(model, checkpoint)
+        except RuntimeError as exc:  # torch's size mismatch of the adapters: another model
+            if "size mismatch" not in str(exc):
+                raise
+            raise another_model(checkpoint, model, str(exc).splitlines()[-1].strip()) from None
         return
     if lora.adapter_folder(checkpoint) is not None and not (checkpoint / "config.json").is_file():
         raise RuntimeError(f"{checkpoint}: holds LoRA adapters only; this run has model.lora off")
@@ -416,8 +426,34 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         back = {saved: name for legacy in (True, False)  # the published names win where both give one
                 for name, saved in published_names(model, names, legacy=legacy).items()}
         state = {back.get(k, k): v for k, v in state.items()}
+    own_state = model.state_dict()
+    wrong = [k for k, v in state.items() if k in own_state and tuple(v.shape) != tuple(own_state[k].shape)]
+    if wrong:
+        k = wrong[0]
+        raise another_model(checkpoint, model, f"{k} is {list(state[k].shape)} there and "
+                                               f"{list(own_state[k].shape)} in the model ({len(wrong)} of {len(state)} "
+                                               "tensors differ)")
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if "lm_head" in k or "embed_tokens" in k}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"{checkpoint}: weights do not match the model (missing {sorted(set(missing) - tied)[:5]}, "
                            f"unexpected {sorted(unexpected)[:5]})")
+
+
+def another_model(checkpoint: Path, model: torch.nn.Module, detail: str) -> Exception:
+    """The error of a checkpoint whose weights belong to another model than the one loaded (a resume with
+    another ``--model``, or another model put in the run's model folder): one line, both models in words."""
+    from mmrl.run_inputs import describe_config, describe_model
+    from mmrl_common.errors import MmrlError
+
+    config = getattr(model, "config", None)
+    loaded = describe_config(config.to_dict()) if hasattr(config, "to_dict") else type(model).__name__
+    if (checkpoint / "config.json").is_file():
+        theirs = describe_model(checkpoint)
+    else:  # LoRA: adapters only; the run's record of its model
+        from mmrl.run_inputs import read_inputs
+
+        theirs = ((read_inputs(checkpoint.parent) or {}).get("model") or {}).get("architecture") or "unknown"
+    return MmrlError(f"{checkpoint} holds the weights of another model than the one loaded: {detail}; the "
+                     f"checkpoint's model: {theirs}, the model loaded: {loaded}. Resume with the model the run started "
+                     f"with (model.path in the run's inputs.json), or start a new run (another --out) from this model")

@@ -58,6 +58,7 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
     under the user's own, e.g. :func:`own_model_base`), with ``extra`` (nested config sections) merged in;
     with ``--resume`` the config the run in ``--out`` started with instead."""
     from mmrl.config import load_run_config, resume_run_config
+    from mmrl.run_inputs import import_from_start_folder
     from mmrl_common.errors import MmrlError
 
     extra = dict(extra or {})
@@ -76,6 +77,7 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
         saved = Path(args.out) / "config.yaml"
         if not saved.is_file():
             raise MmrlError(f"--resume: {args.out} holds no run (no config.yaml)")
+        import_from_start_folder(Path(args.out))  # the module rewards the first session found there
         return resume_run_config(saved, overrides=args.overrides, extra=extra)
     return load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra,
                            base=base)
@@ -189,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     w = _join_world(cfg)
     run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
     summary = train(cfg, run_dir=run_dir, resume=args.resume, overwrite=args.overwrite,
-                    show_progress=not args.quiet)
+                    show_progress=not args.quiet, force_settings=args.force_settings)
     if not w.is_main:
         return 0
     before = (summary.get("eval_before_rl") or {}).get("accuracy")

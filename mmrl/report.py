@@ -210,6 +210,13 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
             lines += [f"Not in the accuracy ({len(left_out)}):", ""]
             lines += [f"- `{e['id']}`: {e['reason']}" for e in left_out]
             lines.append("")
+    changed = summary.get("settings_changes") or []
+    if changed:  # --resume --force-settings: what the run continued with from which step (config.yaml: the last)
+        lines += ["## Changed on resume", "", ("The run did not train on one set of data and settings throughout; "
+                                               "`config.yaml` holds the last session's:"), ""]
+        for c in changed:
+            lines += [f"- from step {c.get('from_step')}: {change}" for change in c.get("changes") or []]
+        lines.append("")
     if summary["warnings"]:
         lines += ["## Warnings", ""]
         lines += [f"- step {w['step']}: {w['text']}" for w in summary["warnings"]]

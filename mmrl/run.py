@@ -25,6 +25,18 @@ import yaml
 
 from mmrl.config import RunConfig
 from mmrl.config_io import to_dict
+from mmrl.run_inputs import (
+    DATA_KEYS,
+    MODEL_KEY,
+    PATH_KEYS,
+    absolute,
+    absolute_paths,
+    architecture_change,
+    input_changes,
+    read_inputs,
+    record_inputs,
+    same_content,
+)
 from mmrl.run_log import RunLog
 from mmrl_common.errors import ConfigError, MmrlError
 
@@ -207,22 +219,24 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 
 def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, overwrite: bool = False,
-          show_progress: bool = True) -> dict[str, Any]:
+          show_progress: bool = True, force_settings: bool = False) -> dict[str, Any]:
     """Run (or with ``resume`` continue) the stages in ``run_dir``; returns the summary. A session that ends
     with an error or Ctrl-C still adds its time to the run's total.
 
     The run holds ``run_dir``'s lock (:mod:`mmrl.run_lock`) from start to end: a second writer is refused. A
     folder that already holds a run needs ``resume`` (continue it) or ``overwrite`` (its contents moved aside
     into ``<name>.replaced-<time>``, then a new run); nothing in the folder is written before that is
-    decided."""
+    decided. Path settings are recorded absolute in ``config.yaml`` (a resume finds the model and data from any
+    working folder), and the data files' content and the model's identity in ``inputs.json``
+    (:mod:`mmrl.run_inputs`): a resume whose data or model changed is refused unless ``force_settings``."""
     from mmrl.distributed import world
     from mmrl.run_lock import acquire_on_main
 
     lock = acquire_on_main(run_dir, world(), show=show_progress)
     states: list[RunState | RunLog] = []
     try:
-        return _train(cfg, run_dir=run_dir, resume=resume, overwrite=overwrite, show_progress=show_progress,
-                      states=states)
+        return _train(absolute_paths(cfg), run_dir=run_dir, resume=resume, overwrite=overwrite,
+                      show_progress=show_progress, force_settings=force_settings, states=states)
     except BaseException:
         for state in states:  # the run's time so far; the trackers' files closed
             state.close() if isinstance(state, RunLog) else state.save()
@@ -241,10 +255,35 @@ def settings_differences(saved: Path, cfg: RunConfig) -> list[str]:
     def show(v: Any) -> str:
         return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
+    run_dir = saved.parent
     before = {k: v for k, v, _ in describe(resume_run_config(saved))}
     now = {k: v for k, v, _ in describe(cfg)}
+    started_in = (read_inputs(run_dir) or {}).get("started_in")  # a run's relative paths (before mmrl saved them
+    for k in PATH_KEYS:                                            # absolute) are the start folder's
+        before[k], now[k] = absolute(before.get(k), k, started_in), absolute(now.get(k), k)
+    moved = {k for k in (MODEL_KEY, *DATA_KEYS)  # the same content at another path: the same data, the same model
+             if before.get(k) != now.get(k) and before.get(k) and same_content(run_dir, k, now.get(k))}
     return [f"{k}: {show(before.get(k, '(none)'))} -> {show(now.get(k, '(none)'))}"
-            for k in dict.fromkeys([*before, *now]) if k != "out" and before.get(k) != now.get(k)]
+            for k in dict.fromkeys([*before, *now]) if k != "out" and before.get(k) != now.get(k) and k not in moved]
+
+
+def _input_changes(run_dir: Path, cfg: RunConfig, *, force_settings: bool) -> list[str]:
+    """A resume's data files and model against those the run started with (``inputs.json``): a difference is
+    refused, naming the file and what to do, unless ``force_settings`` (then returned, to be recorded)."""
+    from mmrl.checkpoint import list_checkpoints
+
+    blocked = architecture_change(run_dir, cfg) if list_checkpoints(run_dir) else None
+    if blocked:  # --force-settings or not: weights of one shape do not load into another
+        raise MmrlError(f"--resume: the checkpoints of {run_dir} cannot be loaded into this model: {blocked}. Resume "
+                        "with the model the run started with, or start a new run (another --out) from this one")
+    changes = input_changes(run_dir, cfg)
+    if changes and not force_settings:
+        raise MmrlError(f"--resume: the run in {run_dir} would continue on other data or another model than it "
+                        f"started with: {'; '.join(changes)}. Put back what the run started with (inputs.json in the "
+                        "run folder holds each file's size and sha256), pass --force-settings to continue on what "
+                        "is there now (run_state.json and the report say from which step), or start a new run "
+                        "(another --out, or --overwrite)")
+    return changes
 
 
 def _check_run_folder(run_dir: Path, cfg: RunConfig, *, resume: bool, overwrite: bool, show: bool) -> None:
@@ -300,7 +339,7 @@ def _check_run_folder(run_dir: Path, cfg: RunConfig, *, resume: bool, overwrite:
 
 
 def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show_progress: bool,
-           states: list[RunState | RunLog]) -> dict[str, Any]:
+           force_settings: bool, states: list[RunState | RunLog]) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from mmrl.checkpoint import eval_settings, latest_checkpoint, load_weights, save_model, seed_everything
@@ -321,6 +360,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
             _check_run_folder(run_dir, cfg, resume=resume, overwrite=overwrite, show=show_progress)
             if resume:
                 changes = settings_differences(cfg_path, cfg)
+                changes += _input_changes(run_dir, cfg, force_settings=force_settings)
                 _note_schedule_change(cfg_path, cfg, run_dir)
         except MmrlError as exc:
             refusal = str(exc)
@@ -355,6 +395,8 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
         model_dir = resolve_model(cfg)
         for split in ("train", cfg.eval.split):
             split_path(cfg, split, show_progress=show_progress)
+    if w.is_main:  # what the next resume checks: the data's content and the model's identity now
+        record_inputs(run_dir, cfg, model_dir)
     with w.spread_media_checks():  # every rank checks its share of the media files; the verdicts gathered
         train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
         eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
@@ -466,6 +508,7 @@ def _summary(cfg: RunConfig, run_dir: Path, model_dir: Path, state: RunState, st
         "eval_min_options": cfg.eval.min_options,
         "eval_before_rl": state.get("eval_before_rl"), "eval_after_rl": state.get("eval_after_rl"),
         "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
+        "settings_changes": state.data.get("settings_changes") or [],
     }
 
 

@@ -197,11 +197,12 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        lr = opt.param_groups[0]["lr"]  # the rate this step used (the scheduler then sets the next step's)
         opt.step()
         sched.step()
         if not keep_encoded:
             policy.media.clear()
-        last = {"loss": float(loss.detach()), "lr": sched.get_last_lr()[0]}
+        last = {"loss": float(loss.detach()), "lr": lr}
         bar.set_postfix(loss=f"{last['loss']:.3f}", refresh=False)  # drawn at the next update (mininterval)
         if log is not None:
             log.metrics("sft", step + 1, last)

@@ -332,6 +332,9 @@ class GRPOTrainer:
             self._hook("after_update", batch, stats)
         else:
             stats["skipped_update"] = 1
+        # the rate this step's optimizer steps used (its last; a step with no update: the rate it had), not the
+        # next step's that the scheduler is about to set
+        stats.setdefault("lr", self.optimizer.param_groups[0]["lr"])
         with warnings.catch_warnings():  # a skipped update is not a misordered optimizer/scheduler call
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()  # the schedule follows the steps, skipped updates included
@@ -611,6 +614,7 @@ class GRPOTrainer:
         self._fresh, self._gap = True, [0.0, 0.0]  # the rollout/training log-prob gap: |diff| sum, tokens
         n_updates = g.ppo_epochs * len(minis)
         work: list[int] = []  # the tokens this rank trained in each optimizer step (dummy passes: none)
+        lr_used = self.optimizer.param_groups[0]["lr"]
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
                 work.append(0)
@@ -625,6 +629,7 @@ class GRPOTrainer:
                     if not finite:
                         break
                 lrs = [group["lr"] for group in self.optimizer.param_groups]
+                lr_used = lrs[0]
                 lr_ok = all(math.isfinite(lr) and lr >= 0 for lr in lrs)  # one a plug-in set: never stepped
                 grad_norm = self._mem.call("optimizer_step", self.updater.step) if finite and lr_ok else None
                 self.policy.weights_changed()  # cached vision features of a trainable tower are stale now
@@ -646,6 +651,7 @@ class GRPOTrainer:
                 stats["rollout_logprob_gap/worst_rank"] = max(self.world.gather(self._gap[0] / max(1.0, self._gap[1])))
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
+        stats["lr"] = lr_used  # the rate of the step's last optimizer step
         stats["skipped_updates"] = self.skipped_updates
         stats.update(balance_stats(self.world.gather(work) if self.world.active else [work]))
         adv = batch.advantages
@@ -764,7 +770,6 @@ class GRPOTrainer:
         if batch is not None:
             stats["response_length"] = float(batch.response_length.float().mean())
             stats["truncated_frac"] = float((~batch.finished).float().mean())
-        stats["lr"] = self.scheduler.get_last_lr()[0]
         stats["skipped_samples"] = self.skipped_samples
         return stats
 
