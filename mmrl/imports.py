@@ -1,8 +1,9 @@
 """User code named by the run config (``imports:``), imported before any registry is read.
 
-Each entry is a module name (``my_pkg.my_method``, importable from the current environment) or a Python file
-(``./methods/acre_variant.py``; relative paths resolve against the folder of the config file that named
-them, else the working directory). Importing is what registers the file's rewards, samplers, environments,
+Each entry is a module name (``my_pkg.my_method``, importable from the current environment or the working
+directory, as with ``python -m``) or a Python file (``./methods/acre_variant.py``; relative paths resolve against
+the folder of the config file that named them, else the working directory; the file's own folder is importable
+while it loads, so it may import a module beside it). Importing is what registers the file's rewards, samplers, environments,
 plug-ins, shapers, losses and estimators, so their names become valid config values with no engine edit.
 A file is imported once per process, under a module name derived from its absolute path.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from mmrl_common.errors import ConfigError
+from mmrl_common.user_modules import first_on_path, import_user_module, missing_module_hint
 
 
 def is_file_entry(entry: str) -> bool:
@@ -55,18 +57,16 @@ def import_entry(entry: str) -> ModuleType:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            with first_on_path(path.parent):  # as `python file.py`: a module beside the file is importable
+                spec.loader.exec_module(module)
+        except ModuleNotFoundError as exc:
+            del sys.modules[name]
+            raise ConfigError(f"imports: {entry} failed to import: {missing_module_hint(exc, path.parent)}") from None
         except Exception as exc:
             del sys.modules[name]
             raise ConfigError(f"imports: {entry} failed to import: {type(exc).__name__}: {exc}") from exc
         return module
-    try:
-        return importlib.import_module(entry)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"imports: no module named {entry!r} ({exc}); give an installed module or a .py file"
-                          ) from exc
-    except Exception as exc:
-        raise ConfigError(f"imports: {entry} failed to import: {type(exc).__name__}: {exc}") from exc
+    return import_user_module(entry, what="imports")
 
 
 def import_all(entries: Iterable[str], base: str | Path | None = None) -> list[str]:

@@ -219,7 +219,8 @@ def default_form(fn: Any) -> str:
 
 def resolve_reward(name: str, where: str = "rewards") -> tuple[RewardFn, dict[str, Any]]:
     """The function for a config name and its metadata (``locate_errors``, ``completions``): a registered
-    name, ``trl:NAME`` (``trl.rewards.NAME``) or an import path (``pkg.module.fn`` / ``pkg.module:fn``)."""
+    name, ``trl:NAME`` (``trl.rewards.NAME``) or an import path (``pkg.module.fn`` / ``pkg.module:fn``; the
+    module is looked up in the working folder too, as ``python -m`` would)."""
     canonical = REWARDS.canonical(name)
     if canonical is not None:
         return REWARDS.get(canonical), dict(REWARDS.meta(canonical))
@@ -238,11 +239,15 @@ def resolve_reward(name: str, where: str = "rewards") -> tuple[RewardFn, dict[st
             raise ConfigError(f"{where}: trl.rewards has no {attr!r}; {_suggest(attr, known)}") from None
         return fn, {"locate_errors": True, "completions": "messages"}
     if "." in name or ":" in name:
+        from mmrl_common.user_modules import import_user_module
+
         module_name, _, attr = name.rpartition(":") if ":" in name else name.rpartition(".")
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"{where}: cannot import reward {name!r}: {type(exc).__name__}: {exc}") from None
+        module = import_user_module(module_name, what=f"{where}: reward {name!r}")  # the working folder searched too
+        fn = getattr(module, attr, None)
+        if fn is None:
+            public = [k for k in dir(module) if not k.startswith("_") and callable(getattr(module, k))]
+            raise ConfigError(f"{where}: reward {name!r}: module {module_name} ({getattr(module, '__file__', '?')}) "
+                              f"has no {attr!r}; {_suggest(attr, public)}")
         if not callable(fn):
             raise ConfigError(f"{where}: {name!r} is not callable")
         return fn, {"locate_errors": True, "completions": "messages"}
