@@ -7,7 +7,9 @@ Built in:
   ``<answer>..</answer>``, ``problem_type`` in ``multiple choice | numerical | regression | OCR |
   free-form``, ``data_type`` image/video, ``path``).
 * ``easyr1``: EasyR1 / verl style (``prompt`` or ``problem`` with ``<image>``/``<video>`` placeholders,
-  ``answer``, ``images``, ``videos``). Embedded image bytes or PIL images are written once to
+  ``answer``, ``images``, ``videos``). Multiple choice: the options are lines of the problem text (``A. red``,
+  ``B. blue``..) and the answer names one (``B``, ``(B)``, ``B. blue`` or ``blue``): they become ``options``
+  and the answer letter; a problem without such lines, or whose answer names none of them, stays ``open``. Embedded image bytes or PIL images are written once to
   ``mmrl_common.paths.cache_dir()/media/`` (named by content hash) so every sample has a file path.
 
 Each importer is ``convert(record, index) -> dict`` returning a native dict; it raises
@@ -169,6 +171,52 @@ def _detect_easyr1(r: Mapping[str, Any]) -> bool:
     return ("prompt" in r or "problem" in r) and "answer" in r
 
 
+_OPTIONS_HEADER_RE = re.compile(r"^\s*(options|choices|answer choices|candidates)\s*:?\s*$", re.IGNORECASE)
+
+
+def options_in_text(text: str) -> tuple[str, list[str]] | None:
+    """``"Colour?\nA. red\nB. blue"`` -> (``"Colour?"``, ``["red", "blue"]``): a run of two or more lines
+    labelled A, B, C.. in order (``A.``, ``A)``, ``(A)``, ``A:``) is the options; an ``Options:`` line just
+    above them goes too, and any text after them stays in the question. None when the text has no such run."""
+    lines = text.split("\n")
+    for start, line in enumerate(lines):
+        letter, body = split_option(line)
+        if letter != "A" or not body:
+            continue
+        options, end = [body], start + 1
+        while end < len(lines):
+            letter, body = split_option(lines[end])
+            if letter != chr(ord("A") + len(options)) or not body:
+                break
+            options.append(body)
+            end += 1
+        if len(options) < 2:
+            continue
+        head = lines[:start]
+        if head and _OPTIONS_HEADER_RE.match(head[-1]):
+            head = head[:-1]
+        question = "\n".join(head + lines[end:]).strip()
+        return question, options
+    return None
+
+
+def option_letter(answer: Any, options: list[str]) -> str | None:
+    """The letter an answer names among ``options``: ``"B"``, ``"(B)"``, ``"B."``, ``"B. blue"`` (the text
+    must then be option B's), or an option's exact text (case aside); None otherwise."""
+    if not isinstance(answer, str) or not answer.strip():
+        return None
+    text = answer.strip()
+    letters = [chr(ord("A") + i) for i in range(len(options))]
+    bare = text.strip("().: ")
+    if len(bare) == 1 and bare.isalpha() and bare.isupper():
+        return bare
+    letter, body = split_option(text)
+    if letter in letters and body.lower().rstrip(".") == options[letters.index(letter)].lower().rstrip("."):
+        return letter
+    matches = [letters[i] for i, o in enumerate(options) if o.strip().lower() == text.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
 def _infer_problem_type(answer: Any, options: Any) -> str:
     if options:
         return "multiple_choice"
@@ -236,6 +284,13 @@ def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
     options = r.get("options") or None
     if options:
         options = [split_option(str(o))[1] for o in options]
+    elif r.get("problem_type") in (None, "", "multiple_choice", "multiple choice"):
+        # EasyR1's multiple choice: the options are lines of the problem text and the answer is a letter
+        found = options_in_text(question)
+        letter = option_letter(answer, found[1]) if found else None
+        if found and (letter or r.get("problem_type")):
+            question, options = found
+            answer = letter or answer
     ptype = r.get("problem_type") or _infer_problem_type(answer, options)
     media = _media_list(r.get("images"), "image") + _media_list(r.get("videos"), "video")
     meta: dict[str, Any] = {"source": "easyr1"}

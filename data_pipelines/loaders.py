@@ -1,4 +1,5 @@
-"""Load sample records from JSONL, JSON, Parquet, or a ``datasets.save_to_disk`` folder.
+"""Load sample records from JSONL, JSON, Parquet, a ``datasets.save_to_disk`` folder, a Hugging Face Hub
+folder of shards, or a glob of files.
 
 >>> result = load_samples("data/train.jsonl", on_bad_sample="skip")
 >>> len(result.samples), result.skipped, [str(p) for p in result.problems]
@@ -9,6 +10,21 @@ line for JSONL (``file:12: reason``), the 0-based record index for JSON, Parquet
 ``on_bad_sample="raise"`` raises :class:`~mmrl_common.errors.DataError` listing them; ``"skip"`` keeps every
 good record and counts the skipped ones.
 
+A dataset is named by one string (:func:`locate_dataset`):
+
+* a file (``train.jsonl``, ``train.parquet``..) or a ``datasets`` folder;
+* a glob (``"shards/*.parquet"``): every file it matches, in name order, read as one dataset;
+* a folder of data files as on the Hugging Face Hub (``data/train-00000-of-00002.parquet``.., a README.md
+  beside them): its splits are named by the files' names as the Hub names them (:func:`dataset_splits`);
+* ``PATH:SPLIT`` picks a split of a folder with several (a ``DatasetDict`` saved with ``save_to_disk`` or a
+  Hub folder); the split's own folder of a ``DatasetDict`` works too (``folder/test``).
+
+With several splits and none named, ``role`` (``"train"``, ``"val"``, ``"test"``: what the data is for) picks
+``train``, or ``validation``/``test``; validation (:func:`iter_raw_records`) reads every split. Each record's
+place names its own file: the shard or the split's folder. Arrow (Parquet, ``datasets``) gives every record of
+a table the same struct fields, null where a record had none; those nulls are dropped from nested objects
+(media items, their ``sampling``, ``meta``) so a record means what it meant when written.
+
 Record formats (our own, Video-R1, EasyR1, see :mod:`data_pipelines.importers`) are detected from the
 first record, or chosen with ``fmt`` (``"video-r1"``); ``fmt`` also accepts a file format (``"jsonl"``,
 ``"json"``, ``"parquet"``, ``"hf"``), or both joined by ``+`` (``"video-r1+json"``).
@@ -16,7 +32,9 @@ first record, or chosen with ``fmt`` (``"video-r1"``); ``fmt`` also accepts a fi
 
 from __future__ import annotations
 
+import glob
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +64,8 @@ class RawRecord:
     unit: str  # "line" (1-based JSONL line) or "record" (0-based index)
     data: Any = None
     error: str | None = None
+    file: Path | None = None  # the shard or split folder it came from (None: the dataset's path itself)
+    split: str | None = None
 
 
 @dataclass
@@ -65,6 +85,8 @@ class LoadResult:
     base_dir: Path | None = None
     lines: int | None = None
     skipped_by: dict[str, int] = field(default_factory=dict)
+    split: str | None = None
+    files: list[Path] = field(default_factory=list)
 
     @property
     def blank_lines(self) -> int:
@@ -78,8 +100,10 @@ class LoadResult:
         return iter(self.samples)
 
     def summary(self) -> str:
+        files = f"{len(self.files)} {self.file_format} files" if len(self.files) > 1 else f"{self.file_format} file"
+        split = f", split {self.split}" if self.split else ""
         s = f"{self.path}: {len(self.samples)} of {self.total} records loaded ({self.record_format} records, " \
-            f"{self.file_format} file)"
+            f"{files}{split})"
         if self.skipped:
             s += f", {self.skipped} skipped ({len(self.problems)} problems)"
         return s
@@ -104,12 +128,12 @@ def parse_fmt(fmt: str) -> tuple[str, str]:
 
 
 def detect_file_format(path: Path) -> str:
+    """The file format of one file (by its extension) or folder (``hf`` for a ``datasets`` folder)."""
     if path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() \
-                or (path / "state.json").exists():
+        if _is_hf_folder(path):
             return "hf"
-        raise DataError(f"{path} is a folder but not a `datasets.save_to_disk` folder (no dataset_info.json "
-                        "or dataset_dict.json); give a .jsonl/.json/.parquet file or such a folder")
+        raise DataError(f"{path} is a folder but neither a `datasets.save_to_disk` folder (no dataset_info.json "
+                        "or dataset_dict.json) nor a folder of .jsonl/.json/.parquet files")
     fmt = _EXT_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
@@ -117,8 +141,184 @@ def detect_file_format(path: Path) -> str:
     return fmt
 
 
-def iter_raw_records(path: Path, file_fmt: str, *, split: str | None = None) -> Iterator[RawRecord]:
-    """Yield the records of a file one by one, with their line (JSONL) or index (others)."""
+# ------------------------------------------------------------------------------------ files and splits
+ROLE_SPLITS = {"train": ("train",), "val": ("validation", "val", "valid", "dev", "test"),
+               "test": ("test", "validation", "val", "valid", "dev")}
+"""The split a dataset with several splits gives for each role (the first of these it has): training data
+comes from ``train``, held-out data from the validation or test split."""
+_GLOB_CHARS = ("*", "?", "[")
+_SPLIT_NAME = re.compile(r"[\w.-]+")
+_NOT_DATA = {"dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"}
+
+
+@dataclass
+class DataPart:
+    """One file of a dataset (or one ``datasets`` folder) with its file format and split."""
+
+    path: Path
+    fmt: str
+    split: str | None = None
+
+
+def _is_glob(text: str) -> bool:
+    return any(c in text for c in _GLOB_CHARS) and not Path(text).exists()
+
+
+def _is_hf_folder(path: Path) -> bool:
+    return any((path / name).exists() for name in ("dataset_info.json", "dataset_dict.json", "state.json"))
+
+
+def split_spec(path: str | Path) -> tuple[Path, str | None]:
+    """``"folder:test"`` -> (``folder``, ``"test"``); a path that exists, or has no ``:NAME`` after an
+    existing path or a glob, comes back whole with no split."""
+    text = str(path)
+    if ":" in text and not Path(text).exists():
+        base, _, name = text.rpartition(":")
+        if base and _SPLIT_NAME.fullmatch(name) and (Path(base).exists() or _is_glob(base)):
+            return Path(base), name
+    return Path(text), None
+
+
+def dataset_exists(path: str | Path) -> bool:
+    """Whether ``path`` names data that is there: an existing file or folder (``PATH:SPLIT`` too), or a glob
+    that matches a file."""
+    base, _ = split_spec(path)
+    if _is_glob(str(base)):
+        return any(Path(p).is_file() for p in glob.glob(str(base), recursive=True))
+    return base.exists()
+
+
+def _glob_parts(pattern: Path, file_fmt: str) -> list[DataPart]:
+    files = sorted(Path(p) for p in glob.glob(str(pattern), recursive=True) if Path(p).is_file())
+    if not files:
+        raise DataError(f"{pattern}: no file matches this pattern; check the folder and the pattern (quoted, "
+                        "so that mmrl and not the shell expands it)")
+    return [DataPart(f, file_fmt if file_fmt != "auto" else detect_file_format(f)) for f in files]
+
+
+def _hub_splits(folder: Path, file_fmt: str) -> dict[str | None, list[DataPart]]:
+    """The data files of a folder by split, named as the Hugging Face Hub names them (``data/train-0000..``,
+    ``test.jsonl``, ``train/``.. and everything ``train`` when no file names a split)."""
+    from datasets.data_files import get_data_patterns, resolve_pattern
+
+    try:
+        patterns = get_data_patterns(str(folder))
+    except Exception:  # datasets' EmptyDatasetError: no file at all
+        patterns = {}
+    wanted = {file_fmt} if file_fmt != "auto" else set(FILE_FORMATS)
+    splits: dict[str | None, list[DataPart]] = {}
+    for name, pats in patterns.items():
+        files: set[Path] = set()
+        for pat in pats:
+            try:
+                files.update(Path(p) for p in resolve_pattern(pat, str(folder)))
+            except FileNotFoundError:
+                continue
+        parts = [DataPart(f, _EXT_FORMATS[f.suffix.lower()], str(name)) for f in sorted(files)
+                 if _EXT_FORMATS.get(f.suffix.lower()) in wanted and f.name not in _NOT_DATA]
+        if file_fmt != "auto":
+            parts = [DataPart(p.path, file_fmt, p.split) for p in parts]
+        if parts:
+            splits[str(name)] = parts
+    if not splits:
+        kinds = f".{file_fmt} " if file_fmt != "auto" else ".jsonl, .json or .parquet "
+        raise DataError(f"{folder} is a folder with no {kinds}files (nor a `datasets.save_to_disk` folder): give "
+                        "a data file, a folder of them (as on the Hugging Face Hub) or a glob such as "
+                        f"'{folder}/*.parquet'")
+    return splits
+
+
+def dataset_splits(path: Path, file_fmt: str = "auto") -> dict[str | None, list[DataPart]]:
+    """The files of the dataset at ``path`` (no ``:SPLIT``) by split name; the one key None when it has no
+    splits (a file, a glob, a ``datasets`` folder of one dataset)."""
+    if _is_glob(str(path)):
+        return {None: _glob_parts(path, file_fmt)}
+    if not path.is_dir():
+        return {None: [DataPart(path, file_fmt if file_fmt != "auto" else detect_file_format(path))]}
+    if (path / "dataset_dict.json").exists() and file_fmt in ("auto", "hf"):
+        try:
+            names = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{path / 'dataset_dict.json'}: cannot read the split names ({exc}); is the "
+                            "folder a complete datasets.save_to_disk folder?") from exc
+        return {str(n): [DataPart(path / str(n), "hf", str(n))] for n in names}
+    if _is_hf_folder(path) and file_fmt in ("auto", "hf"):
+        return {None: [DataPart(path, "hf")]}
+    return _hub_splits(path, file_fmt)
+
+
+def choose_parts(path: str | Path, file_fmt: str = "auto", *, split: str | None = None, role: str | None = None,
+                 every: bool = False) -> tuple[list[DataPart], str | None]:
+    """The files to read of the dataset ``path`` (``PATH:SPLIT`` allowed) and the split they are: the split
+    named (in ``path`` or ``split``), the only one, the one for ``role`` (:data:`ROLE_SPLITS`), or with
+    ``every`` all of them (split None). Several splits and none chosen: :class:`DataError` naming them and
+    how to choose."""
+    base, named = split_spec(path)
+    named = named or split
+    splits = dataset_splits(base, file_fmt)
+    names = [n for n in splits if n is not None]
+    how = "as in its dataset_dict.json" if (base / "dataset_dict.json").exists() else \
+        "by file name, as on the Hugging Face Hub"
+    if not names:
+        if named:
+            raise DataError(f"{base} has no splits (one dataset); give it without ':{named}'")
+        return splits[None], None
+    if named:
+        if named not in splits:
+            raise DataError(f"{base} has no split {named!r}; its splits ({how}) are {', '.join(names)}: "
+                            f"{_choose_hint(base, names, _similar_split(named, names))}")
+        return splits[named], named
+    if len(names) == 1:
+        return splits[names[0]], names[0]
+    for name in ROLE_SPLITS.get(role or "", ()):
+        if name in splits:
+            return splits[name], name
+    if every:
+        return [p for n in names for p in splits[n]], None
+    what = f" and none for {role}" if role else ""
+    raise DataError(f"{base} holds the splits {', '.join(names)} ({how}){what}; name the one to use: "
+                    f"{_choose_hint(base, names)}")
+
+
+_SPLIT_KINDS = (("train", "training"), ("validation", "val", "valid", "dev"), ("test", "testing", "eval", "evaluation"))
+
+
+def _similar_split(named: str, names: list[str]) -> str | None:
+    """The split of ``names`` a user who typed ``named`` most likely means (``dev`` -> ``validation``)."""
+    import difflib
+
+    for kind in _SPLIT_KINDS:
+        if named.lower() in kind:
+            for name in names:
+                if name.lower() in kind:
+                    return name
+    close = difflib.get_close_matches(named, names, n=1)
+    return close[0] if close else None
+
+
+def _choose_hint(base: Path, names: list[str], pick: str | None = None) -> str:
+    pick = pick or next((n for n in ("train", "test") if n in names), names[0])
+    folder = f", or its folder {base / pick}" if (base / pick / "state.json").exists() else ""
+    return f"{base}:{pick} (mmrl train --data {base}:{pick}, data.train={base}:{pick}){folder}"
+
+
+def iter_raw_records(path: Path, file_fmt: str, *, split: str | None = None,
+                     role: str | None = None) -> Iterator[RawRecord]:
+    """Yield the records of a dataset one by one, with their line (JSONL) or index (others) and the file they
+    are in. With several splits and none chosen (``split``, ``PATH:SPLIT``, ``role``), every split's."""
+    parts, _ = choose_parts(path, file_fmt, split=split, role=role, every=True)
+    yield from iter_parts(parts)
+
+
+def iter_parts(parts: list[DataPart]) -> Iterator[RawRecord]:
+    """The records of ``parts`` in turn, each with its file and split."""
+    for part in parts:
+        for raw in _iter_file(part.path, part.fmt):
+            raw.file, raw.split = part.path, part.split
+            yield raw
+
+
+def _iter_file(path: Path, file_fmt: str) -> Iterator[RawRecord]:
     if file_fmt == "jsonl":
         yield from _iter_jsonl(path)
     elif file_fmt == "json":
@@ -126,9 +326,26 @@ def iter_raw_records(path: Path, file_fmt: str, *, split: str | None = None) -> 
     elif file_fmt == "parquet":
         yield from _iter_parquet(path)
     elif file_fmt == "hf":
-        yield from _iter_hf(path, split)
+        yield from _iter_hf(path)
     else:
         raise DataError(f"unknown file format {file_fmt!r}; use one of {', '.join(FILE_FORMATS)}")
+
+
+def drop_arrow_nulls(record: Any) -> Any:
+    """``record`` with the null values of its nested objects left out (top-level columns as they are). Arrow
+    gives all records of a table the same struct fields: ``{"fps": 2}`` beside ``{"nframes": 4}`` comes back
+    as ``{"fps": 2, "nframes": None}``; without the nulls each record reads as it was written."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: strip(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    if not isinstance(record, Mapping):
+        return record
+    return {k: strip(v) for k, v in record.items()}
 
 
 def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
@@ -155,7 +372,10 @@ def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
 def _iter_json(path: Path) -> Iterator[RawRecord]:
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            text = fh.read()
+        if not text.strip():  # an empty file: no records
+            return
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         yield RawRecord(exc.lineno, "line", error=f"broken JSON: {exc.msg} at column {exc.colno}; fix the "
                                                   "file (nothing after this point can be read)")
@@ -183,6 +403,8 @@ def _iter_json(path: Path) -> Iterator[RawRecord]:
 def _iter_parquet(path: Path) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
+    if path.stat().st_size == 0:  # an empty file: no records
+        return
     try:
         pf = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files
@@ -190,27 +412,30 @@ def _iter_parquet(path: Path) -> Iterator[RawRecord]:
     i = 0
     for batch in pf.iter_batches(batch_size=1024):
         for rec in batch.to_pylist():
-            yield RawRecord(i, "record", rec)
+            yield RawRecord(i, "record", drop_arrow_nulls(rec))
             i += 1
 
 
-def _iter_hf(path: Path, split: str | None) -> Iterator[RawRecord]:
+def _iter_hf(path: Path) -> Iterator[RawRecord]:
+    """The records of one ``datasets.save_to_disk`` folder of one dataset (a split's folder of a
+    ``DatasetDict``: :func:`dataset_splits` names them)."""
     import datasets
 
     try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        state = None
+    if isinstance(state, dict) and state.get("_data_files") == []:  # saved with no rows: no records
+        return
+    try:
         ds = datasets.load_from_disk(str(path))
     except Exception as exc:  # datasets raises FileNotFoundError / ValueError variants
-        raise DataError(f"{path}: cannot load with datasets.load_from_disk ({exc})") from exc
-    if isinstance(ds, datasets.DatasetDict):
-        names = list(ds)
-        if split is None and len(names) == 1:
-            split = names[0]
-        if split not in ds:
-            raise DataError(f"{path} holds splits {', '.join(names)}; choose one with split= (or give "
-                            f"the split's folder, e.g. {path / names[0]})")
-        ds = ds[split]
+        raise DataError(f"{path}: cannot load with datasets.load_from_disk ({exc}); is the folder complete?") \
+            from exc
+    if isinstance(ds, datasets.DatasetDict):  # found by dataset_splits: only if the folder changed meanwhile
+        raise DataError(f"{path} holds the splits {', '.join(ds)}; name one as {path}:{next(iter(ds))}")
     for i, rec in enumerate(ds):
-        yield RawRecord(i, "record", rec)
+        yield RawRecord(i, "record", drop_arrow_nulls(rec))
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -246,6 +471,7 @@ class CheckedRecord:
     location: str
     sample: Sample | None
     problems: list[Problem]
+    file: str = ""  # the file (shard, split folder) the record is in
 
 
 class RecordChecker:
@@ -264,7 +490,7 @@ class RecordChecker:
         self.columns = columns
         self.base_dir = base_dir
         self.media = media  # None, "exists" or "decode"
-        self.seen_ids: dict[str, str] = {}
+        self.seen_ids: dict[tuple[str | None, str], str] = {}  # (split, id) -> where first seen
         self.media_cache: dict[tuple[str, str], str | None] = {}
 
     def run(self, records: Iterator[RawRecord]) -> Iterator[CheckedRecord]:
@@ -282,15 +508,14 @@ class RecordChecker:
         """Add a problem to each record with a missing or unreadable media file."""
         from .media_check import check_samples_media
 
-        file = str(self.path)
         good = [c for c in checked if c.sample is not None]
         reasons = check_samples_media([c.sample for c in good], self.base_dir, decode=(self.media == "decode"),
                                       cache=self.media_cache, progress=self.progress)
         for c, found in zip(good, reasons):
-            c.problems.extend(Problem(file, c.line, c.sample.id, "media", r, c.unit) for r in found)
+            c.problems.extend(Problem(c.file, c.line, c.sample.id, "media", r, c.unit) for r in found)
 
     def check(self, raw: RawRecord) -> CheckedRecord:
-        file = str(self.path)
+        file = str(raw.file if raw.file is not None else self.path)
         where = Problem(file, raw.line, None, "", "", raw.unit).location()
         problems: list[Problem] = []
         sample: Sample | None = None
@@ -317,27 +542,49 @@ class RecordChecker:
                                         f"question and options are {chars:,} characters, over the cap of "
                                         f"{self.max_question_chars:,}; shorten the record, or {self.cap_hint}",
                                         raw.unit))
-        if sample is not None:
-            if sample.id in self.seen_ids:
+        if sample is not None:  # ids are unique within a split (train and test may both have a "q1")
+            key = (raw.split, sample.id)
+            if key in self.seen_ids:
                 problems.append(Problem(file, raw.line, sample.id, "duplicate",
-                                        f"duplicate id (first used at {self.seen_ids[sample.id]}); "
+                                        f"duplicate id (first used at {self.seen_ids[key]}); "
                                         "ids must be unique", raw.unit))
             else:
-                self.seen_ids[sample.id] = where
-        return CheckedRecord(raw.line, raw.unit, where, sample, problems)
+                self.seen_ids[key] = where
+        return CheckedRecord(raw.line, raw.unit, where, sample, problems, file)
 
 
 def locate_dataset(path: str | Path, fmt: str = "auto", media_root: str | Path | None = None
                    ) -> tuple[Path, str, str, Path]:
-    """``(path, file format, record format, media base folder)`` of a dataset; DataError if it is missing."""
+    """``(path, file format, record format, media base folder)`` of a dataset (a file, a folder, a glob,
+    ``PATH:SPLIT``: see the module docstring); DataError if it is missing. The media base folder is
+    ``media_root``, else the folder given, the file's folder, or a glob's folder (``shards`` of
+    ``shards/*.parquet``)."""
     path = Path(path)
-    if not path.exists():
-        raise DataError(f"dataset not found: {path}")
+    base, _ = split_spec(path)
     file_fmt, rec_fmt = parse_fmt(fmt)
-    if file_fmt == "auto":
-        file_fmt = detect_file_format(path)
-    base_dir = Path(media_root) if media_root is not None else (path if path.is_dir() else path.parent)
-    return path, file_fmt, rec_fmt, base_dir
+    if _is_glob(str(base)):
+        formats = {p.fmt for p in _glob_parts(base, file_fmt)}  # DataError when nothing matches
+        root = Path(*[part for part in _until_glob(base.parts)])
+    elif not base.exists():
+        raise DataError(f"dataset not found: {path}")
+    else:
+        formats = {p.fmt for parts in dataset_splits(base, file_fmt).values() for p in parts} \
+            if file_fmt == "auto" else {file_fmt}
+        root = base if base.is_dir() else base.parent
+    if len(formats) > 1:
+        raise DataError(f"{base} holds {' and '.join(sorted(formats))} files; give the files of one format (a glob "
+                        "such as '*.parquet') or choose one with --format / data.format")
+    base_dir = Path(media_root) if media_root is not None else root
+    return path, formats.pop(), rec_fmt, base_dir
+
+
+def _until_glob(parts: tuple[str, ...]) -> list[str]:
+    out = []
+    for part in parts:
+        if any(c in part for c in _GLOB_CHARS):
+            break
+        out.append(part)
+    return out or ["."]
 
 
 def load_samples(
@@ -349,6 +596,7 @@ def load_samples(
     on_bad_sample: str = "raise",
     check_media: bool | str = False,
     split: str | None = None,
+    role: str | None = None,
     resolve_paths: bool = True,
     progress: bool = False,
     skip_hint: str = "pass on_bad_sample='skip'",
@@ -361,7 +609,9 @@ def load_samples(
     file's folder (the folder itself for a ``datasets`` folder); with ``resolve_paths`` the loaded samples
     carry the resolved paths. ``check_media``: ``False``; ``True``/``"exists"`` (each file exists and is
     not empty); ``"decode"`` (each file is opened and decoded, as ``mmrl data validate`` does).
-    ``split`` picks a split of a ``DatasetDict`` folder. Media files are checked all at once, in parallel,
+    ``split`` picks a split of a dataset with several (a ``DatasetDict`` folder, a Hub folder), as ``PATH:SPLIT``
+    does; else ``role`` (``"train"``, ``"val"``, ``"test"``) picks the split for that use (:data:`ROLE_SPLITS`);
+    several splits and neither: :class:`DataError` naming them. ``result.split`` is the split read. Media files are checked all at once, in parallel,
     and the verdicts cached (:func:`~data_pipelines.media_check.check_files`); ``progress`` shows a bar.
     The error of ``on_bad_sample="raise"`` lists every problem; ``skip_hint`` is how its last line tells
     the caller to skip them instead (``mmrl train`` says ``data.on_bad_sample=skip``). A record whose question
@@ -371,11 +621,13 @@ def load_samples(
     if on_bad_sample not in ("raise", "skip"):
         raise ValueError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
     path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
-    result = LoadResult(path=path, file_format=file_fmt, record_format=rec_fmt, base_dir=base_dir)
+    parts, chosen = choose_parts(path, file_fmt, split=split, role=role)
+    result = LoadResult(path=path, file_format=file_fmt, record_format=rec_fmt, base_dir=base_dir, split=chosen,
+                        files=[p.path for p in parts])
     mode = "exists" if check_media is True else (check_media or None)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir, media=mode,
                             progress=progress, max_question_chars=max_question_chars)
-    for checked in checker.run(iter_raw_records(path, file_fmt, split=split)):
+    for checked in checker.run(iter_parts(parts)):
         result.total += 1
         sample = checked.sample
         if checked.problems or sample is None:
@@ -392,10 +644,12 @@ def load_samples(
         result.locations.append(checked.location)
     result.record_format = checker.record_format
     if result.total == 0:
-        raise DataError(no_records_message(path))
+        raise DataError(no_records_message(path if chosen is None or split_spec(path)[1] else f"{path}:{chosen}"))
     if file_fmt == "jsonl":  # numbered as _iter_jsonl numbers them (FILE:N), blank lines included
-        with open(path, "rb") as fh:
-            result.lines = sum(1 for _ in fh)
+        result.lines = 0
+        for part in parts:
+            with open(part.path, "rb") as fh:
+                result.lines += sum(1 for _ in fh)
     if result.problems and on_bad_sample == "raise":
         shown = "\n".join(f"  {p}" for p in result.problems)
         raise DataError(f"{result.skipped} bad record(s) of {result.total} in {path}:\n{shown}\n"
