@@ -34,14 +34,25 @@ from typing import Any
 
 from mmrl_common.errors import DataError, MediaError
 
-from .schema import MediaItem, Sample
+from .schema import MediaItem, Sample, check_media_item, guess_media_type
 
 CACHE_FILE = "media-check.json"
 
 
 def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str | None:
     """The reason ``path`` is not a usable ``kind`` ("image"/"video") file, or None when it is."""
-    p = Path(path)
+    return probe_media_file(path, kind, decode=decode)[0]
+
+
+def probe_media_file(path: str | Path, kind: str, *, decode: bool = True) -> tuple[str | None, dict[str, Any] | None]:
+    """:func:`check_media_file`'s reason, and what decoding a good video found: ``{"frames": N, "fps": F}``
+    (None for images, bad files and unopened ones), against which a record's sampling window is checked."""
+    facts: dict[str, Any] = {}
+    reason = _check_file(Path(path), kind, decode, facts)
+    return reason, (facts or None) if reason is None else None
+
+
+def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str | None:
     try:
         os.stat(p)
     except FileNotFoundError:
@@ -83,12 +94,15 @@ def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str
                     return f"video has no frames: {p}; re-encode it"
                 idx = sorted({0, n // 2, n - 1})
                 frames = reader.get_frames(idx)
+                facts.update(frames=n, fps=float(reader.fps))
             if len(frames) != len(idx):
                 return f"video decoded {len(frames)} of frames {idx}: {p}; the file looks truncated, re-encode it"
         else:
             return f"unknown media type {kind!r} for {p}"
     except MediaError as exc:
         reason = short_reason(exc.reason, p)
+        if kind == "image" and guess_media_type(str(p)) == "video":
+            return f"image {p}: is a {p.suffix} video file, not an image; give it as a video item (type: video)"
         if any(what in reason for what in _NOT_CORRUPTION):  # the file is what it is: no "may be truncated"
             return f"{kind} {p}: {reason}"
         return f"cannot decode {kind} {p}: {reason}; the file may be truncated or corrupt, replace it"
@@ -192,15 +206,20 @@ class CheckCache:
         """The file's ``[size, content digest]`` (:func:`content_stamp`); None when it cannot be read."""
         return content_stamp(path)
 
-    def get(self, key: str, stamp: list[Any] | None) -> tuple[bool, str | None]:
+    def get(self, key: str, stamp: list[Any] | None) -> tuple[bool, str | None, dict[str, Any] | None]:
+        """``(hit, reason, facts)``; a good decoded video's verdict without its facts (written by an earlier
+        version) is no hit: it is checked again once, to learn its frame count and rate."""
         entry = self.data.get(key)
         if stamp is None or entry is None or entry[:2] != stamp:
-            return False, None
-        return True, entry[2]
+            return False, None, None
+        facts = entry[3] if len(entry) > 3 else None
+        if facts is None and entry[2] is None and key.startswith("video:decode:"):
+            return False, None, None
+        return True, entry[2], facts
 
-    def put(self, key: str, stamp: list[Any] | None, reason: str | None) -> None:
+    def put(self, key: str, stamp: list[Any] | None, reason: str | None, facts: dict[str, Any] | None = None) -> None:
         if stamp is not None:  # a missing file is checked again next time (it may appear)
-            self.data[key] = [*stamp, reason]
+            self.data[key] = [*stamp, reason] if facts is None else [*stamp, reason, facts]
             self.changed = True
 
     def save(self) -> None:
@@ -256,7 +275,8 @@ def spread_checks(spread: Spread) -> Iterator[None]:
 
 
 def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True, workers: int | None = None,
-                cache_file: Path | None | bool = True, progress: bool = False, desc: str = "check media"
+                cache_file: Path | None | bool = True, progress: bool = False, desc: str = "check media",
+                facts: dict[tuple[str, str], dict[str, Any] | None] | None = None
                 ) -> dict[tuple[str, str], str | None]:
     """``{(path, kind): reason or None}`` for every ``(path, kind)``; checked on ``workers`` threads (default:
     the CPU count, 2 to 8, divided among the processes on this machine when the check is spread) with the
@@ -264,7 +284,8 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
     path, or None/False for no cache. Inside :func:`spread_checks` the files are shared out among the
     processes, which must all pass the same files (the same kinds and sizes in the same order; the paths may
     differ, as a toy world in each machine's own cache does): a difference raises :class:`DataError` on
-    every process."""
+    every process. ``facts``, when given, is filled with what :func:`probe_media_file` found of each file.
+    """
     todo = list(dict.fromkeys((str(p), k) for p, k in files))
     cache = CheckCache(default_cache_file() if cache_file is True else (cache_file or None))
     out: dict[tuple[str, str], str | None] = {}
@@ -272,9 +293,11 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
     pending: list[int] = []  # indices into todo
     for i, (path, kind) in enumerate(todo):
         stamps[(path, kind)] = stamp = CheckCache.stamp(path)
-        hit, reason = cache.get(_cache_key(path, kind, decode), stamp)
+        hit, reason, found = cache.get(_cache_key(path, kind, decode), stamp)
         if hit:
             out[(path, kind)] = reason
+            if facts is not None:
+                facts[(path, kind)] = found
         else:
             pending.append(i)
     spread = _SPREAD.get()
@@ -283,7 +306,7 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
         share = max(1, spread.local_size)
     else:
         mine, share = pending, 1
-    verdicts: dict[int, str | None] = {}
+    verdicts: dict[int, tuple[str | None, dict[str, Any] | None]] = {}
     if mine:
         n = workers if workers is not None else max(2, min(8, os.cpu_count() or 2)) // share or 1
         with quiet_native_stderr() as console:
@@ -291,17 +314,19 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
 
             bar = tqdm(total=len(mine), desc=desc, unit="file", leave=False, disable=not progress, file=console)
             with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
-                for i, reason in zip(mine, pool.map(lambda i: check_media_file(*todo[i], decode=decode), mine)):
-                    verdicts[i] = reason
+                for i, verdict in zip(mine, pool.map(lambda i: probe_media_file(*todo[i], decode=decode), mine)):
+                    verdicts[i] = verdict
                     bar.update(1)
             bar.close()
     if spread is not None and spread.size > 1:
         for part in spread.gather(sorted(verdicts.items())):
             verdicts.update(part)
-    for i, reason in verdicts.items():
+    for i, (reason, found) in verdicts.items():
         key = todo[i]
         out[key] = reason
-        cache.put(_cache_key(*key, decode), stamps[key], reason)
+        if facts is not None:
+            facts[key] = found
+        cache.put(_cache_key(*key, decode), stamps[key], reason, found)
     if verdicts and (spread is None or spread.save):
         try:
             cache.save()
@@ -361,9 +386,11 @@ def check_samples_media(samples: Iterable[Sample], base_dir: str | Path | None, 
     samples = list(samples)
     cache = {} if cache is None else cache
     files = [(item.resolve(base_dir), item.type) for s in samples for item in s.media if not item.is_remote()]
-    for (path, kind), reason in check_files(files, decode=decode, **kwargs).items():
+    found: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for (path, kind), reason in check_files(files, decode=decode, facts=found, **kwargs).items():
         cache[(path, f"{kind}:{decode}")] = reason
-    return [check_sample_media(s, base_dir, decode=decode, cache=cache) for s in samples]
+    facts = {path: f for (path, _), f in found.items() if f}
+    return [check_sample_media(s, base_dir, decode=decode, cache=cache, facts=facts) for s in samples]
 
 
 def check_sample_media(
@@ -372,18 +399,46 @@ def check_sample_media(
     *,
     decode: bool = True,
     cache: dict[tuple[str, str], str | None] | None = None,
+    facts: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
-    """Reasons for each bad media item of ``sample`` (``media[i]: ...``). ``cache`` avoids re-checking a
-    file several samples share."""
+    """Reasons for each bad media item of ``sample`` (``media[i]: ...``): a file missing or not decoding as its
+    type, or (with ``decode``) a video whose record's sampling takes none of its frames (a window past its end,
+    more frames than it has: :func:`video.sampling.sampling_problem`). ``cache`` avoids re-checking a file
+    several samples share; ``facts``: what decoding found of each video (``{path: {"frames", "fps"}}``)."""
     reasons = []
     for i, item in enumerate(sample.media):
         if item.is_remote():
             continue
         reason = _cached(item, base_dir, decode, cache)
+        if reason is None and decode and item.type == "video":
+            reason = _window_problem(item, base_dir, facts)
         if reason:
             shown = "" if Path(item.path).is_absolute() else f" (path {item.path!r})"
             reasons.append(f"media[{i}]{shown}: {reason}")
     return reasons
+
+
+_WINDOW_KEYS = ("start", "end", "fps", "nframes", "min_frames", "max_frames")
+
+
+def _window_problem(item: MediaItem, base_dir: str | Path | None, facts: dict[str, dict[str, Any]] | None
+                    ) -> str | None:
+    """Why ``item``'s sampling takes no frames of its (good) video, naming the file; None when it takes some, has
+    no frame settings, or its settings are already wrong as written (the schema says so)."""
+    if not any(k in item.sampling for k in _WINDOW_KEYS) or check_media_item(item):
+        return None
+    path = item.resolve(base_dir)
+    found = (facts or {}).get(str(path))
+    if found is None:
+        found = probe_media_file(path, "video")[1]
+        if found is None:
+            return None
+        if facts is not None:
+            facts[str(path)] = found
+    from video.sampling import sampling_problem
+
+    why = sampling_problem(int(found["frames"]), float(found["fps"]), item.sampling)
+    return None if why is None else f"video {path}: {why}"
 
 
 def _cached(item: MediaItem, base_dir: str | Path | None, decode: bool,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,14 +69,11 @@ class MediaItem:
                     path = data.pop(kind)
                     data.pop("type", None)
                     sampling = {k: data.pop(k) for k in list(data) if k in SAMPLING_KEYS}
-                    sampling.update(data.pop("sampling", None) or {})
-                    return cls(type=kind, path=path, sampling=sampling)
-        sampling = data.get("sampling") or {}
-        if isinstance(sampling, str):
-            sampling = json.loads(sampling) if sampling.strip() else {}
+                    sampling.update(sampling_dict(data.pop("sampling", None)))
+                    return cls(type=kind, path=path, sampling={k: v for k, v in sampling.items() if v is not None})
         path = data.get("path")
         kind = data.get("type") or (guess_media_type(path) if isinstance(path, str) else None) or ""
-        return cls(type=str(kind), path="" if path is None else str(path), sampling=dict(sampling))
+        return cls(type=str(kind), path="" if path is None else str(path), sampling=sampling_dict(data.get("sampling")))
 
     def is_remote(self) -> bool:
         return "://" in self.path
@@ -86,6 +84,27 @@ class MediaItem:
         if p.is_absolute() or base_dir is None or self.is_remote():
             return p
         return Path(base_dir) / p
+
+
+def sampling_dict(value: Any) -> dict[str, Any]:
+    """A media item's ``sampling`` as a dict: null, an empty text and null values (a Parquet or ``datasets``
+    column gives every row every key, null where a row has none) mean "not given"; a JSON text is decoded;
+    anything else that is not an object raises :class:`DataError`."""
+    shape = "an object such as {\"fps\": 2} or {\"start\": 3, \"end\": 9}"
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise DataError(f"'sampling' is text that is not JSON ({_short(value)}); give {shape}") from None
+    if not isinstance(value, Mapping):
+        raise DataError(f"'sampling' must be {shape}, got {type(value).__name__} {_short(value)}")
+    out = {str(k): v for k, v in value.items() if v is not None}
+    for key in _WHOLE_KEYS:  # 8.0 (a float column) is 8: a frame count must be an int for the samplers
+        if isinstance(out.get(key), float) and out[key].is_integer():
+            out[key] = int(out[key])
+    return out
 
 
 @dataclass
@@ -240,10 +259,52 @@ def letter_index(letter: str) -> int | None:
     return None
 
 
+_OPTION_LABEL = re.compile(r"^\s*\(?([A-Z])[.):]\s*(.*)$", re.DOTALL)
+MAX_OPTIONS = 26
+"""Options are lettered A to Z."""
+
+
+def strip_option_labels(options: list[str]) -> list[str]:
+    """``["A. red", "B) green", "(C) blue"]`` -> ``["red", "green", "blue"]``: the prompt letters the options
+    itself, so a label that repeats an option's own letter would show twice ("A. A. red"). Labels go only when
+    every option carries its own letter (``"A. Lincoln"`` beside an unlabelled option is text) and has text
+    after it; otherwise the options come back as they are."""
+    if len(options) > MAX_OPTIONS:
+        return list(options)
+    bodies = []
+    for i, text in enumerate(options):
+        m = _OPTION_LABEL.match(text)
+        if m is None or m.group(1) != option_letter(i) or not m.group(2).strip():
+            return list(options)
+        bodies.append(m.group(2).strip())
+    return bodies
+
+
+def _check_options(options: list[str]) -> list[str]:
+    """Reasons a record's options cannot be shown as lettered choices: more than 26, an empty one, repeats."""
+    if len(options) > MAX_OPTIONS:
+        return [(f"{len(options)} options, but options are lettered A to Z: at most {MAX_OPTIONS}; remove some "
+                 "(or make the question 'open')")]
+    reasons = [f"option {option_letter(i)} is empty; give its text or remove it"
+               for i, text in enumerate(options) if not text.strip()]
+    groups: dict[str, list[int]] = {}
+    for i, text in enumerate(options):
+        if text.strip():
+            groups.setdefault(" ".join(text.split()).casefold(), []).append(i)
+    for same in (g for g in groups.values() if len(g) > 1):
+        letters = [option_letter(i) for i in same]
+        said = ", ".join(letters[:-1]) + " and " + letters[-1]
+        reasons.append(f"options {said} are the same text ({options[same[0]].strip()!r}); every option must differ: "
+                       "reword or remove the repeat")
+    return reasons
+
+
 def _check_multiple_choice(s: Sample) -> list[str]:
     if not s.options or len(s.options) < 2:
         return [("multiple_choice needs 'options': a list of at least 2 option texts; add them, or change "
                 "problem_type (e.g. to 'open')")]
+    if len(s.options) > MAX_OPTIONS:
+        return []  # said by _check_options
     letters = option_letters(len(s.options))
     allowed = ", ".join(letters)
     if not isinstance(s.answer, str):
@@ -424,7 +485,7 @@ def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
         span = parse_span(answer)
         answer = list(span) if span is not None else answer
     sample = Sample(id=str(sid), problem_type=ptype, question=str(data["question"]),
-                    answer=answer, options=list(options) if options is not None else None,
+                    answer=answer, options=strip_option_labels(list(options)) if options is not None else None,
                     media=media, meta=meta)
     reasons.extend(validate_sample(sample))
     return sample, reasons
@@ -437,6 +498,8 @@ def validate_sample(sample: Sample) -> list[str]:
         reasons.append("'id' is empty; give every record a unique id")
     if not isinstance(sample.question, str) or not sample.question.strip():
         reasons.append("'question' is empty; every record needs the question text")
+    if sample.options is not None:
+        reasons.extend(_check_options(sample.options))
     ptype = PROBLEM_TYPES.find(sample.problem_type)
     if ptype is None or ptype.name != sample.problem_type:
         reasons.append(f"unknown problem_type {sample.problem_type!r}; known types are "
@@ -445,24 +508,66 @@ def validate_sample(sample: Sample) -> list[str]:
     else:
         reasons.extend(ptype.check(sample))
     for i, item in enumerate(sample.media):
-        reasons.extend(f"media[{i}]: {r}" for r in _check_media_item(item))
+        reasons.extend(f"media[{i}]: {r}" for r in check_media_item(item))
     return reasons
 
 
-def _check_media_item(item: MediaItem) -> list[str]:
+FRAME_KEYS = ("fps", "nframes", "min_frames", "max_frames")
+"""Sampling keys that choose how many frames of a video are taken."""
+_WHOLE_KEYS = ("nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
+               "resized_height", "resized_width")
+"""Sampling keys whose value is a whole number >= 1 (``fps`` is any number > 0; ``start``/``end`` seconds >= 0)."""
+
+
+def _sampling_value_problem(key: str, value: Any) -> str | None:
+    """Why ``sampling.<key> = value`` cannot be used (None when it can): the frame sampler and the pixel budget
+    take numbers only, ``fps`` above 0, counts and pixel budgets whole and at least 1, seconds at least 0."""
+    if isinstance(value, str) and parse_number(value) is not None:
+        return f"sampling {key}={value!r} is text; write the number without quotes ({key}: {value.strip()})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"sampling {key}={_short(value)} must be a number"
+    if key == "fps":
+        return None if value > 0 else f"sampling fps={value!r} must be above 0 (frames sampled per second)"
+    if key in ("start", "end"):
+        return None if value >= 0 else f"sampling {key}={value!r} must be 0 or more seconds"
+    if key in _WHOLE_KEYS and (value < 1 or value != int(value)):
+        return f"sampling {key}={value!r} must be a whole number of at least 1"
+    return None
+
+
+def check_media_item(item: MediaItem) -> list[str]:
+    """Reasons a media item is unusable as written: its type, path and sampling keys, values and their pairs
+    (what needs the file itself, :mod:`data_pipelines.media_check` checks)."""
     reasons = []
     if item.type not in MEDIA_TYPES:
         reasons.append(f"type must be 'image' or 'video', got {item.type!r}")
     if not item.path:
         reasons.append("'path' is empty; give the file path relative to the dataset file or media_root")
-    for key, value in item.sampling.items():
+    sampling = item.sampling
+    usable: dict[str, float] = {}
+    for key, value in sampling.items():
         if key not in SAMPLING_KEYS:
             reasons.append(f"unknown sampling key {key!r}; allowed: {', '.join(sorted(SAMPLING_KEYS))}")
-        elif value is not None and (parse_number(value) is None or parse_number(value) < 0):
-            reasons.append(f"sampling {key}={value!r} must be a non-negative number")
-    start, end = parse_number(item.sampling.get("start")), parse_number(item.sampling.get("end"))
-    if start is not None and end is not None and start > end:
-        reasons.append(f"sampling start={start} is after end={end}")
+        elif value is not None:
+            why = _sampling_value_problem(key, value)
+            if why:
+                reasons.append(why)
+            else:
+                usable[key] = value
+    start, end = usable.get("start"), usable.get("end")
+    if start is not None and end is not None and start >= end:
+        how = f"is after end={end:g} s" if start > end else "equals end"
+        reasons.append(f"sampling start={start:g} s {how}: the window holds no video; give start < end")
+    if "fps" in usable and "nframes" in usable:
+        reasons.append(f"sampling gives both fps={usable['fps']:g} and nframes={usable['nframes']:g}; give one "
+                       "(fps: frames per second, nframes: a fixed number of frames)")
+    for lo, hi in (("min_frames", "max_frames"), ("min_pixels", "max_pixels")):
+        if lo in usable and hi in usable and usable[lo] > usable[hi]:
+            reasons.append(f"sampling {lo}={usable[lo]:g} is above {hi}={usable[hi]:g}; lower {lo} or raise {hi}")
+    if ("resized_height" in sampling) != ("resized_width" in sampling):
+        given, other = ("resized_height", "resized_width") if "resized_height" in sampling else \
+            ("resized_width", "resized_height")
+        reasons.append(f"sampling gives {given} without {other}; a fixed frame size needs both (or neither)")
     return reasons
 
 

@@ -24,6 +24,17 @@ def patch_size_for(family: str) -> int:
     return 16 if family.startswith("qwen3") else 14
 
 
+def own_budget(opts: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
+    """``opts`` with a record's own pixel bound kept when it lies past the run's other one: a record's
+    ``max_pixels`` below the run's ``min_pixels`` lowers the floor to it (and a ``min_pixels`` above the run's
+    ``max_pixels`` raises the cap), as the record asks, instead of a budget no frame fits."""
+    if "max_pixels" in sampling and "min_pixels" not in sampling:
+        opts["min_pixels"] = min(opts["min_pixels"], opts["max_pixels"])
+    if "min_pixels" in sampling and "max_pixels" not in sampling:
+        opts["max_pixels"] = max(opts["max_pixels"], opts["min_pixels"])
+    return opts
+
+
 class MediaPreparer:
     def __init__(self, cfg: MediaConfig, *, family: str = "qwen2_5_vl"):
         self.cfg = cfg
@@ -46,7 +57,7 @@ class MediaPreparer:
                 opts.pop("fps", None)
                 opts.pop("nframes", None)
             opts[key] = value
-        return opts
+        return own_budget(opts, sampling)
 
     def prepare(self, sample: Any) -> list[MediaInput]:
         """Decode every media item of ``sample``; :class:`MediaError` names the file on failure."""
@@ -58,8 +69,8 @@ class MediaPreparer:
             opts = self.video_options(sampling)
             key = f"video:{item.path}|{self.cfg.video_policy}|{json.dumps(opts, sort_keys=True)}"
         else:
-            opts = {"min_pixels": sampling.get("min_pixels", self.cfg.image_min_pixels),
-                    "max_pixels": sampling.get("max_pixels", self.cfg.image_max_pixels)}
+            opts = own_budget({"min_pixels": sampling.get("min_pixels", self.cfg.image_min_pixels),
+                               "max_pixels": sampling.get("max_pixels", self.cfg.image_max_pixels)}, sampling)
             key = f"image:{item.path}|{json.dumps(opts, sort_keys=True)}"
         cached = self.recall(key)
         if cached is not None:
@@ -82,7 +93,7 @@ class MediaPreparer:
             try:
                 image = fit_pixels(open_image(item.path), opts["min_pixels"], opts["max_pixels"],
                                    factor=2 * self.patch)
-            except ValueError as exc:  # e.g. an aspect ratio the Qwen-VL resize rule rejects
+            except (ValueError, AssertionError) as exc:  # e.g. an aspect ratio the Qwen-VL resize rule rejects
                 raise MediaError(item.path, f"cannot be resized for the model: {exc}") from exc
             except (OSError, RuntimeError, MemoryError) as exc:
                 raise MediaError(item.path, f"cannot decode the image ({type(exc).__name__}: {exc})") from exc

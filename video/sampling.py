@@ -93,6 +93,39 @@ def qwen_indices(
     return torch.linspace(first, last, n).round().long().tolist()
 
 
+def sampling_problem(num_frames: int, video_fps: float, sampling: dict[str, Any]) -> str | None:
+    """Why a record's ``sampling`` (``start``/``end`` seconds, ``fps``, ``nframes``, ``min_frames``,
+    ``max_frames``) takes no frames of a video of ``num_frames`` frames at ``video_fps`` by the ``qwen`` rule
+    (the default policy; the frames :func:`sample_video` would fail on), said with what to change; None when it
+    takes some. The values must be numbers (the schema checks them first)."""
+    start, end = sampling.get("start"), sampling.get("end")
+    duration = num_frames / video_fps
+    video = f"the video is {duration:.2f} s, {num_frames} frames at {video_fps:g} fps"
+    if start is not None and start >= duration:
+        return f"sampling start={start:g} s is at or after the end of the video: {video}; give a window inside it"
+    try:
+        first, last = frame_window(num_frames, video_fps, start, end)
+    except ValueError:
+        shown = f"{start or 0:g}-{min(end, duration) if end is not None else duration:g} s"
+        return f"sampling window {shown} holds fewer than 2 frames: {video}; widen the window"
+    window = last - first + 1
+    options = {k: sampling[k] for k in ("fps", "nframes", "min_frames", "max_frames") if k in sampling}
+    if "nframes" in options:
+        options.pop("fps", None)
+    try:
+        qwen_indices(num_frames, video_fps, start=start, end=end, **options)
+    except (ValueError, AssertionError):
+        most = window - window % 2
+        if "nframes" in options:
+            return (f"sampling nframes={options['nframes']} does not fit: the window holds {window} frames ({video}) "
+                    f"and Qwen-VL's frame rule takes an even number of them, 2 to {most}; give nframes from 2 to "
+                    f"{most}")
+        given = " ".join(f"{k}={v:g}" for k, v in options.items())
+        return (f"sampling {given} takes no frames from the window of {window} frames ({video}); Qwen-VL's frame "
+                "rule needs at least 2: give max_frames 2 or more")
+    return None
+
+
 @register_policy("uniform")
 def uniform_indices(
     num_frames: int, fps: float, /, *, start: float | None = None, end: float | None = None, nframes: int = 16

@@ -1,0 +1,147 @@
+"""`mmrl data validate` names every record that would stop training (issue 47, "Done when"; items 5, 8, 9).
+
+A data file of good records and records that each stop a run when drawn (a sampling window past the end of
+the video, more frames than it has, an image typed as a video and the reverse, a video that does not decode, a
+missing file, sampling values of the wrong type or range, duplicate or too many options, an answer outside the
+options, a question over ``data.max_question_chars``...). The media are real files written here (PyAV MP4, PIL
+images). Validate names each bad record at its line with its reason and exits 1; the good ones pass. The load
+``mmrl train`` does (``load_split``) refuses the file listing them, or with ``data.on_bad_sample=skip`` keeps the
+good records, and every one of those goes through the media preparer and the prompt as training takes them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_runs import TINY_RUN, module_cache  # noqa: F401 -- module_cache is a fixture
+
+from data_pipelines.loaders import DEFAULT_MAX_QUESTION_CHARS
+from mmrl.cli import main as cli_main
+from mmrl.config import load_run_config
+from mmrl.media import MediaPreparer
+from mmrl.prompts import user_text
+from mmrl.run import load_split
+from mmrl_common.errors import DataError
+from video.writer import write_mp4
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+VIDEO = "media/ten seconds.mp4"  # 20 frames at 2 fps: 10 s
+
+
+def _rec(rid: str, media: list[dict], **kw) -> dict:
+    r = {"id": rid, "problem_type": "multiple_choice", "question": "What colour is the square?",
+         "options": ["red", "green", "blue", "yellow"], "answer": "B", "media": media}
+    r.update(kw)
+    return r
+
+
+def _video(path: str = VIDEO, **sampling) -> dict:
+    return {"type": "video", "path": path, **({"sampling": sampling} if sampling else {})}
+
+
+GOOD = [
+    _rec("good-video", [_video()]),
+    _rec("good-window", [_video(start=2, end=6, nframes=4)]),
+    _rec("good-nulls", [_video(fps=None, nframes=4, start=None)]),  # null = not given (Parquet/datasets rows)
+    _rec("good-image", [{"type": "image", "path": "media/scan.png"}], problem_type="yes_no", options=None,
+         answer="no"),
+    _rec("good-labelled", [_video(end=9.5)], options=["A. red", "B. green", "C. blue"]),
+]
+
+BAD = {  # id: (record, what validate must say)
+    "window-after-end": (_rec("window-after-end", [_video(start=30, end=40)]),
+                         r"start=30 s is at or after the end of the video: the video is 10\.00 s"),
+    "start-after-end": (_rec("start-after-end", [_video(start=12)]), r"start=12 s is at or after the end"),
+    "window-too-short": (_rec("window-too-short", [_video(start=3, end=3.4)]), r"holds fewer than 2 frames"),
+    "more-frames-than-video": (_rec("more-frames-than-video", [_video(nframes=64)]),
+                               r"nframes=64 does not fit: the window holds 20 frames"),
+    "one-frame": (_rec("one-frame", [_video(nframes=1)]), r"nframes=1 does not fit"),
+    "max-frames-1": (_rec("max-frames-1", [_video(max_frames=1)]), r"max_frames=1 takes no frames"),
+    "image-as-video": (_rec("image-as-video", [_video("media/photo.jpg")]), r"is a JPEG image, not a video"),
+    "video-as-image": (_rec("video-as-image", [{"type": "image", "path": VIDEO}]),
+                       r"is a \.mp4 video file, not an image; give it as a video item"),
+    "truncated": (_rec("truncated", [_video("media/truncated.mp4")]), r"cannot decode video .*truncated\.mp4"),
+    "missing": (_rec("missing", [_video("media/missing.mp4")]), r"video file not found: .*missing\.mp4"),
+    "fps-text": (_rec("fps-text", [_video(fps="two")]), r"fps='two' must be a number"),
+    "fps-quoted": (_rec("fps-quoted", [_video(fps="2")]), r"fps='2' is text; write the number without quotes"),
+    "fps-zero": (_rec("fps-zero", [_video(fps=0)]), r"fps=0 must be above 0"),
+    "nframes-negative": (_rec("nframes-negative", [_video(nframes=-2)]), r"nframes=-2 must be a whole number"),
+    "nframes-fraction": (_rec("nframes-fraction", [_video(nframes=2.5)]), r"nframes=2\.5 must be a whole number"),
+    "start-not-before-end": (_rec("start-not-before-end", [_video(start=5, end=2)]),
+                             r"start=5 s is after end=2 s: the window holds no video"),
+    "pixels-crossed": (_rec("pixels-crossed", [{"type": "image", "path": "media/scan.png",
+                                                "sampling": {"min_pixels": 100000, "max_pixels": 1000}}]),
+                       r"min_pixels=100000 is above max_pixels=1000"),
+    "zero-size": (_rec("zero-size", [_video(resized_height=0, resized_width=0)]), r"resized_height=0 must be"),
+    "sampling-list": (_rec("sampling-list", [{"type": "video", "path": VIDEO, "sampling": [2, 8]}]),
+                      r"'sampling' must be an object"),
+    "duplicate-options": (_rec("duplicate-options", [_video()], options=["red", "green", "red", "blue"]),
+                          r"options A and C are the same text \('red'\)"),
+    "too-many-options": (_rec("too-many-options", [_video()], options=[f"colour {i}" for i in range(27)]),
+                         r"27 options, but options are lettered A to Z"),
+    "answer-outside": (_rec("answer-outside", [_video()], answer="E"), r"answer letter 'E' is outside the options"),
+    "question-too-long": (_rec("question-too-long", [_video()], question="Why? " * (DEFAULT_MAX_QUESTION_CHARS // 4)),
+                          r"over the cap of 20,000"),
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    """The data file (good and bad records mixed) and each record's line."""
+    root = tmp_path_factory.mktemp("catches")
+    rng = np.random.default_rng(0)
+    video = write_mp4(root / VIDEO, rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8), 2.0)
+    raw = video.read_bytes()
+    (root / "media" / "truncated.mp4").write_bytes(raw[: len(raw) // 2])
+    Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "media" / "scan.png")
+    Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "media" / "photo.jpg")
+    records = [r for pair in zip(GOOD, [b for b, _ in BAD.values()]) for r in pair]
+    records += [b for b, _ in list(BAD.values())[len(GOOD):]]
+    path = root / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path, {r["id"]: i for i, r in enumerate(records, 1)}
+
+
+def test_validate_names_every_record_that_would_stop_training(data, capsys: pytest.CaptureFixture[str]) -> None:
+    path, lines = data
+    rc = cli_main(["data", "validate", str(path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "Traceback" not in out
+    reported = out.splitlines()
+    for rid, (_, pattern) in BAD.items():
+        hits = [ln for ln in reported if ln.startswith(f"{path}:{lines[rid]}: sample '{rid}': ")]
+        assert hits, f"{rid} (line {lines[rid]}) not named:\n{out}"
+        assert any(re.search(pattern, ln) for ln in hits), (rid, hits)
+    for good in GOOD:
+        assert not [ln for ln in reported if ln.startswith(f"{path}:{lines[good['id']]}:")], (good["id"], out)
+    assert reported[-1].startswith("FAILED") and f"{len(GOOD)} good, {len(BAD)} bad" in reported[-1]
+
+
+def test_training_load_refuses_them_or_keeps_only_the_good_ones(data, capsys: pytest.CaptureFixture[str]) -> None:
+    """The load ``mmrl train`` does: refused, every bad record listed; with skip, the good records, each of which
+    the media preparer decodes and the prompt renders, as a training step takes it."""
+    path, lines = data
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, f"data.train={path}"])
+    with pytest.raises(DataError) as err:
+        load_split(cfg, "train", show_progress=False)
+    for rid in BAD:
+        assert f"{path}:{lines[rid]}: sample '{rid}'" in str(err.value), rid
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, f"data.train={path}", "data.on_bad_sample=skip"])
+    samples, info = load_split(cfg, "train", show_progress=False)
+    capsys.readouterr()
+    assert [s.id for s in samples] == [g["id"] for g in GOOD]
+    assert info["skipped"] == len(BAD)
+    preparer = MediaPreparer(cfg.data.media)
+    for s in samples:
+        media = preparer.prepare(s)
+        assert len(media) == len(s.media)
+        assert "A. A." not in user_text(s, cfg.prompt)
+    window = next(s for s in samples if s.id == "good-window")
+    assert all(2 <= t <= 6 for t in preparer.prepare(window)[0].timestamps)
