@@ -145,3 +145,31 @@ def test_training_load_refuses_them_or_keeps_only_the_good_ones(data, capsys: py
         assert "A. A." not in user_text(s, cfg.prompt)
     window = next(s for s in samples if s.id == "good-window")
     assert all(2 <= t <= 6 for t in preparer.prepare(window)[0].timestamps)
+
+
+def test_parquet_rows_with_different_sampling_keys(data, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An EasyR1/Hub-style Parquet table: Arrow gives every row every sampling key (null where the row had none).
+    The good rows pass and train; a window past the video's end and too many frames are named at their record."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path, _ = data
+    video = str(path.parent / VIDEO)
+    rows = [_rec("pq-nframes", [_video(video, nframes=4)]), _rec("pq-window", [_video(video, start=2, end=6)]),
+            _rec("pq-after-end", [_video(video, start=30, end=40)]), _rec("pq-too-many", [_video(video, nframes=64)]),
+            _rec("pq-plain", [_video(video)])]
+    table = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), table)
+    assert cli_main(["data", "validate", str(table), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(rf"{re.escape(str(table))}:record 2: sample 'pq-after-end': .*start=30 s is at or after the end",
+                     out), out
+    assert re.search(rf"{re.escape(str(table))}:record 3: sample 'pq-too-many': .*nframes=64 does not fit", out), out
+    assert "3 good, 2 bad" in out.splitlines()[-1]
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, f"data.train={table}", "data.on_bad_sample=skip"])
+    samples, _ = load_split(cfg, "train", show_progress=False)
+    capsys.readouterr()
+    assert [s.id for s in samples] == ["pq-nframes", "pq-window", "pq-plain"]
+    preparer = MediaPreparer(cfg.data.media)
+    for s in samples:
+        assert preparer.prepare(s)
