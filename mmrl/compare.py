@@ -314,6 +314,7 @@ def config_differences(arm: Arm, seed: int, folder: Path) -> list[str]:
 
     from mmrl.config import load_run_config
     from mmrl.config_io import to_dict
+    from mmrl.run_inputs import absolute_flat
 
     try:
         saved = yaml.safe_load((folder / "config.yaml").read_text())
@@ -323,8 +324,8 @@ def config_differences(arm: Arm, seed: int, folder: Path) -> list[str]:
         return []
     cfg = load_run_config(arm.task, arm.config, [*arm.all_overrides, f"train.seed={seed}"],
                           extra={"out": str(folder)})
-    now = _flat(yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False)))
-    before = _flat(saved)
+    now = absolute_flat(_flat(yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False))))
+    before = absolute_flat(_flat(saved))  # config.yaml records paths absolute (mmrl.run_inputs)
 
     def show(v: Any) -> str:
         return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()

@@ -49,6 +49,12 @@ def absolute(value: str | None, key: str = "", base: str | Path | None = None) -
     return os.path.normpath(path)
 
 
+def absolute_flat(settings: dict[str, Any], base: str | Path | None = None) -> dict[str, Any]:
+    """A flat ``{dotted key: value}`` view of a config with its path settings absolute (compare two configs'
+    paths as files, not as spellings: ``data/x.jsonl`` and ``/work/data/x.jsonl`` are one file)."""
+    return {k: absolute(v, k, base) if k in PATH_KEYS else v for k, v in settings.items()}
+
+
 def absolute_paths(cfg: Any, base: str | Path | None = None) -> Any:
     """``cfg`` with every path setting (:data:`PATH_KEYS`) absolute, so that a run's ``config.yaml`` finds its
     model and data from whatever folder ``--resume`` is started in."""
@@ -90,19 +96,21 @@ def _skipped(rel: Path) -> bool:
 
 def data_files(value: str) -> tuple[str, Path | None, list[Path]]:
     """What a data setting names: ``("file" | "folder" | "glob" | "missing", root, files)``. A ``PATH:SPLIT``
-    form (a split of a ``datasets`` folder) is the folder's."""
+    form (a split of a ``datasets`` or Hub-style folder, or of a glob of shards) is the whole folder's or glob's
+    (an edit of any split counts)."""
     path = Path(value)
     if path.is_file():
         return "file", path.parent, [path]
     if path.is_dir():
         return "folder", path, sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(p.relative_to(path)))
-    if glob.has_magic(value):
-        files = sorted(Path(p) for p in glob.glob(value, recursive=True) if Path(p).is_file())
-        return "glob", Path(os.path.commonpath([str(f.parent) for f in files])) if files else None, files
+    files = sorted(Path(p) for p in glob.glob(value, recursive=True) if Path(p).is_file()) \
+        if glob.has_magic(value) else []
+    if files:
+        return "glob", Path(os.path.commonpath([str(f.parent) for f in files])), files
     head, sep, _split = value.rpartition(":")
-    if sep and head and Path(head).exists():
+    if sep and head and (Path(head).exists() or glob.has_magic(head)):  # a split of a folder or of a glob
         return data_files(head)
-    return "missing", None, []
+    return ("glob" if glob.has_magic(value) else "missing"), None, []
 
 
 def fingerprint(value: str) -> dict[str, Any]:

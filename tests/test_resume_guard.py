@@ -73,6 +73,7 @@ def test_a_folder_or_a_glob_of_shards_is_fingerprinted_file_by_file(tmp_path: Pa
     assert folder["kind"] == "folder" and shards["kind"] == "glob"
     assert [f["name"] for f in folder["files"]] == [f"train-0000{i}-of-00003.parquet" for i in range(3)]
     assert fingerprint(f"{data}:train")["files"] == folder["files"]  # a split of a datasets folder: the folder's
+    assert fingerprint(f"{data}/train-*.parquet:train")["files"] == shards["files"]
     (data / "train-00001-of-00003.parquet").write_bytes(b"\x09" * 100)
     (data / "train-00003-of-00003.parquet").write_bytes(b"new")
     assert data_difference(folder, fingerprint(str(data))) == \
@@ -105,6 +106,25 @@ def test_config_yaml_paths_are_absolute_and_compare_as_the_same_file(tmp_path: P
     other = load_run_config("video-qa", overrides=["data.train=data/other.jsonl", "data.test=shards/test-*.parquet",
                                                    "data.media_root=~/media", "train.deepspeed=zero2"])
     assert settings_differences(saved, other) == \
+        [f"data.train: {tmp_path / 'data' / 'train.jsonl'} -> {tmp_path / 'data' / 'other.jsonl'}"]
+
+
+def test_compare_reuses_a_run_whose_config_yaml_holds_the_specs_relative_paths_absolute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmrl.compare import Arm, config_differences
+    from mmrl.config import load_run_config
+    from mmrl.config_io import to_dict
+    from mmrl.run_inputs import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    arm = Arm("base", task="video-qa", overrides=["data.train=data/train.jsonl", "model.path=models/m"])
+    folder = tmp_path / "out" / "base" / "seed-0"
+    folder.mkdir(parents=True)
+    cfg = load_run_config("video-qa", overrides=[*arm.overrides, "train.seed=0"], extra={"out": str(folder)})
+    (folder / "config.yaml").write_text(yaml.safe_dump(to_dict(absolute_paths(cfg)), sort_keys=False))
+    assert config_differences(arm, 0, folder) == []
+    moved = Arm("base", task="video-qa", overrides=["data.train=data/other.jsonl", "model.path=models/m"])
+    assert config_differences(moved, 0, folder) == \
         [f"data.train: {tmp_path / 'data' / 'train.jsonl'} -> {tmp_path / 'data' / 'other.jsonl'}"]
 
 
@@ -237,3 +257,4 @@ def test_resume_with_another_model_is_refused_in_one_line_and_writes_nothing(
     rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
     assert rc == 2 and f"model.path {model}: other weights" in err and "--force-settings" in err
     assert snapshot(run) == before
+
