@@ -7,6 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+PATH_HELP = ("a JSONL / JSON / Parquet file, a datasets.save_to_disk folder, a folder of data files as on the "
+             "Hugging Face Hub (data/train-00000-of-00002.parquet ..), or a quoted glob ('shards/*.parquet'); "
+             "PATH:SPLIT picks one split of a folder with several (train, test ..)")
+MEDIA_ROOT_HELP = ("folder that relative media paths resolve against (default: the folder of the data file, the "
+                   "folder given, or the glob's folder)")
 COLUMNS_HELP = ("source column -> record field, as data.columns in a run: a YAML/JSON mapping such as "
                 "'{query: question, level: meta.difficulty}'")
 
@@ -35,13 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
 
     v = sub.add_parser("validate", help="check every record and decode every media file",
                        description="Check every record and open every media file; print FILE:LINE: reason "
-                                   "for each problem; exit 1 when any record is bad.")
-    v.add_argument("path", help="JSONL / JSON / Parquet file or datasets.save_to_disk folder")
-    v.add_argument("--media-root", default=None, help="folder that relative media paths resolve against "
-                                                      "(default: the dataset file's folder)")
+                                   "for each problem; exit 1 when any record is bad or there is none.")
+    v.add_argument("path", help=PATH_HELP + "; with several splits and none named, every split is checked")
+    v.add_argument("--media-root", default=None, help=MEDIA_ROOT_HELP)
     v.add_argument("--format", dest="fmt", default="auto",
-                   help="file format (jsonl, json, parquet, hf) and/or record format (native, video-r1, "
-                        "easyr1), e.g. video-r1+json (default: auto)")
+                   help="file format (jsonl, json, parquet, hf: a datasets folder) and/or record format "
+                        "(native, video-r1, easyr1), e.g. video-r1+json (default: auto, from the file names "
+                        "and the first record)")
     v.add_argument("--columns", default=None, metavar="MAPPING", type=_columns,
                    help=COLUMNS_HELP)
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -50,11 +55,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
     i = sub.add_parser("inspect", help="counts, media statistics and a PNG contact sheet",
                        description="Print counts by problem type / task / difficulty and media statistics, "
                                    "and write a PNG contact sheet of a few samples.")
-    i.add_argument("path", help="JSONL / JSON / Parquet file or datasets.save_to_disk folder")
+    i.add_argument("path", help=PATH_HELP)
     i.add_argument("--out", default=None, help="folder for the contact sheet (default: <data folder>/inspect)")
     i.add_argument("--samples", type=int, default=6, help="samples (rows) on the contact sheet (default 6)")
-    i.add_argument("--media-root", default=None, help="folder that relative media paths resolve against "
-                                                      "(default: the dataset file's folder)")
+    i.add_argument("--media-root", default=None, help=MEDIA_ROOT_HELP)
     i.add_argument("--format", dest="fmt", default="auto",
                    help="file and/or record format, as for validate (default: auto)")
     i.add_argument("--columns", default=None, metavar="MAPPING", type=_columns, help=COLUMNS_HELP)

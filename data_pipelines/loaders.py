@@ -302,6 +302,23 @@ def _choose_hint(base: Path, names: list[str], pick: str | None = None) -> str:
     return f"{base}:{pick} (mmrl train --data {base}:{pick}, data.train={base}:{pick}){folder}"
 
 
+def held_out_split(path: str | Path, role: str) -> str | None:
+    """``PATH:SPLIT`` of the split of the training data ``path`` that holds the held-out data for ``role``
+    (``"val"``, ``"test"``: :data:`ROLE_SPLITS`), when ``path`` is a folder with several splits and names none
+    or ``train`` (``--data folder`` or ``folder:train``, whose ``test`` split evaluates); None otherwise."""
+    base, named = split_spec(path)
+    if named not in (None, "train") or _is_glob(str(base)) or not base.is_dir():
+        return None
+    try:
+        names = [n for n in dataset_splits(base) if n is not None]
+    except DataError:
+        return None
+    if len(names) < 2:
+        return None
+    pick = next((n for n in ROLE_SPLITS.get(role, ()) if n in names and n != "train"), None)
+    return f"{base}:{pick}" if pick else None
+
+
 def iter_raw_records(path: Path, file_fmt: str, *, split: str | None = None,
                      role: str | None = None) -> Iterator[RawRecord]:
     """Yield the records of a dataset one by one, with their line (JSONL) or index (others) and the file they

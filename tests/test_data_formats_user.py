@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from data_pipelines.loaders import load_samples, write_jsonl
+from data_pipelines.loaders import dataset_exists, held_out_split, load_samples, write_jsonl
 from mmrl.cli import main as cli_main
 from mmrl_common.errors import DataError
 
@@ -160,6 +160,10 @@ def test_datasets_folder_splits_by_name_by_folder_and_by_role(dataset_dict: Path
     assert load_samples(dd, role="train").split == "train"
     assert [s.id for s in load_samples(dd, role="val")] == ["v1"]
     assert [s.id for s in load_samples(dd, role="test", on_bad_sample="skip")] == ["x2"]
+    # what `mmrl train --data dd` evaluates on when no --eval-data is given; what exists for data.<split>
+    assert (held_out_split(dd, "test"), held_out_split(f"{dd}:train", "val")) == (f"{dd}:test", f"{dd}:validation")
+    assert held_out_split(dd / "train", "test") is None and held_out_split(f"{dd}:test", "test") is None
+    assert dataset_exists(f"{dd}:test") and dataset_exists(dd / "test") and not dataset_exists(f"{dd}-x:test")
     # a bad record is named at its split's folder
     with pytest.raises(DataError) as exc:
         load_samples(f"{dd}:test")
@@ -204,13 +208,16 @@ def test_empty_data_is_an_error_in_every_format(tmp_path: Path, capsys: pytest.C
         assert "FAILED" in out, name
 
 
-def test_empty_training_file_is_named_at_load(tmp_path: Path):
+def test_empty_training_data_is_named_at_load(tmp_path: Path):
+    import datasets
+
     from mmrl.run import load_split
 
-    (tmp_path / "empty.jsonl").write_text("\n")
+    empty = tmp_path / "empty_hf"
+    datasets.Dataset.from_dict({"id": [], "question": []}).save_to_disk(str(empty))
     with pytest.raises(DataError) as exc:
-        load_split(_run_cfg(f"data.train={tmp_path / 'empty.jsonl'}"), "train", show_progress=False)
-    assert str(exc.value).startswith(f"{tmp_path / 'empty.jsonl'} has no records") and "toy_tasks" not in str(exc.value)
+        load_split(_run_cfg(f"data.train={empty}"), "train", show_progress=False)
+    assert str(exc.value).startswith(f"{empty} has no records") and "toy_tasks" not in str(exc.value)
 
 
 # ------------------------------------------------------------------ item 16: a Hub-layout folder, a glob of shards
@@ -235,6 +242,7 @@ def test_hub_folder_loads_by_split_and_names_the_shard(hub: Path):
     assert res.locations == [f"{hub / 'data' / 'train-00000-of-00002.parquet'}:record {i}" for i in (0, 1)]
     assert [s.id for s in load_samples(hub, role="test")] == ["x1"]
     assert [s.id for s in load_samples(f"{hub}:test")] == ["x1"]
+    assert held_out_split(hub, "val") == f"{hub}:test"  # no validation split: the test split is held out
     with pytest.raises(DataError) as exc:
         load_samples(hub)
     assert f"{hub}:train" in str(exc.value) and "train, test" in str(exc.value)
@@ -245,6 +253,7 @@ def test_glob_of_shards_is_one_dataset(tmp_path: Path, capsys: pytest.CaptureFix
     for i in range(3):
         write_jsonl(shards / f"part-{i}.jsonl", [_native(f"s{i}a"), _native(f"s{i}b")])
     (shards / "notes.txt").write_text("not data\n")
+    assert dataset_exists(shards / "*.jsonl") and not dataset_exists(shards / "*.parquet")
     res = load_samples(shards / "*.jsonl")
     assert [s.id for s in res] == ["s0a", "s0b", "s1a", "s1b", "s2a", "s2b"]
     assert res.locations[2] == f"{shards / 'part-1.jsonl'}:1" and res.lines == 6
@@ -264,3 +273,27 @@ def test_hub_folder_from_the_cli(hub: Path, capsys: pytest.CaptureFixture[str]):
     assert code == 0 and "1 good, 0 bad" in out
     code, out = _validate(capsys, hub / "data" / "train-*.parquet")
     assert code == 1 and "3 records" in out
+
+
+# ------------------------------------------------------------------------ README: the data section's commands
+def test_readme_data_layouts_validate_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]):
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"Other layouts load as they are.*?```bash\n(.*?)```", readme, flags=re.DOTALL).group(1)
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("mmrl data validate")]
+    assert len(commands) == 2
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    Image.fromarray(np.full((8, 8, 3), 90, np.uint8)).save(tmp_path / "ball.png")
+    (tmp_path / "shards").mkdir()
+    for i in range(2):
+        pq.write_table(pa.Table.from_pylist([_native(f"s{i}")]), tmp_path / "shards" / f"part-{i}.parquet")
+    example = json.loads(re.search(r"# (\{\"problem\".*\})\n", block).group(1))
+    pq.write_table(pa.Table.from_pylist([example]), tmp_path / "easyr1_train.parquet")
+    for argv in commands:
+        code, out = _validate(capsys, *argv[3:])
+        assert code == 0 and "0 bad" in out, out
+    assert load_samples("easyr1_train.parquet").samples[0].problem_type == "multiple_choice"
