@@ -204,7 +204,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def check_resume_settings(args: argparse.Namespace, cfg: Any) -> None:
     """``--resume`` with settings other than the run's (KEY=VALUE overrides, --model, --data ...) is refused,
     naming each difference, unless ``--force-settings``; nothing is written either way. Every rank reads the
-    same config.yaml and arguments, so all come to the same verdict."""
+    same config.yaml and arguments, so all come to the same verdict. Paths compare as files (a path given again
+    relative, or moved with the same content, is no difference); the content of the data and the model at the
+    run's own paths is checked by :func:`mmrl.run.train` once it holds the run folder (``inputs.json``)."""
     from mmrl.run import settings_differences
     from mmrl_common.errors import MmrlError
 
