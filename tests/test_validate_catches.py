@@ -26,7 +26,6 @@ from mmrl.config import load_run_config
 from mmrl.media import MediaPreparer
 from mmrl.prompts import user_text
 from mmrl.run import load_split
-from mmrl_common.errors import DataError
 from video.writer import write_mp4
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -124,18 +123,22 @@ def test_validate_names_every_record_that_would_stop_training(data, capsys: pyte
     assert reported[-1].startswith("FAILED") and f"{len(GOOD)} good, {len(BAD)} bad" in reported[-1]
 
 
-def test_training_load_refuses_them_or_keeps_only_the_good_ones(data, capsys: pytest.CaptureFixture[str]) -> None:
-    """The load ``mmrl train`` does: refused, every bad record listed; with skip, the good records, each of which
-    the media preparer decodes and the prompt renders, as a training step takes it."""
+def test_training_refuses_them_at_load_or_keeps_only_the_good_ones(data, tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    """``mmrl train`` stops at load, before the first step, listing every bad record; with skip, the load keeps
+    the good records, each of which the media preparer decodes and the prompt renders, as a training step does."""
     path, lines = data
-    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, f"data.train={path}"])
-    with pytest.raises(DataError) as err:
-        load_split(cfg, "train", show_progress=False)
+    run = tmp_path / "run"
+    rc = cli_main(["train", "--quiet", "--data", str(path), "--out", str(run), *TINY_RUN])
+    _, err = capfd.readouterr()
+    assert rc == 2, err
+    assert f"{len(BAD)} bad record(s) of {len(GOOD) + len(BAD)} in {path}" in err and "Traceback" not in err
     for rid in BAD:
-        assert f"{path}:{lines[rid]}: sample '{rid}'" in str(err.value), rid
+        assert f"{path}:{lines[rid]}: sample '{rid}'" in err, rid
+    assert not (run / "metrics.jsonl").exists()
     cfg = load_run_config("video-qa", overrides=[*TINY_RUN, f"data.train={path}", "data.on_bad_sample=skip"])
     samples, info = load_split(cfg, "train", show_progress=False)
-    capsys.readouterr()
+    capfd.readouterr()
     assert [s.id for s in samples] == [g["id"] for g in GOOD]
     assert info["skipped"] == len(BAD)
     preparer = MediaPreparer(cfg.data.media)
@@ -173,3 +176,19 @@ def test_parquet_rows_with_different_sampling_keys(data, tmp_path: Path, capsys:
     preparer = MediaPreparer(cfg.data.media)
     for s in samples:
         assert preparer.prepare(s)
+
+
+@pytest.mark.slow
+def test_a_run_with_skip_trains_past_them(data, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The run of the report (stopped at step 18 by a window past the video's end) with data.on_bad_sample=skip:
+    the bad records are named at load and every step trains on good ones."""
+    path, lines = data
+    run = tmp_path / "run"
+    rc = cli_main(["train", "--quiet", "--data", str(path), "--out", str(run), *TINY_RUN, "train.steps=3",
+                   "data.on_bad_sample=skip"])
+    out, err = capfd.readouterr()
+    assert rc == 0, err
+    info = json.loads((run / "summary.json").read_text())["stages"]["data"]["train"]
+    assert info["used"] == len(GOOD) and info["skipped"] == len(BAD)
+    assert f"  {path}:{lines['window-after-end']}: sample 'window-after-end': " in out
+    assert "skipping sample" not in out + err  # nothing left to fail when drawn
