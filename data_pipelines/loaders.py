@@ -23,7 +23,7 @@ With several splits and none named, ``role`` (``"train"``, ``"val"``, ``"test"``
 ``train``, or ``validation``/``test``; validation (:func:`iter_raw_records`) reads every split. Each record's
 place names its own file: the shard or the split's folder. Arrow (Parquet, ``datasets``) gives every record of
 a table the same struct fields, null where a record had none; those nulls are dropped from nested objects
-(media items, their ``sampling``, ``meta``) so a record means what it meant when written.
+(media items, their ``sampling``, ``meta``) so a record means what it meant when written (:func:`arrow_record`).
 
 Record formats (our own, Video-R1, EasyR1, see :mod:`data_pipelines.importers`) are detected from the
 first record, or chosen with ``fmt`` (``"video-r1"``); ``fmt`` also accepts a file format (``"jsonl"``,
@@ -348,10 +348,15 @@ def _iter_file(path: Path, file_fmt: str) -> Iterator[RawRecord]:
         raise DataError(f"unknown file format {file_fmt!r}; use one of {', '.join(FILE_FORMATS)}")
 
 
-def drop_arrow_nulls(record: Any) -> Any:
-    """``record`` with the null values of its nested objects left out (top-level columns as they are). Arrow
-    gives all records of a table the same struct fields: ``{"fps": 2}`` beside ``{"nframes": 4}`` comes back
-    as ``{"fps": 2, "nframes": None}``; without the nulls each record reads as it was written."""
+_MEDIA_COLUMNS = ("media", "images", "videos")
+
+
+def arrow_record(record: Any) -> Any:
+    """A record read from Arrow (Parquet, ``datasets``) as it was written. Arrow gives all records of a table
+    the same struct fields, null where a record had none (``{"fps": 2}`` beside ``{"nframes": 4}`` comes back
+    as ``{"fps": 2, "nframes": None}``): the nulls of nested objects are left out (top-level columns stay as
+    they are). A media column that ``datasets`` stores as a ``Sequence`` of items comes back as one object of
+    lists (``{"type": [..], "path": [..]}``): it is turned back into the list of items."""
 
     def strip(value: Any) -> Any:
         if isinstance(value, Mapping):
@@ -362,7 +367,14 @@ def drop_arrow_nulls(record: Any) -> Any:
 
     if not isinstance(record, Mapping):
         return record
-    return {k: strip(v) for k, v in record.items()}
+    out = {}
+    for key, value in record.items():
+        if key in _MEDIA_COLUMNS and isinstance(value, Mapping) and value \
+                and all(isinstance(v, list) for v in value.values()) \
+                and len({len(v) for v in value.values()}) == 1:
+            value = [dict(zip(value, items)) for items in zip(*value.values())]
+        out[key] = strip(value)
+    return out
 
 
 def _iter_jsonl(path: Path) -> Iterator[RawRecord]:
@@ -429,7 +441,7 @@ def _iter_parquet(path: Path) -> Iterator[RawRecord]:
     i = 0
     for batch in pf.iter_batches(batch_size=1024):
         for rec in batch.to_pylist():
-            yield RawRecord(i, "record", drop_arrow_nulls(rec))
+            yield RawRecord(i, "record", arrow_record(rec))
             i += 1
 
 
@@ -452,7 +464,7 @@ def _iter_hf(path: Path) -> Iterator[RawRecord]:
     if isinstance(ds, datasets.DatasetDict):  # found by dataset_splits: only if the folder changed meanwhile
         raise DataError(f"{path} holds the splits {', '.join(ds)}; name one as {path}:{next(iter(ds))}")
     for i, rec in enumerate(ds):
-        yield RawRecord(i, "record", drop_arrow_nulls(rec))
+        yield RawRecord(i, "record", arrow_record(rec))
 
 
 # ------------------------------------------------------------------------------------------ loading

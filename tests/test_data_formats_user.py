@@ -125,6 +125,22 @@ def test_parquet_and_datasets_records_keep_only_the_sampling_keys_they_were_writ
             assert prep.prepare(s)
 
 
+def test_datasets_sequence_of_media_items_reads_as_the_items(tmp_path: Path):
+    import datasets
+
+    item = {"type": datasets.Value("string"), "path": datasets.Value("string"),
+            "sampling": {"fps": datasets.Value("float32"), "nframes": datasets.Value("int32")}}
+    features = datasets.Features({"id": datasets.Value("string"), "problem_type": datasets.Value("string"),
+                                  "question": datasets.Value("string"), "answer": datasets.Value("string"),
+                                  "media": datasets.Sequence(item)})
+    media = {"type": ["video", "image"], "path": ["v.mp4", "a.png"], "sampling": [{"fps": 2.0}, {"nframes": None}]}
+    datasets.Dataset.from_dict({"id": ["q"], "problem_type": ["open"], "question": ["What?"], "answer": ["x"],
+                                "media": [media]}, features=features).save_to_disk(str(tmp_path / "seq"))
+    (sample,) = load_samples(tmp_path / "seq").samples
+    assert [(m.type, Path(m.path).name, m.sampling) for m in sample.media] == \
+        [("video", "v.mp4", {"fps": 2.0}), ("image", "a.png", {})]
+
+
 def test_validate_and_train_loader_agree_on_arrow_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     from mmrl.run import load_split
 
