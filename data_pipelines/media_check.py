@@ -45,8 +45,9 @@ def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str
 
 
 def probe_media_file(path: str | Path, kind: str, *, decode: bool = True) -> tuple[str | None, dict[str, Any] | None]:
-    """:func:`check_media_file`'s reason, and what decoding a good video found: ``{"frames": N, "fps": F}``
-    (None for images, bad files and unopened ones), against which a record's sampling window is checked."""
+    """:func:`check_media_file`'s reason, and what decoding a good file found: ``{"width", "height"}`` and, of a
+    video, ``{"frames", "fps"}`` (None for bad files and unopened ones), against which a record's sampling window
+    is checked."""
     facts: dict[str, Any] = {}
     reason = _check_file(Path(path), kind, decode, facts)
     return reason, (facts or None) if reason is None else None
@@ -85,6 +86,7 @@ def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str 
             img.load()
             if img.width == 0 or img.height == 0:
                 return f"image has no pixels: {p}"
+            facts.update(width=img.width, height=img.height)
         elif kind == "video":
             from video.reader import open_video
 
@@ -94,7 +96,7 @@ def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str 
                     return f"video has no frames: {p}; re-encode it"
                 idx = sorted({0, n // 2, n - 1})
                 frames = reader.get_frames(idx)
-                facts.update(frames=n, fps=float(reader.fps))
+                facts.update(frames=n, fps=float(reader.fps), width=int(reader.width), height=int(reader.height))
             if len(frames) != len(idx):
                 return f"video decoded {len(frames)} of frames {idx}: {p}; the file looks truncated, re-encode it"
         else:
@@ -109,7 +111,21 @@ def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str 
     except Exception as exc:  # noqa: BLE001 -- decoders raise many types; all mean "bad file" here
         return (f"cannot decode {kind} {p}: {type(exc).__name__}: {short_reason(str(exc), p)}; the file may be truncated "
                 "or corrupt, replace it")
-    return None
+    return _shape_problem(p, kind, facts)
+
+
+def _shape_problem(p: Path, kind: str, facts: dict[str, Any]) -> str | None:
+    """Why a decoded image or video's frames cannot be resized for the model (an aspect ratio past the 200:1
+    Qwen-VL's resize rule takes, which would stop a run when the record is drawn); None when they can."""
+    from qwen_vl_utils.vision_process import MAX_RATIO
+
+    w, h = facts.get("width"), facts.get("height")
+    if not w or not h or max(w, h) / min(w, h) <= MAX_RATIO:
+        return None
+    facts.clear()
+    what = "its frames are" if kind == "video" else "it is"
+    return (f"{kind} {p}: {what} {w}x{h} pixels, an aspect ratio of {max(w, h) / min(w, h):.0f}:1, past the "
+            f"{MAX_RATIO}:1 Qwen-VL's resize takes; crop or pad it")
 
 
 _NOT_CORRUPTION = ("not a video", "too large to decode", "cannot open the video file", "cannot open the image file",
@@ -207,13 +223,14 @@ class CheckCache:
         return content_stamp(path)
 
     def get(self, key: str, stamp: list[Any] | None) -> tuple[bool, str | None, dict[str, Any] | None]:
-        """``(hit, reason, facts)``; a good decoded video's verdict without its facts (written by an earlier
-        version) is no hit: it is checked again once, to learn its frame count and rate."""
+        """``(hit, reason, facts)``; a good decoded file's verdict without its facts (written by an earlier
+        version) is no hit: it is checked again once (its frame count, rate and size; a shape the model cannot
+        take was not checked then)."""
         entry = self.data.get(key)
         if stamp is None or entry is None or entry[:2] != stamp:
             return False, None, None
         facts = entry[3] if len(entry) > 3 else None
-        if facts is None and entry[2] is None and key.startswith("video:decode:"):
+        if facts is None and entry[2] is None and key.startswith(("video:decode:", "image:decode:")):
             return False, None, None
         return True, entry[2], facts
 
@@ -389,7 +406,7 @@ def check_samples_media(samples: Iterable[Sample], base_dir: str | Path | None, 
     found: dict[tuple[str, str], dict[str, Any] | None] = {}
     for (path, kind), reason in check_files(files, decode=decode, facts=found, **kwargs).items():
         cache[(path, f"{kind}:{decode}")] = reason
-    facts = {path: f for (path, _), f in found.items() if f}
+    facts = {path: f for (path, kind), f in found.items() if f and kind == "video"}
     return [check_sample_media(s, base_dir, decode=decode, cache=cache, facts=facts) for s in samples]
 
 

@@ -78,6 +78,8 @@ BAD = {  # id: (record, what validate must say)
                                                 "sampling": {"min_pixels": 100000, "max_pixels": 1000}}]),
                        r"min_pixels=100000 is above max_pixels=1000"),
     "zero-size": (_rec("zero-size", [_video(resized_height=0, resized_width=0)]), r"resized_height=0 must be"),
+    "too-narrow": (_rec("too-narrow", [{"type": "image", "path": "media/strip.png"}]),
+                   r"it is 3000x14 pixels, an aspect ratio of 214:1, past the 200:1 Qwen-VL's resize takes"),
     "sampling-list": (_rec("sampling-list", [{"type": "video", "path": VIDEO, "sampling": [2, 8]}]),
                       r"'sampling' must be an object"),
     "duplicate-options": (_rec("duplicate-options", [_video()], options=["red", "green", "red", "blue"]),
@@ -100,6 +102,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]
     (root / "media" / "truncated.mp4").write_bytes(raw[: len(raw) // 2])
     Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "media" / "scan.png")
     Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "media" / "photo.jpg")
+    Image.new("RGB", (3000, 14), (40, 200, 90)).save(root / "media" / "strip.png")
     records = [r for pair in zip(GOOD, [b for b, _ in BAD.values()]) for r in pair]
     records += [b for b, _ in list(BAD.values())[len(GOOD):]]
     path = root / "train.jsonl"
