@@ -368,21 +368,32 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     if refusal is not None:
         raise MmrlError(refusal)
     run_dir.mkdir(parents=True, exist_ok=True)
+    changes = w.broadcast(changes)
     if changes and show_progress:
-        print(f"resume: continuing with settings other than the run's ({'; '.join(changes)}); config.yaml now "
-              "records the new ones, run_state.json the changes", flush=True)
+        print(f"resume: continuing with settings other than the run's ({'; '.join(changes)}); once the run has "
+              "resumed, config.yaml records the new ones and run_state.json the changes", flush=True)
     cfg_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
-    if w.is_main:
+    if w.is_main and not changes:  # other settings are recorded once the run has resumed (session_begins)
         cfg_path.write_text(cfg_text)
-    check_run_folder_shared(w, cfg_path, w.broadcast(cfg_text))
+    check_run_folder_shared(w, cfg_path, w.broadcast(cfg_path.read_text() if w.is_main else None))
     state = RunState(run_dir)
     states.append(state)
-    if changes:  # what config.yaml no longer says: the settings the run had before this session
-        from mmrl.checkpoint import latest_checkpoint
 
+    def session_begins() -> None:
+        """A resume with other settings (``--force-settings``), once its checkpoint has loaded: config.yaml
+        records them, run_state.json the changes and the step they apply from, inputs.json the data and model
+        now. A session that fails before (data that do not load, a checkpoint that does not fit the model)
+        leaves the run folder's record as it was, so the next resume is checked against what the run used."""
+        if not changes:
+            return
         ckpt = latest_checkpoint(run_dir)
+        if w.is_main:
+            cfg_path.write_text(cfg_text)
+            record_inputs(run_dir, cfg, model_dir)
         state.data.setdefault("settings_changes", []).append(
             {"from_step": int(ckpt.name.split("-")[1]) if ckpt else 0, "changes": changes})
+        state.save()
+
     log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show_progress)
     states.append(log)
     threads = set_cpu_threads(cfg.train.cpu_threads, show=show_progress, earlier=state.data.get("torch_threads"))
@@ -395,11 +406,15 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
         model_dir = resolve_model(cfg)
         for split in ("train", cfg.eval.split):
             split_path(cfg, split, show_progress=show_progress)
-    if w.is_main:  # what the next resume checks: the data's content and the model's identity now
+    if w.is_main and not changes:  # what the next resume checks: the data's content and the model's identity
         record_inputs(run_dir, cfg, model_dir)
     with w.spread_media_checks():  # every rank checks its share of the media files; the verdicts gathered
         train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
         eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
+    if cfg.eval.before_rl or cfg.eval.after_rl or cfg.train.eval_every:  # a held-out file with no question: said
+        from mmrl.evaluate import require_questions
+
+        require_questions(eval_samples, eval_info)
     if cfg.eval.limit:
         eval_samples = eval_samples[:cfg.eval.limit]
         if len(eval_samples) < eval_info.get("used", 0):  # the report counts what is evaluated
@@ -467,6 +482,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
         try:
             with stop_on_signals(trainer, run_dir, show=w.is_main):  # SIGTERM, SIGINT: at a step boundary
                 trainer.resume()
+                session_begins()
                 trainer.train()
         except Diverged as exc:  # most updates skipped as non-finite: the report says so, the run fails
             stages["rl"] = {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
@@ -482,6 +498,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     else:  # a new train.steps was refused at the start (_check_run_folder)
         with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
             load_weights(policy.model, run_dir / "final")
+        session_begins()
     stages["rl"] = state.get("rl")
 
     # Stage 4: evaluation after RL.

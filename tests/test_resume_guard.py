@@ -258,3 +258,22 @@ def test_resume_with_another_model_is_refused_in_one_line_and_writes_nothing(
     assert rc == 2 and f"model.path {model}: other weights" in err and "--force-settings" in err
     assert snapshot(run) == before
 
+
+
+@pytest.mark.slow
+def test_a_forced_resume_that_fails_before_it_resumes_leaves_the_runs_record_as_it_was(
+        started: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    run, data = started["run"], started["data"]
+    bad = data.with_name("bad.jsonl")
+    records = [json.loads(line) for line in data.read_text().splitlines()]
+    records[0]["media"][0]["path"] = "media/missing.mp4"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records))
+    kept = {name: (run / name).read_bytes() for name in ("config.yaml", "inputs.json")}
+    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "--data", str(bad))
+    assert rc != 0 and "missing.mp4" in err
+    assert {name: (run / name).read_bytes() for name in kept} == kept  # still the run's own data
+    assert "settings_changes" not in json.loads((run / "run_state.json").read_text())
+    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume")  # continues as the run started
+    assert rc == 0, err
+    assert "settings_changes" not in json.loads((run / "run_state.json").read_text())
+    assert [r["step"] for r in rl_rows(run)] == [1, 2, 3]
