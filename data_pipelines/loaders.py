@@ -276,8 +276,9 @@ def choose_parts(path: str | Path, file_fmt: str = "auto", *, split: str | None 
     if every:
         return [p for n in names for p in splits[n]], None
     what = f" and none for {role}" if role else ""
+    held_out = next((n for n in names if n != "train"), None) if role in ("val", "test") else None
     raise DataError(f"{base} holds the splits {', '.join(names)} ({how}){what}; name the one to use: "
-                    f"{_choose_hint(base, names)}")
+                    f"{_choose_hint(base, names, held_out, role)}")
 
 
 _SPLIT_KINDS = (("train", "training"), ("validation", "val", "valid", "dev"), ("test", "testing", "eval", "evaluation"))
@@ -296,10 +297,11 @@ def _similar_split(named: str, names: list[str]) -> str | None:
     return close[0] if close else None
 
 
-def _choose_hint(base: Path, names: list[str], pick: str | None = None) -> str:
+def _choose_hint(base: Path, names: list[str], pick: str | None = None, role: str | None = None) -> str:
     pick = pick or next((n for n in ("train", "test") if n in names), names[0])
     folder = f", or its folder {base / pick}" if (base / pick / "state.json").exists() else ""
-    return f"{base}:{pick} (mmrl train --data {base}:{pick}, data.train={base}:{pick}){folder}"
+    flag, key = ("--eval-data", f"data.{role}") if role in ("val", "test") else ("--data", "data.train")
+    return f"{base}:{pick} (e.g. {flag} {base}:{pick}, {key}={base}:{pick}){folder}"
 
 
 def held_out_split(path: str | Path, role: str) -> str | None:
@@ -672,8 +674,9 @@ def load_samples(
         result.samples.append(sample)
         result.locations.append(checked.location)
     result.record_format = checker.record_format
+    label = path if chosen is None or split_spec(path)[1] else f"{path}:{chosen}"  # the split read named
     if result.total == 0:
-        raise DataError(no_records_message(path if chosen is None or split_spec(path)[1] else f"{path}:{chosen}"))
+        raise DataError(no_records_message(label))
     if file_fmt == "jsonl":  # numbered as _iter_jsonl numbers them (FILE:N), blank lines included
         result.lines = 0
         for part in parts:
@@ -681,7 +684,7 @@ def load_samples(
                 result.lines += sum(1 for _ in fh)
     if result.problems and on_bad_sample == "raise":
         shown = "\n".join(f"  {p}" for p in result.problems)
-        raise DataError(f"{result.skipped} bad record(s) of {result.total} in {path}:\n{shown}\n"
+        raise DataError(f"{result.skipped} bad record(s) of {result.total} in {label}:\n{shown}\n"
                         f"{numbering_note(result.problems)}"
                         f"fix them, or {skip_hint} to load the good records and skip these")
     return result
@@ -692,7 +695,7 @@ NO_RECORDS = ("has no records (an empty file, only blank lines, an empty list or
 """What a data file with no records is told, after its path."""
 
 
-def no_records_message(path: Path) -> str:
+def no_records_message(path: str | Path) -> str:
     return f"{path} {NO_RECORDS}"
 
 
