@@ -199,11 +199,11 @@ def _glob_parts(pattern: Path, file_fmt: str) -> list[DataPart]:
 def _hub_splits(folder: Path, file_fmt: str) -> dict[str | None, list[DataPart]]:
     """The data files of a folder by split, named as the Hugging Face Hub names them (``data/train-0000..``,
     ``test.jsonl``, ``train/``.. and everything ``train`` when no file names a split)."""
-    from datasets.data_files import get_data_patterns, resolve_pattern
+    from datasets.data_files import EmptyDatasetError, get_data_patterns, resolve_pattern
 
     try:
         patterns = get_data_patterns(str(folder))
-    except Exception:  # datasets' EmptyDatasetError: no file at all
+    except EmptyDatasetError:  # no file at all
         patterns = {}
     wanted = {file_fmt} if file_fmt != "auto" else set(FILE_FORMATS)
     splits: dict[str | None, list[DataPart]] = {}

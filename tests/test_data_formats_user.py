@@ -76,7 +76,7 @@ def test_easyr1_multiple_choice_through_the_training_loader(tmp_path: Path):
     from mmrl.run import load_split
 
     write_jsonl(tmp_path / "e.jsonl", EASYR1_MC[:2])
-    samples, info = load_split(_run_cfg(f"data.train={tmp_path / 'e.jsonl'}"), "train", show_progress=False)
+    samples, _ = load_split(_run_cfg(f"data.train={tmp_path / 'e.jsonl'}"), "train", show_progress=False)
     assert [(s.problem_type, s.answer, len(s.options)) for s in samples] == \
         [("multiple_choice", "B", 3), ("multiple_choice", "A", 2)]
 
