@@ -155,6 +155,18 @@ def test_the_logged_learning_rate_is_the_one_the_steps_update_used(tmp_path: Pat
     assert rows[0]["lr"] == pytest.approx(5e-4) and rows[1]["lr"] == pytest.approx(1e-3)
 
 
+def test_the_logged_sft_learning_rate_is_the_one_its_step_used(tmp_path: Path, module_cache: None,  # noqa: F811
+                                                                capsys: pytest.CaptureFixture) -> None:
+    from mmrl.optim import lr_lambda
+
+    rc, _, err = cli(capsys, "sft", "--quiet", "--steps", "3", "--out", str(tmp_path / "sft"), *TINY_RUN,
+                     "sft.warmup_steps=2", "sft.lr=1e-3")
+    assert rc == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    schedule = lr_lambda(2, 3, 0.0)
+    assert [r["lr"] for r in rows if r["stage"] == "sft"] == pytest.approx([1e-3 * schedule(n) for n in range(3)])
+
+
 # ------------------------------------------------------------------------------------------ real runs
 @pytest.fixture
 def started(module_cache: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:  # noqa: F811
