@@ -402,7 +402,7 @@ def check_samples_media(samples: Iterable[Sample], base_dir: str | Path | None, 
     (``kwargs``: its options); ``cache`` is filled with every verdict."""
     samples = list(samples)
     cache = {} if cache is None else cache
-    files = [(item.resolve(base_dir), item.type) for s in samples for item in s.media if not item.is_remote()]
+    files = [(item.resolve(base_dir), item.type) for s in samples for item in s.media if _checkable(item)]
     found: dict[tuple[str, str], dict[str, Any] | None] = {}
     for (path, kind), reason in check_files(files, decode=decode, facts=found, **kwargs).items():
         cache[(path, f"{kind}:{decode}")] = reason
@@ -424,7 +424,7 @@ def check_sample_media(
     several samples share; ``facts``: what decoding found of each video (``{path: {"frames", "fps"}}``)."""
     reasons = []
     for i, item in enumerate(sample.media):
-        if item.is_remote():
+        if not _checkable(item):
             continue
         reason = _cached(item, base_dir, decode, cache)
         if reason is None and decode and item.type == "video":
@@ -433,6 +433,11 @@ def check_sample_media(
             shown = "" if Path(item.path).is_absolute() else f" (path {item.path!r})"
             reasons.append(f"media[{i}]{shown}: {reason}")
     return reasons
+
+
+def _checkable(item: MediaItem) -> bool:
+    """A local file of a known type (a URL or another type is the schema's problem: said once, there)."""
+    return bool(item.path) and not item.is_remote() and item.type in ("image", "video")
 
 
 _WINDOW_KEYS = ("start", "end", "fps", "nframes", "min_frames", "max_frames")

@@ -539,10 +539,16 @@ def check_media_item(item: MediaItem) -> list[str]:
     """Reasons a media item is unusable as written: its type, path and sampling keys, values and their pairs
     (what needs the file itself, :mod:`data_pipelines.media_check` checks)."""
     reasons = []
-    if item.type not in MEDIA_TYPES:
+    if not item.type:
+        reasons.append(f"no type, and the path's extension does not tell ({_short(item.path)}); give type 'image' or "
+                       "'video'")
+    elif item.type not in MEDIA_TYPES:
         reasons.append(f"type must be 'image' or 'video', got {item.type!r}")
     if not item.path:
         reasons.append("'path' is empty; give the file path relative to the dataset file or media_root")
+    elif item.is_remote():
+        reasons.append(f"path {_short(item.path)} is a URL; mmrl reads local files only (it downloads nothing): "
+                       "download the file and give its path")
     sampling = item.sampling
     usable: dict[str, float] = {}
     for key, value in sampling.items():

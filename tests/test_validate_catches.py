@@ -80,6 +80,8 @@ BAD = {  # id: (record, what validate must say)
     "zero-size": (_rec("zero-size", [_video(resized_height=0, resized_width=0)]), r"resized_height=0 must be"),
     "too-narrow": (_rec("too-narrow", [{"type": "image", "path": "media/strip.png"}]),
                    r"it is 3000x14 pixels, an aspect ratio of 214:1, past the 200:1 Qwen-VL's resize takes"),
+    "url": (_rec("url", [_video("https://example.com/ten.mp4")]), r"is a URL; mmrl reads local files only"),
+    "no-type": (_rec("no-type", ["media/ten seconds"]), r"no type, and the path's extension does not tell"),
     "sampling-list": (_rec("sampling-list", [{"type": "video", "path": VIDEO, "sampling": [2, 8]}]),
                       r"'sampling' must be an object"),
     "duplicate-options": (_rec("duplicate-options", [_video()], options=["red", "green", "red", "blue"]),
