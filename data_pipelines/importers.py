@@ -9,8 +9,9 @@ Built in:
 * ``easyr1``: EasyR1 / verl style (``prompt`` or ``problem`` with ``<image>``/``<video>`` placeholders,
   ``answer``, ``images``, ``videos``). Multiple choice: the options are lines of the problem text (``A. red``,
   ``B. blue``..) and the answer names one (``B``, ``(B)``, ``B. blue`` or ``blue``): they become ``options``
-  and the answer letter; a problem without such lines, or whose answer names none of them, stays ``open``. Embedded image bytes or PIL images are written once to
-  ``mmrl_common.paths.cache_dir()/media/`` (named by content hash) so every sample has a file path.
+  and the answer letter; a problem without such lines, or whose answer names none of them, stays ``open``.
+  Embedded image bytes or PIL images are written once to ``mmrl_common.paths.cache_dir()/media/`` (named by
+  content hash) so every sample has a file path.
 
 Each importer is ``convert(record, index) -> dict`` returning a native dict; it raises
 :class:`~mmrl_common.errors.DataError` when the record cannot be converted (the loader reports that at the
