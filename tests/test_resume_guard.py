@@ -128,6 +128,7 @@ def test_compare_reuses_a_run_whose_config_yaml_holds_the_specs_relative_paths_a
         [f"data.train: {tmp_path / 'data' / 'train.jsonl'} -> {tmp_path / 'data' / 'other.jsonl'}"]
 
 
+@pytest.mark.slow
 def test_checkpoint_weights_of_another_model_give_one_line_naming_both(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
     from mmrl.checkpoint import load_weights, save_model
     from mmrl.model import load_policy
@@ -144,6 +145,7 @@ def test_checkpoint_weights_of_another_model_give_one_line_naming_both(tmp_path:
 
 
 # ------------------------------------------------------------------------------------------ unit: logged LR
+@pytest.mark.slow
 def test_the_logged_learning_rate_is_the_one_the_steps_update_used(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
     from mmrl.optim import lr_lambda
 
