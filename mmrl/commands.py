@@ -29,8 +29,9 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                         "(default: a tiny random model that mmrl builds and caches)")
     if command == "eval":
         p.add_argument("--data", default=None, metavar="FILE",
-                       help="a dataset whose val/test split is given as data.val/data.test; use --eval-data FILE "
-                            "for the file to evaluate (default: the toy world's held-out split)")
+                       help="the training data of a recipe whose held-out split is data.val/data.test (it is not "
+                            "evaluated itself: give the questions to evaluate with --eval-data FILE; default: the "
+                            "toy world's held-out split)")
         p.add_argument("--eval-data", default=None, metavar="FILE",
                        help="the questions to evaluate (JSONL, JSON, Parquet or a datasets folder)")
         p.add_argument("--out", default=None, metavar="DIR",
@@ -306,7 +307,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _join_world(cfg)  # under torchrun: each rank answers its share of the questions
         return cli_run(args, cfg, checks=checks)
     from mmrl.distributed import device_for
-    from mmrl.evaluate import evaluate
+    from mmrl.evaluate import evaluate, require_questions
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model, set_cpu_threads, split_path
     from mmrl.service import RolloutService
@@ -316,24 +317,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg = with_training_settings(args, cfg)
     _quiet_loading(args.quiet)
     given = {"split": args.split or None, "limit": args.limit, "batch_size": args.batch_size}
-    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(  # checked as the settings are (mmrl.config.RANGES)
         cfg.eval, **{k: v for k, v in given.items() if v is not None}))
+    _check_eval_split(args, cfg)
     _check_paths(cfg)
     w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet and w.is_main)
-    with w.node_first():  # each node's local rank 0 builds the node's cache (toy world, tiny model) first
+    with w.node_first():  # each node's local rank 0 builds the node's cache (toy world) first
         split_path(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
-        model_dir = resolve_model(cfg)
     with w.spread_media_checks():  # every rank checks its share of the media files
-        samples, _ = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
+        samples, info = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
+    require_questions(samples, info)  # an empty file, or one the settings filter to nothing: said, not 0 of 0
+    with w.node_first():  # ... and the tiny model, once the questions are known
+        model_dir = resolve_model(cfg)
     if cfg.eval.limit:
         samples = samples[:cfg.eval.limit]
+    checks = _checks(args)
     policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
                          device=device_for(cfg.model.device))
-    metrics, preds = evaluate(
+    metrics, preds = evaluate(  # unreadable media: stop naming the file, or with data.on_bad_sample=skip leave out
         RolloutService.from_config(policy, cfg), samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main, checks=_checks(args))
+        min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main, checks=checks,
+        skip_bad=cfg.data.on_bad_sample == "skip")
     if not w.is_main:
         return 0
     out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -345,6 +351,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(_table(metrics))
     print(f"metrics and predictions: {out / 'metrics.json'}, {out / 'predictions.jsonl'}")
     return 0
+
+
+def _check_eval_split(args: argparse.Namespace, cfg: Any) -> None:
+    """``mmrl eval`` with training data (``--data`` / data.train) but no file for the split to evaluate would
+    evaluate nothing: an error saying how to give the questions. (Evaluating the --data file instead would
+    report accuracy on what may be the training data as if held out; the flag for it is one word away.)"""
+    from mmrl_common.errors import ConfigError
+
+    split = cfg.eval.split
+    if cfg.data.train is None or getattr(cfg.data, split) is not None:
+        return
+    given = f"--data {args.data}" if args.data else f"data.train={cfg.data.train}"
+    raise ConfigError(f"eval: nothing to evaluate: {given} is the training data, and no {split} split is given "
+                      f"(data.{split} is empty); give the questions to evaluate with --eval-data FILE (mmrl eval "
+                      f"--eval-data {cfg.data.train} evaluates that file), or set data.{split}=FILE")
 
 
 def _checks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

@@ -68,7 +68,7 @@ def register_check(name: str, *, summarize: Callable[[Sequence[dict[str, Any]]],
 
 def evaluate(
     service: RolloutService, samples: Sequence[Any], *, max_new_tokens: int = 64, batch_size: int = 16,
-    min_options: int = 0, desc: str = "eval", skip_bad: bool = True, show_progress: bool = True,
+    min_options: int = 0, desc: str = "eval", skip_bad: bool | None = None, show_progress: bool = True,
     checks: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
@@ -79,13 +79,18 @@ def evaluate(
     answered exactly once); every rank must call it with the same samples.
 
     ``checks``: ``{name: settings}`` of registered checks to run too (None: ``service.evaluation["checks"]``,
-    what the run's plug-ins turned on)."""
+    what the run's plug-ins turned on). ``skip_bad``: a question whose media cannot be decoded is left out (and
+    counted in ``metrics["skipped"]``, named in ``metrics["excluded"]``) instead of stopping the evaluation with
+    the file named; None: ``service.evaluation["skip_bad"]`` (``data.on_bad_sample=skip`` of the run's config,
+    so ``mmrl eval`` and a training run's evaluations agree), else True."""
     from mmrl.distributed import world
     from mmrl.rollout import rollout_session
     from rewards import get_reward
 
     if checks is None:
         checks = service.evaluation.get("checks", {})
+    if skip_bad is None:
+        skip_bad = bool(service.evaluation.get("skip_bad", True))
     runs = {name: (CHECKS.get(name), dict(settings or {})) for name, settings in checks.items()}
     w = world()
     accuracy = get_reward("accuracy")
@@ -121,7 +126,8 @@ def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, pred
                 kept.append(s)
             except MediaError as exc:
                 if not skip_bad:
-                    raise
+                    raise MediaError(exc.path, f"{exc.reason} (question {s.id}); data.on_bad_sample=skip leaves "
+                                               "such questions out of the evaluation, counted as skipped") from None
                 unreadable.append({"id": s.id, "reason": f"unreadable media: {exc}"})
         if kept:
             texts = [a[0].text for a in service.generate(kept, max_new_tokens=max_new_tokens)]
@@ -133,6 +139,27 @@ def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, pred
                 check.run(service, kept, rows, max_new_tokens=max_new_tokens, **settings)
             predictions.extend(rows)
         bar.update(len(chunk))
+
+
+def require_questions(samples: Sequence[Any], info: Mapping[str, Any]) -> None:
+    """An evaluation file (``info``: :func:`mmrl.run.load_split`'s account of it) that leaves no question to
+    evaluate is an error naming the file and why (no records, every record skipped, or filtered out by a
+    setting), before anything is trained or loaded; a split without a file (none given) is not checked."""
+    from mmrl_common.errors import DataError
+
+    if samples or not info.get("path"):
+        return
+    where = f"data.{info.get('split', 'test')}: {info['path']}"
+    left_out = {k: n for k, n in (info.get("left_out") or {}).items() if n}
+    if left_out:
+        why = "; ".join(f"{key} leaves out all {n}" for key, n in left_out.items())
+        raise DataError(f"{where}: no question to evaluate: {why}; change {', '.join(left_out)} or give other "
+                        "questions (--eval-data FILE)")
+    if info.get("skipped"):
+        raise DataError(f"{where}: no question to evaluate: all {info['skipped']} record(s) were bad and skipped "
+                        "(data.on_bad_sample=skip; they are listed above); fix them or give other questions")
+    raise DataError(f"{where}: no question to evaluate: the file holds no records; give a file of questions "
+                    "(--eval-data FILE; mmrl data validate FILE checks one)")
 
 
 def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:

@@ -94,10 +94,12 @@ class RolloutService:
         from mmrl.rollout import backend_from_config
 
         r = cfg.rollout
-        return cls(policy, backend or backend_from_config(cfg, policy),
-                   preparer or MediaPreparer(cfg.data.media, family=policy.family), cfg.prompt,
-                   max_new_tokens=cfg.eval.max_new_tokens or r.max_new_tokens, temperature=r.temperature,
-                   top_p=r.top_p, top_k=r.top_k, stop=r.stop)
+        service = cls(policy, backend or backend_from_config(cfg, policy),
+                      preparer or MediaPreparer(cfg.data.media, family=policy.family), cfg.prompt,
+                      max_new_tokens=cfg.eval.max_new_tokens or r.max_new_tokens, temperature=r.temperature,
+                      top_p=r.top_p, top_k=r.top_k, stop=r.stop)
+        service.evaluation["skip_bad"] = cfg.data.on_bad_sample == "skip"  # unreadable media: as the data loads
+        return service
 
     def encode(self, sample: Any, ask: Ask | None = None) -> tuple[TokenSeq, list[MediaInput]]:
         """The prompt tokens of ``sample`` with ``ask``'s changes (media are registered with the policy)."""

@@ -206,24 +206,26 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
                        prompt_template: str | None, max_new_tokens: int | None, split: str | None,
                        limit: int | None, out: str | os.PathLike[str] | None,
                        out_suffix: str | None = None, device: str = "auto") -> BenchmarkRun:
-    """Load the model (unless ``policy`` is given), make the protocol, create ``out`` (default
-    ``runs/eval/<benchmark>-<out_suffix or the model folder's name>``) and read the benchmark's questions."""
+    """Read the benchmark's questions (first: a wrong folder fails before the model loads), load the model
+    (unless ``policy`` is given), make the protocol and create ``out`` (default
+    ``runs/eval/<benchmark>-<out_suffix or the model folder's name>``)."""
     from data_pipelines.benchmarks import load_benchmark
     from mmrl.model import load_policy
 
-    if policy is None:
-        if model is None:
-            raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
-        policy = load_policy(model, dtype=dtype, device=device)
+    if policy is None and model is None:
+        raise MmrlError("give --model (a Hugging Face Qwen-VL folder)")
+    if policy is None or model:
         model_path = str(Path(model).resolve())
     else:
-        model_path = str(Path(model).resolve()) if model else str(getattr(policy.model, "name_or_path", "policy"))
-    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
-                          template=prompt_template, max_new_tokens=max_new_tokens)
+        model_path = str(getattr(policy.model, "name_or_path", "policy"))
     out = Path(out) if out else Path("runs") / "eval" / f"{name}-{out_suffix or Path(model_path).name}"
-    out.mkdir(parents=True, exist_ok=True)
     data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
     samples = data.samples[:limit] if limit else list(data.samples)
+    out.mkdir(parents=True, exist_ok=True)
+    if policy is None:
+        policy = load_policy(model, dtype=dtype, device=device)
+    proto = make_protocol(name, protocol, family=policy.family, frames=frames, max_pixels=max_pixels,
+                          template=prompt_template, max_new_tokens=max_new_tokens)
     return BenchmarkRun(name, policy, model_path, proto, out, data, samples)
 
 
