@@ -98,19 +98,17 @@ def data_files(value: str) -> tuple[str, Path | None, list[Path]]:
     """What a data setting names: ``("file" | "folder" | "glob" | "missing", root, files)``. A ``PATH:SPLIT``
     form (a split of a ``datasets`` or Hub-style folder, or of a glob of shards) is the whole folder's or glob's
     (an edit of any split counts)."""
-    path = Path(value)
+    from data_pipelines.loaders import split_spec
+
+    path, _split = split_spec(value)  # the loaders' reading of PATH:SPLIT
     if path.is_file():
         return "file", path.parent, [path]
     if path.is_dir():
         return "folder", path, sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(p.relative_to(path)))
-    files = sorted(Path(p) for p in glob.glob(value, recursive=True) if Path(p).is_file()) \
-        if glob.has_magic(value) else []
-    if files:
-        return "glob", Path(os.path.commonpath([str(f.parent) for f in files])), files
-    head, sep, _split = value.rpartition(":")
-    if sep and head and (Path(head).exists() or glob.has_magic(head)):  # a split of a folder or of a glob
-        return data_files(head)
-    return ("glob" if glob.has_magic(value) else "missing"), None, []
+    if glob.has_magic(str(path)):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        return "glob", Path(os.path.commonpath([str(f.parent) for f in files])) if files else None, files
+    return "missing", None, []
 
 
 def fingerprint(value: str) -> dict[str, Any]:
