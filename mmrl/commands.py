@@ -25,8 +25,9 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                    help=f"built-in recipe (configs/*.yaml): {', '.join(task_names())}; default video-qa")
     p.add_argument("--config", default=None, metavar="YAML", help="a YAML file merged over the task recipe")
     p.add_argument("--model", default=None, metavar="DIR",
-                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder in Hugging Face format "
-                        "(default: a tiny random model that mmrl builds and caches)")
+                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder in Hugging Face format (default: a tiny model "
+                        "that mmrl builds once and caches, as model.init says: the pre-trained toy base model or "
+                        "random weights)")
     if command == "eval":
         p.add_argument("--data", default=None, metavar="FILE",
                        help="the training data of a recipe whose held-out split is data.val/data.test (it is not "
@@ -35,7 +36,8 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
         p.add_argument("--eval-data", default=None, metavar="FILE",
                        help="the questions to evaluate (JSONL, JSON, Parquet or a datasets folder)")
         p.add_argument("--out", default=None, metavar="DIR",
-                       help="folder for metrics.json and predictions.jsonl (default: runs/eval-<time>)")
+                       help="folder for metrics.json and predictions.jsonl (default: runs/eval-<time>; with "
+                            "--benchmark runs/eval/<benchmark>-<model folder name>)")
     elif command == "sft":  # no evaluation: no --eval-data
         p.add_argument("--data", default=None, metavar="FILE",
                        help="training data, its reference answers the targets (JSONL, JSON, Parquet or a datasets "
