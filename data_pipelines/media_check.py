@@ -440,14 +440,11 @@ def _checkable(item: MediaItem) -> bool:
     return bool(item.path) and not item.is_remote() and item.type in ("image", "video")
 
 
-_WINDOW_KEYS = ("start", "end", "fps", "nframes", "min_frames", "max_frames")
-
-
 def _window_problem(item: MediaItem, base_dir: str | Path | None, facts: dict[str, dict[str, Any]] | None
                     ) -> str | None:
-    """Why ``item``'s sampling takes no frames of its (good) video, naming the file; None when it takes some, has
-    no frame settings, or its settings are already wrong as written (the schema says so)."""
-    if not any(k in item.sampling for k in _WINDOW_KEYS) or check_media_item(item):
+    """Why ``item``'s sampling (or none: the default rule) takes no frames of its (good) video, naming the file;
+    None when it takes some, or its settings are already wrong as written (the schema says so)."""
+    if check_media_item(item):
         return None
     path = item.resolve(base_dir)
     found = (facts or {}).get(str(path))

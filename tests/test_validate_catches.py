@@ -62,6 +62,8 @@ BAD = {  # id: (record, what validate must say)
                                r"nframes=64 does not fit: the window holds 20 frames"),
     "one-frame": (_rec("one-frame", [_video(nframes=1)]), r"nframes=1 does not fit"),
     "max-frames-1": (_rec("max-frames-1", [_video(max_frames=1)]), r"max_frames=1 takes no frames"),
+    "one-frame-video": (_rec("one-frame-video", [_video("media/still.mp4")]),
+                        r"the video has 1 frame; Qwen-VL's frame rule takes at least 2"),
     "image-as-video": (_rec("image-as-video", [_video("media/photo.jpg")]), r"is a JPEG image, not a video"),
     "video-as-image": (_rec("video-as-image", [{"type": "image", "path": VIDEO}]),
                        r"is a \.mp4 video file, not an image; give it as a video item"),
@@ -100,6 +102,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]
     root = tmp_path_factory.mktemp("catches")
     rng = np.random.default_rng(0)
     video = write_mp4(root / VIDEO, rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8), 2.0)
+    write_mp4(root / "media" / "still.mp4", rng.integers(0, 256, (1, 32, 32, 3), dtype=np.uint8), 1.0)
     raw = video.read_bytes()
     (root / "media" / "truncated.mp4").write_bytes(raw[: len(raw) // 2])
     Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(root / "media" / "scan.png")

@@ -17,6 +17,7 @@ Built-in policies:
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -101,6 +102,9 @@ def sampling_problem(num_frames: int, video_fps: float, sampling: dict[str, Any]
     start, end = sampling.get("start"), sampling.get("end")
     duration = num_frames / video_fps
     video = f"the video is {duration:.2f} s, {num_frames} frames at {video_fps:g} fps"
+    if num_frames < 2:
+        return (f"the video has {num_frames} frame; Qwen-VL's frame rule takes at least 2: give it as an image "
+                "(type: image, the frame saved as PNG), or re-encode it with more frames")
     if start is not None and start >= duration:
         return f"sampling start={start:g} s is at or after the end of the video: {video}; give a window inside it"
     try:
@@ -112,6 +116,8 @@ def sampling_problem(num_frames: int, video_fps: float, sampling: dict[str, Any]
     options = {k: sampling[k] for k in ("fps", "nframes", "min_frames", "max_frames") if k in sampling}
     if "nframes" in options:
         options.pop("fps", None)
+    quiet = qvu.logger.level
+    qvu.logger.setLevel(logging.ERROR)  # its "nframes > total_frames" warning: this check says what matters
     try:
         qwen_indices(num_frames, video_fps, start=start, end=end, **options)
     except (ValueError, AssertionError):
@@ -123,6 +129,8 @@ def sampling_problem(num_frames: int, video_fps: float, sampling: dict[str, Any]
         given = " ".join(f"{k}={v:g}" for k, v in options.items())
         return (f"sampling {given} takes no frames from the window of {window} frames ({video}); Qwen-VL's frame "
                 "rule needs at least 2: give max_frames 2 or more")
+    finally:
+        qvu.logger.setLevel(quiet)
     return None
 
 
