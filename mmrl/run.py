@@ -99,10 +99,11 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
                           media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample,
                           check_media=check or False, progress=show_progress,
                           skip_hint="pass data.on_bad_sample=skip",
-                          max_question_chars=cfg.data.max_question_chars)
+                          max_question_chars=cfg.data.max_question_chars, role=split)
     samples = list(result.samples)
     left_out: dict[str, int] = {}  # good records the run's settings leave out, by setting
-    if cfg.data.toy_tasks and getattr(cfg.data, split) is None:  # toy-world settings never filter user data
+    if cfg.data.toy_tasks and cfg.data.train is None and getattr(cfg.data, split) is None:  # toy-world settings
+        # never filter user data (nor the held-out split of a user's data.train folder)
         kept = [s for s in samples if s.meta.get("task") in cfg.data.toy_tasks]
         left_out["data.toy_tasks"], samples = len(samples) - len(kept), kept
     if cfg.data.problem_types:
@@ -127,21 +128,33 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
     return samples, info
 
 
+def no_training_samples(cfg: RunConfig, info: dict[str, Any]) -> str:
+    """Why a run has no training sample: every record bad (and skipped), or the settings that left out the good ones."""
+    where = f"data.train {info['path']}" if cfg.data.train is not None else "the toy world's train split"
+    if not info.get("loaded"):
+        return (f"{where}: all {info['records']} records are bad and data.on_bad_sample=skip left each out (listed "
+                f"above); fix them (mmrl data validate {info['path']} names each)")
+    why = ", ".join(f"{key} left out {n}" for key, n in info["left_out"].items())
+    return f"{where}: none of its {info['loaded']} good records is left ({why}); widen or drop those settings"
+
+
 def split_path(cfg: RunConfig, split: str, *, show_progress: bool = True) -> str | None:
     """The data file of a split: the user's (``data.<split>``), None when the user gave training data but
     none for this split, or the toy world's, which is built here into the mmrl cache on first use."""
+    from data_pipelines.loaders import dataset_exists, held_out_split
+
     path = getattr(cfg.data, split)
     if path is None:
         if cfg.data.train is not None:
             if split == "train":
                 raise ConfigError("data.train is required")
-            return None
+            return held_out_split(cfg.data.train, split)  # --data FOLDER with a test split: that split
         from data_pipelines.toy import ensure_toy
 
         toy = ensure_toy(seed=cfg.data.toy_seed, size=cfg.data.toy_size or "default",
                          tasks=cfg.data.toy_tasks or None, world=cfg.data.toy_world, progress=show_progress)
         path = str(Path(toy) / f"{split}.jsonl")
-    if not Path(path).exists():
+    if not dataset_exists(path):  # a file or folder, PATH:SPLIT, or a glob of shards
         raise ConfigError(f"data.{split}: file not found: {path}")
     return str(path)
 
@@ -421,7 +434,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
             eval_info["left_out"]["eval.limit"] = eval_info["used"] - len(eval_samples)
             eval_info["used"] = len(eval_samples)
     if not train_samples:
-        raise MmrlError("no training samples left after filtering (check data.toy_tasks / data.problem_types)")
+        raise MmrlError(no_training_samples(cfg, train_info))
     check_rewards(cfg, train_samples[0])
     # ZeRO-3 on several ranks: the model is built already partitioned, unless this run has a cold start (the
     # SFT stage trains the whole model on each rank)
