@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 import pytest
+from tiny_runs import module_cache  # noqa: F401 (a fixture)
 
 from mmrl import cli
 from mmrl.config_io import load_yaml
@@ -20,10 +21,9 @@ PRESET = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "presets
 
 
 @pytest.fixture()
-def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def tiny(tmp_path: Path, module_cache: None) -> Path:  # noqa: F811
     from mmrl.tiny_models import ensure_tiny
 
-    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "tiny"
     shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
     (out / "mmrl_eval.json").unlink(missing_ok=True)
