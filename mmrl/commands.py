@@ -294,7 +294,20 @@ def _sft(args: argparse.Namespace, cfg: Any, run_dir: Path) -> int:
     return 0
 
 
+EVAL_FLAG_LOWS = {"limit": 1, "batch_size": 1, "frames": 1, "max_pixels": 1, "workers": 0}
+"""The least value of each whole-number flag of ``mmrl eval`` (the settings they stand for are checked as
+:data:`mmrl.config.RANGES` says; ``--benchmark`` takes some of them directly)."""
+
+
+def _check_eval_flags(args: argparse.Namespace) -> None:
+    from mmrl.config import Range, check_value
+
+    for name, low in EVAL_FLAG_LOWS.items():
+        check_value(f"--{name.replace('_', '-')}", getattr(args, name, None), Range(low, whole=True))
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    _check_eval_flags(args)  # a bad --limit / --frames / ... is one line, whichever path evaluates
     if getattr(args, "agent", None):  # a method's agent loop (EARL's): held-out split or --benchmark
         from mmrl.cli import load_method
 

@@ -168,9 +168,12 @@ def test_the_issues_bad_numbers_are_refused_before_training(override: str, messa
     assert not out.exists()  # refused before anything was written
 
 
-def test_eval_flags_are_checked_like_the_settings(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    for flag, key in (("--batch-size", "eval.batch_size"), ("--limit", "eval.limit")):
-        assert cli.main(["eval", "--quiet", "--out", str(tmp_path / "e"), flag, "0"]) == 2
+@pytest.mark.parametrize("flags", [[], ["--benchmark", "mvbench", "--data-root", "."]])
+def test_eval_flags_are_checked_like_the_settings(flags: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    for flag, value, least in (("--batch-size", "0", 1), ("--limit", "0", 1), ("--frames", "0", 1),
+                               ("--max-pixels", "-1", 1), ("--workers", "-1", 0)):
+        assert cli.main(["eval", "--quiet", "--out", str(tmp_path / "e"), *flags, flag, value]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"error: {key}=0: must be a whole number >= 1") and "Traceback" not in err
+        assert err.startswith(f"error: {flag}={value}: must be a whole number >= {least}") and "Traceback" not in err
     assert not (tmp_path / "e").exists()
