@@ -3,7 +3,10 @@ any training, ``mmrl train`` / ``sft`` / ``eval``).
 
 Images are fully decoded with :func:`vision.open_image`; videos are opened with
 :func:`video.reader.open_video` and their first, middle and last frames decoded, which catches truncated
-MP4 files whose header still reads fine. :func:`check_files` checks many files at once on a thread pool and
+MP4 files whose header still reads fine. What would stop a run when a record is drawn is refused here too: a
+shape past the 200:1 aspect ratio Qwen-VL's resize takes, and a record's sampling that takes no frames of its
+video (a window after the video's end or under 2 frames, more frames than it has, a one-frame video:
+:func:`video.sampling.sampling_problem`, checked against the frame count and rate each verdict keeps). :func:`check_files` checks many files at once on a thread pool and
 remembers each verdict in ``<mmrl cache>/media-check.json`` under the file's path and a digest of its content
 (:func:`content_stamp`), so a second run (or a resume) re-checks only files whose bytes changed; a file
 overwritten with other bytes of the same size, its modification time put back, is checked again. The decoders' own messages on the

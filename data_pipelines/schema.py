@@ -512,8 +512,6 @@ def validate_sample(sample: Sample) -> list[str]:
     return reasons
 
 
-FRAME_KEYS = ("fps", "nframes", "min_frames", "max_frames")
-"""Sampling keys that choose how many frames of a video are taken."""
 _WHOLE_KEYS = ("nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
                "resized_height", "resized_width")
 """Sampling keys whose value is a whole number >= 1 (``fps`` is any number > 0; ``start``/``end`` seconds >= 0)."""

@@ -1,7 +1,9 @@
 """``mmrl data validate``: check every record and open every media file of a dataset.
 
 Each problem prints as ``FILE:LINE: reason`` (``FILE:record N:`` for JSON/Parquet/``datasets``), then a
-summary. Images are fully decoded; videos are opened and their first, middle and last frames decoded.
+summary. Images are fully decoded; videos are opened and their first, middle and last frames decoded, and each
+record's sampling window and frame counts are checked against its video (:mod:`data_pipelines.media_check`): a
+record that passes is one a run with the default frame rule (qwen) can draw.
 """
 
 from __future__ import annotations
