@@ -18,8 +18,9 @@ class MediaError(MmrlError):
 
     def __init__(self, path, reason: str):
         self.path = str(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
+        # a decoder's message that already starts with the file (video.sampling's) is not prefixed twice
+        self.reason = str(reason).removeprefix(f"{self.path}: ")
+        super().__init__(f"{self.path}: {self.reason}")
 
 
 class DataError(MmrlError):

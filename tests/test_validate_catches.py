@@ -200,3 +200,18 @@ def test_a_run_with_skip_trains_past_them(data, tmp_path: Path, capfd: pytest.Ca
     assert info["used"] == len(GOOD) and info["skipped"] == len(BAD)
     assert f"  {path}:{lines['window-after-end']}: sample 'window-after-end': " in out
     assert "skipping sample" not in out + err  # nothing left to fail when drawn
+
+
+def test_a_decoder_error_names_its_file_once(data) -> None:
+    """A video whose frames cannot be taken as a run's settings ask, drawn in training: the preparer's
+    MediaError names the file once (video.sampling's message already starts with it: it read "v.mp4: v.mp4: ...")."""
+    from data_pipelines.schema import Sample
+    from mmrl_common.errors import MediaError
+
+    path, _ = data
+    video = str(path.parent / VIDEO)
+    cfg = load_run_config(task="video-qa", overrides=["data.media.video_policy=uniform", "data.media.nframes=4"])
+    sample = Sample.from_dict(_rec("x", [{"type": "video", "path": video, "sampling": {"min_frames": 2}}]))
+    with pytest.raises(MediaError) as err:
+        MediaPreparer(cfg.data.media).prepare(sample)
+    assert str(err.value).count(video) == 1, str(err.value)
