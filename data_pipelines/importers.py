@@ -31,7 +31,7 @@ from typing import Any
 from mmrl_common.errors import DataError
 from mmrl_common.registry import Registry
 
-from .schema import guess_media_type, parse_number
+from .schema import guess_media_type, parse_number, split_option
 
 Convert = Callable[[Mapping[str, Any], int], dict[str, Any]]
 Detect = Callable[[Mapping[str, Any]], bool]
@@ -90,7 +90,6 @@ def _convert_native(r: Mapping[str, Any], index: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------- Video-R1
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_OPTION_RE = re.compile(r"^\s*\(?([A-Z])[\.\):]\s*(.*)$", re.DOTALL)
 VIDEO_R1_TYPES = {
     "multiple choice": "multiple_choice",
     "numerical": "numeric",
@@ -106,12 +105,6 @@ def extract_answer_tag(text: Any) -> str:
     s = "" if text is None else str(text)
     m = _ANSWER_RE.search(s)
     return (m.group(1) if m else s).strip()
-
-
-def split_option(text: str) -> tuple[str | None, str]:
-    """``"A. red"`` -> (``"A"``, ``"red"``); ``"red"`` -> (None, ``"red"``)."""
-    m = _OPTION_RE.match(text)
-    return (m.group(1), m.group(2).strip()) if m else (None, text.strip())
 
 
 def _detect_video_r1(r: Mapping[str, Any]) -> bool:
@@ -321,6 +314,5 @@ __all__ = [
     "import_record",
     "record_formats",
     "register_importer",
-    "split_option",
     "store_embedded_image",
 ]

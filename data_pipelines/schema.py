@@ -264,6 +264,12 @@ MAX_OPTIONS = 26
 """Options are lettered A to Z."""
 
 
+def split_option(text: str) -> tuple[str | None, str]:
+    """``"A. red"`` -> (``"A"``, ``"red"``); ``"red"`` -> (None, ``"red"``)."""
+    m = _OPTION_LABEL.match(text)
+    return (m.group(1), m.group(2).strip()) if m else (None, text.strip())
+
+
 def strip_option_labels(options: list[str]) -> list[str]:
     """``["A. red", "B) green", "(C) blue"]`` -> ``["red", "green", "blue"]``: the prompt letters the options
     itself, so a label that repeats an option's own letter would show twice ("A. A. red"). Labels go only when
@@ -273,10 +279,10 @@ def strip_option_labels(options: list[str]) -> list[str]:
         return list(options)
     bodies = []
     for i, text in enumerate(options):
-        m = _OPTION_LABEL.match(text)
-        if m is None or m.group(1) != option_letter(i) or not m.group(2).strip():
+        letter, body = split_option(text)
+        if letter != option_letter(i) or not body:
             return list(options)
-        bodies.append(m.group(2).strip())
+        bodies.append(body)
     return bodies
 
 

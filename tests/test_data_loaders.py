@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_pipelines.importers import detect_record_format, extract_answer_tag, split_option
+from data_pipelines.importers import detect_record_format, extract_answer_tag
 from data_pipelines.loaders import load_samples, write_jsonl
+from data_pipelines.schema import split_option
 from mmrl_common.errors import DataError
 
 # Source records with differently named columns, mapped by COLUMNS onto the schema.
