@@ -334,12 +334,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     given = {"split": args.split or None, "limit": args.limit, "batch_size": args.batch_size}
     cfg = dataclasses.replace(cfg, eval=dataclasses.replace(  # checked as the settings are (mmrl.config.RANGES)
         cfg.eval, **{k: v for k, v in given.items() if v is not None}))
-    _check_eval_split(args, cfg)
     _check_paths(cfg)
     w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet and w.is_main)
     with w.node_first():  # each node's local rank 0 builds the node's cache (toy world) first
-        split_path(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
+        held_out = split_path(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
+    _check_eval_split(args, cfg, held_out)  # every rank alike
     with w.spread_media_checks():  # every rank checks its share of the media files
         samples, info = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
     require_questions(samples, info)  # an empty file, or one the settings filter to nothing: said, not 0 of 0
@@ -368,18 +368,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_eval_split(args: argparse.Namespace, cfg: Any) -> None:
-    """``mmrl eval`` with training data (``--data`` / data.train) but no file for the split to evaluate would
-    evaluate nothing: an error saying how to give the questions. (Evaluating the --data file instead would
-    report accuracy on what may be the training data as if held out; the flag for it is one word away.)"""
+def _check_eval_split(args: argparse.Namespace, cfg: Any, path: str | None) -> None:
+    """``mmrl eval`` with training data (``--data`` / data.train) but no split to evaluate (``path``: the
+    split's file, :func:`mmrl.run.split_path`; a dataset folder's own test split counts) would evaluate nothing:
+    an error saying how to give the questions. (Evaluating the --data file instead would report accuracy on
+    what may be the training data as if held out; the flag for it is one word away.)"""
     from mmrl_common.errors import ConfigError
 
     split = cfg.eval.split
-    if cfg.data.train is None or getattr(cfg.data, split) is not None:
+    if path is not None:
         return
     given = f"--data {args.data}" if args.data else f"data.train={cfg.data.train}"
     raise ConfigError(f"eval: nothing to evaluate: {given} is the training data, and no {split} split is given "
-                      f"(data.{split} is empty); give the questions to evaluate with --eval-data FILE (mmrl eval "
+                      f"(data.{split} is empty, and it has no {split} split of its own); give the questions to evaluate with --eval-data FILE (mmrl eval "
                       f"--eval-data {cfg.data.train} evaluates that file), or set data.{split}=FILE")
 
 
