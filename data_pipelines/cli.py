@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from .loaders import DEFAULT_MAX_QUESTION_CHARS
+
 PATH_HELP = ("a JSONL / JSON / Parquet file, a datasets.save_to_disk folder, a folder of data files as on the "
              "Hugging Face Hub (data/train-00000-of-00002.parquet ..), or a quoted glob ('shards/*.parquet'); "
              "PATH:SPLIT picks one split of a folder with several (train, test ..)")
@@ -14,6 +16,16 @@ MEDIA_ROOT_HELP = ("folder that relative media paths resolve against (default: t
                    "folder given, or the glob's folder)")
 COLUMNS_HELP = ("source column -> record field, as data.columns in a run: a YAML/JSON mapping such as "
                 "'{query: question, level: meta.difficulty}'")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _columns(text: str) -> dict[str, str]:
@@ -49,6 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
                         "and the first record)")
     v.add_argument("--columns", default=None, metavar="MAPPING", type=_columns,
                    help=COLUMNS_HELP)
+    v.add_argument("--max-question-chars", type=_positive, default=DEFAULT_MAX_QUESTION_CHARS, metavar="N",
+                   help="the longest question (with its options) a record may have, in characters, as "
+                        "data.max_question_chars in the run you will start (default "
+                        f"{DEFAULT_MAX_QUESTION_CHARS:,})")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(func=_validate)
 
@@ -84,7 +100,7 @@ def _validate(args: argparse.Namespace) -> int:
     from .validate import run_validate
 
     return run_validate(args.path, media_root=args.media_root, fmt=args.fmt, columns=args.columns,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, max_question_chars=args.max_question_chars)
 
 
 def _inspect(args: argparse.Namespace) -> int:

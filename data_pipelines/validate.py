@@ -23,6 +23,8 @@ from .loaders import (
 )
 from .schema import Problem
 
+CAP_HINT = "raise the cap with --max-question-chars N (data.max_question_chars=N in the run)"
+
 
 @dataclass
 class ValidationReport:
@@ -66,7 +68,7 @@ def validate_dataset(
     path, file_fmt, rec_fmt, base_dir = locate_dataset(path, fmt, media_root)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir,
                             media="decode" if check_media else None, progress=progress,
-                            max_question_chars=max_question_chars)
+                            max_question_chars=max_question_chars, cap_hint=CAP_HINT)
     report = ValidationReport(path=path, file_format=file_fmt, record_format=rec_fmt)
     records = iter_raw_records(path, file_fmt, split=split)
     if progress:
@@ -94,10 +96,12 @@ def run_validate(
     columns: dict[str, str] | None = None,
     out: TextIO | None = None,
     progress: bool = False,
+    max_question_chars: int | None = DEFAULT_MAX_QUESTION_CHARS,
 ) -> int:
     """Validate and print; returns the exit status (0 all good, 1 any bad record)."""
     out = out or sys.stdout
-    report = validate_dataset(path, media_root=media_root, fmt=fmt, columns=columns, progress=progress)
+    report = validate_dataset(path, media_root=media_root, fmt=fmt, columns=columns, progress=progress,
+                              max_question_chars=max_question_chars)
     for problem in report.problems:
         print(problem, file=out)
     print(numbering_note(report.problems) + report.summary(), file=out)

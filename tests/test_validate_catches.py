@@ -215,3 +215,18 @@ def test_a_decoder_error_names_its_file_once(data) -> None:
     with pytest.raises(MediaError) as err:
         MediaPreparer(cfg.data.media).prepare(sample)
     assert str(err.value).count(video) == 1, str(err.value)
+
+
+def test_validate_takes_the_runs_question_cap(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run with a lower data.max_question_chars refuses at load a record the default cap passes: validate
+    checks against the same cap with --max-question-chars, and its hint names that flag."""
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps(_rec("long", [], question="Which colour? " + "x" * 600)) + "\n")
+    assert cli_main(["data", "validate", str(path), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli_main(["data", "validate", str(path), "--no-progress", "--max-question-chars", "500"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"long\.jsonl:1: .*over the cap of 500; .*--max-question-chars N", out), out
+    cfg = load_run_config(task="video-qa", overrides=[f"data.train={path}", "data.max_question_chars=500"])
+    with pytest.raises(Exception, match="over the cap of 500"):
+        load_split(cfg, "train", show_progress=False)
