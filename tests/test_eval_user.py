@@ -43,21 +43,25 @@ def test_eval_with_data_but_no_eval_split_says_to_use_eval_data(tmp_path: Path, 
     assert not out.exists()
 
 
-@pytest.mark.parametrize("case", ["empty", "filtered"])
+@pytest.mark.parametrize("case", ["all_bad", "filtered"])
 def test_eval_data_that_leaves_no_question_names_the_file(case: str, tmp_path: Path, module_cache: None,  # noqa: F811
                                                           capsys: pytest.CaptureFixture) -> None:
-    data = _jsonl(tmp_path / "qs.jsonl", [] if case == "empty" else [_mc(0), _mc(1)])
+    (tmp_path / "broken.mp4").write_bytes(os.urandom(4000))
+    bad = {**_mc(0), "media": [{"type": "video", "path": "broken.mp4"}]}
+    data = _jsonl(tmp_path / "qs.jsonl", [bad] if case == "all_bad" else [_mc(0), _mc(1)])
     out = tmp_path / "eval"
-    extra = ["data.problem_types=[yes_no]"] if case == "filtered" else []
+    extra = ["data.problem_types=[yes_no]"] if case == "filtered" else ["data.on_bad_sample=skip"]
     assert cli.main(["eval", "--quiet", "--eval-data", str(data), "--out", str(out), *CHEAP, *extra]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and str(data) in err and "Traceback" not in err and err.count("\n") == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"error: data.test: {data}: no question to evaluate: ") and "Traceback" not in err
     if case == "filtered":
-        assert "no question to evaluate: data.problem_types leaves out all 2" in err
+        assert "data.problem_types leaves out all 2" in err
+    else:
+        assert "all 1 record(s) were bad and skipped (data.on_bad_sample=skip" in err
     assert not out.exists()
 
 
-def test_train_with_an_empty_eval_file_stops_before_training(tmp_path: Path, module_cache: None,  # noqa: F811
+def test_train_with_a_held_out_file_left_without_questions_stops_before_training(tmp_path: Path, module_cache: None,  # noqa: F811
                                                              capsys: pytest.CaptureFixture) -> None:
     """A held-out file with no question the run evaluates (here: none of the type data.problem_types keeps) is an
     error before training, not two evaluations skipped without a word."""
