@@ -30,9 +30,9 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                         "random weights)")
     if command == "eval":
         p.add_argument("--data", default=None, metavar="FILE",
-                       help="the training data of a recipe whose held-out split is data.val/data.test (it is not "
-                            "evaluated itself: give the questions to evaluate with --eval-data FILE; default: the "
-                            "toy world's held-out split)")
+                       help="a dataset (data.train) whose held-out split is evaluated: data.val/data.test, or a "
+                            "datasets folder's own test/validation split; the file itself is not: give the questions "
+                            "to evaluate with --eval-data FILE (default: the toy world's held-out split)")
         p.add_argument("--eval-data", default=None, metavar="FILE",
                        help="the questions to evaluate (JSONL, JSON, Parquet or a datasets folder)")
         p.add_argument("--out", default=None, metavar="DIR",
