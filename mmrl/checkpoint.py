@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmrl.file_digest import DIGEST_BLOCK, block_hashes, hash_threads
 from mmrl.model.weights import published_names, save_pretrained
 
 
@@ -76,36 +77,10 @@ EVAL_SETTINGS_FILE = "mmrl_eval.json"
 
 # ------------------------------------------------------------------------------------ content digests
 DIGEST_FILE = "digest.json"
-DIGEST_BLOCK = 64 << 20  # each file is hashed in blocks of this size, the blocks in parallel threads
-
-
-def _block_hashes(path: Path, size: int, pool: Any) -> list[str]:
-    """The sha256 of each ``DIGEST_BLOCK`` of the file (hashlib drops the GIL: the blocks hash in parallel)."""
-    import hashlib
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        def block(offset: int) -> str:
-            h, end = hashlib.sha256(), min(offset + DIGEST_BLOCK, size)
-            while offset < end:
-                chunk = os.pread(fd, min(8 << 20, end - offset), offset)
-                if not chunk:
-                    break  # the file is shorter than its size said (cut meanwhile): the digest will not match
-                h.update(chunk)
-                offset += len(chunk)
-            return h.hexdigest()
-
-        return list(pool.map(block, range(0, size, DIGEST_BLOCK))) if size else [hashlib.sha256().hexdigest()]
-    finally:
-        os.close(fd)
 
 
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and p.name != DIGEST_FILE)
-
-
-def _threads() -> int:
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def write_digest(folder: Path) -> dict[str, Any]:
@@ -115,10 +90,10 @@ def write_digest(folder: Path) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     files: dict[str, Any] = {}
-    with ThreadPoolExecutor(_threads()) as pool:
+    with ThreadPoolExecutor(hash_threads()) as pool:
         for path in _files(folder):
             size = path.stat().st_size
-            files[path.relative_to(folder).as_posix()] = {"size": size, "sha256": _block_hashes(path, size, pool)}
+            files[path.relative_to(folder).as_posix()] = {"size": size, "sha256": block_hashes(path, size, pool)}
             _fsync(path)
     digest = {"format": 1, "algorithm": "sha256", "block_bytes": DIGEST_BLOCK, "files": files}
     tmp = folder / f".{DIGEST_FILE}.tmp"
@@ -157,7 +132,7 @@ def check_digest(folder: Path) -> str | None:
         raise
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{DIGEST_FILE} cannot be read ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})"
-    with ThreadPoolExecutor(_threads()) as pool:
+    with ThreadPoolExecutor(hash_threads()) as pool:
         for name, want in files.items():
             file = folder / name
             if not file.is_file():
@@ -165,7 +140,7 @@ def check_digest(folder: Path) -> str | None:
             size = file.stat().st_size
             if size != want["size"]:
                 return f"{name} does not match its digest (size {size} != {want['size']})"
-            got = _block_hashes(file, size, pool)
+            got = block_hashes(file, size, pool)
             bad = [i for i, (a, b) in enumerate(zip(got, want["sha256"])) if a != b]
             if bad or len(got) != len(want["sha256"]):
                 i = bad[0] if bad else min(len(got), len(want["sha256"]))

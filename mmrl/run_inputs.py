@@ -78,13 +78,13 @@ def file_sha256(path: Path) -> str:
     change time moves with every write and no tool sets it back)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mmrl.checkpoint import _block_hashes, _threads
+    from mmrl.file_digest import block_hashes, hash_threads
 
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     if key not in _CACHE:
-        with ThreadPoolExecutor(_threads()) as pool:
-            blocks = _block_hashes(path, st.st_size, pool)
+        with ThreadPoolExecutor(hash_threads()) as pool:
+            blocks = block_hashes(path, st.st_size, pool)
         _CACHE[key] = blocks[0] if len(blocks) == 1 else hashlib.sha256("".join(blocks).encode()).hexdigest()
     return _CACHE[key]
 
