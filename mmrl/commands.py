@@ -18,6 +18,10 @@ EVAL_OVERRIDE_HELP = ("dotted config overrides, e.g. rollout.max_new_tokens=512 
                       "(mmrl config show lists every key)")
 
 
+DATA_FORMS = ("a JSONL, JSON or Parquet file, a datasets folder, a Hub-style folder of shards or a quoted glob; "
+              "PATH:SPLIT picks a split")
+
+
 def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
     from mmrl.config import task_names
 
@@ -34,20 +38,22 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                             "datasets folder's own test/validation split; the file itself is not: give the questions "
                             "to evaluate with --eval-data FILE (default: the toy world's held-out split)")
         p.add_argument("--eval-data", default=None, metavar="FILE",
-                       help="the questions to evaluate (JSONL, JSON, Parquet or a datasets folder)")
+                       help=f"the questions to evaluate ({DATA_FORMS})")
         p.add_argument("--out", default=None, metavar="DIR",
                        help="folder for metrics.json and predictions.jsonl (default: runs/eval-<time>; with "
                             "--benchmark runs/eval/<benchmark>-<model folder name>)")
     elif command == "sft":  # no evaluation: no --eval-data
         p.add_argument("--data", default=None, metavar="FILE",
-                       help="training data, its reference answers the targets (JSONL, JSON, Parquet or a datasets "
-                            "folder; default: the toy world)")
+                       help=f"training data, its reference answers the targets ({DATA_FORMS}; a folder with "
+                            "splits: its train split; default: the toy world)")
         p.add_argument("--out", default=None, metavar="DIR",
                        help="run folder; the model is written to <out>/final (default: runs/<task>-<time>-sft)")
     else:
         p.add_argument("--data", default=None, metavar="FILE",
-                       help="training data (JSONL, JSON, Parquet or a datasets folder; default: the toy world)")
-        p.add_argument("--eval-data", default=None, metavar="FILE", help="held-out data for evaluation")
+                       help=f"training data ({DATA_FORMS}; a folder with splits: its train split, and its test or "
+                            "validation split evaluates unless --eval-data is given; default: the toy world)")
+        p.add_argument("--eval-data", default=None, metavar="FILE",
+                       help=f"held-out data for the evaluations before and after RL ({DATA_FORMS})")
         p.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<task>-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
@@ -100,7 +106,7 @@ def _recipe_hint(cfg, section: str, key: str) -> str:
 
     if (task_recipe(cfg.task).get(section) or {}).get(key) != getattr(getattr(cfg, section), key):
         return ""
-    flag = "--model DIR" if section == "model" else "--data FILE"
+    flag = {"path": "--model DIR", "train": "--data FILE", "test": "--eval-data FILE"}.get(key, f"data.{key}=FILE")
     return (f"; it is the {cfg.task} recipe's own setting (configs/{cfg.task}.yaml is the paper's recipe): give "
             f"{flag} with your copy, or run the method on the toy world with its compare spec "
             f"(mmrl compare configs/compare/{cfg.task}.yaml)")
@@ -184,10 +190,7 @@ def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any], *, ex
 def cmd_train(args: argparse.Namespace) -> int:
     from mmrl.run import default_run_dir, train
 
-    base = own_model_base(args)
-    cfg = config_from_args(args, base=base)
-    if base:
-        _say_changes(args, cfg, base)
+    cfg = own_model_config(args)
     _check_paths(cfg)
     if args.resume:
         check_resume_settings(args, cfg)
@@ -486,7 +489,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from mmrl.config_io import describe
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args, base=own_model_base(args))  # what `mmrl train` with these flags runs with
     for key, value, meaning in describe(cfg):
         shown = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
         shown = shown[:-4].rstrip() if shown.endswith("\n...") else shown.removesuffix("...").strip()
@@ -498,13 +501,18 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def add_config_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="print the resolved configuration: every key, its value and meaning",
-                       description="Print the configuration a command would run with (task recipe, --config, "
-                                   "flags and KEY=VALUE overrides merged): every key, its value and its meaning.")
+                       description="Print the configuration mmrl train runs with for the same flags (task "
+                                   "recipe, with --model DIR the real-model preset and the folder's own settings, "
+                                   "--config, flags and KEY=VALUE overrides merged): every key, its value and its "
+                                   "meaning.")
     csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     show = csub.add_parser("show", help="every key with its value and meaning",
                            description="Every key of the resolved configuration with its value and meaning.")
     _common(show)
     show.add_argument("--resume", action="store_true", help="show the configuration of the run in --out")
+    show.add_argument("--recipe-settings", action="store_true",
+                      help="with --model: the recipe's values instead of the real-model preset's and the folder's "
+                           "own mmrl_eval.json (as mmrl train --recipe-settings)")
     show.set_defaults(func=cmd_config)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

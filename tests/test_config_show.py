@@ -1,0 +1,88 @@
+"""``mmrl config show`` prints exactly the settings ``mmrl train`` runs with for the same flags: with ``--model``
+(the real-model preset of a 7B-sized folder, the folder's own mmrl_eval.json), ``--config``, KEY=VALUE overrides
+and ``--recipe-settings`` (issue 48: it showed the recipe without the preset)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tiny_runs import module_cache  # noqa: F401 (a fixture)
+
+from mmrl import cli
+from mmrl.config_io import describe
+
+
+@pytest.fixture()
+def big(tmp_path: Path, module_cache: None) -> Path:  # noqa: F811
+    """A tiny model whose config.json has Qwen2.5-VL-7B's text sizes (the preset reads sizes, not weights),
+    holding the settings it was trained with (mmrl_eval.json)."""
+    from mmrl.tiny_models import ensure_tiny
+
+    out = tmp_path / "model"
+    shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
+    cfg = json.loads((out / "config.json").read_text())
+    (cfg.get("text_config") or cfg).update(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944)
+    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "mmrl_eval.json").write_text(json.dumps({"rollout": {"max_new_tokens": 333}}))
+    return out
+
+
+def _shown(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert cli.main(["config", "show", *argv]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith(" ")]
+    return {k: yaml.safe_load(v) for k, _, v in (ln.partition(": ") for ln in lines)}
+
+
+def _trained(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The settings ``mmrl train`` hands to its run (the run itself is not started)."""
+    import mmrl.run
+
+    seen: list[Any] = []
+    monkeypatch.setattr(mmrl.run, "train", lambda cfg, **_: seen.append(cfg) or {})
+    assert cli.main(["train", *argv]) == 0
+    capsys.readouterr()
+    (cfg,) = seen
+    return {k: v for k, v, _ in describe(cfg)}
+
+
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--task", "ares"],
+    ["--config", "{config}"],
+    ["rollout.max_new_tokens=99", "train.lr=3e-6"],
+    ["--recipe-settings"],
+    ["--task", "medcco", "--data", "{data}", "--eval-data", "{data}", "data.val={data}", "--recipe-settings",
+     "train.steps=7"],
+])
+def test_config_show_prints_what_train_runs_with(flags: list[str], big: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text("train:\n  prompts_per_step: 3\ndata:\n  media:\n    max_frames: 12\n")
+    data = tmp_path / "train.jsonl"
+    data.write_text("")  # read by neither command here: only its path is a setting
+    argv = ["--model", str(big), "--out", str(tmp_path / "run"),
+            *(f.format(config=config, data=data) for f in flags)]
+    shown, trained = _shown(argv, capsys), _trained(argv, monkeypatch, capsys)
+    shown["out"], trained["out"] = yaml.safe_load(str(trained["out"])), yaml.safe_load(str(trained["out"]))
+    differ = {k: (shown.get(k), trained.get(k)) for k in {*shown, *trained}
+              if yaml.safe_load(yaml.safe_dump(trained.get(k))) != shown.get(k)}
+    assert not differ, differ
+    if "--recipe-settings" not in flags:  # the preset and the folder's settings are what both show
+        assert shown["model.dtype"] == "bf16"
+        assert shown["rollout.max_new_tokens"] == (99 if "rollout.max_new_tokens=99" in flags else 333)
+
+
+def test_a_recipes_own_held_out_path_missing_names_the_flag_that_sets_it(big: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text("")
+    assert cli.main(["train", "--task", "medcco", "--model", str(big), "--data", str(data), "--out",
+                     str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "data.test: file not found" in err and "give --eval-data FILE" in err, err
