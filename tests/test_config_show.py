@@ -5,13 +5,12 @@ and ``--recipe-settings`` (issue 48: it showed the recipe without the preset).""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from tiny_runs import module_cache  # noqa: F401 (a fixture)
+from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache is a fixture)
 
 from mmrl import cli
 from mmrl.config_io import describe
@@ -21,13 +20,7 @@ from mmrl.config_io import describe
 def big(tmp_path: Path, module_cache: None) -> Path:  # noqa: F811
     """A tiny model whose config.json has Qwen2.5-VL-7B's text sizes (the preset reads sizes, not weights),
     holding the settings it was trained with (mmrl_eval.json)."""
-    from mmrl.tiny_models import ensure_tiny
-
-    out = tmp_path / "model"
-    shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
-    cfg = json.loads((out / "config.json").read_text())
-    (cfg.get("text_config") or cfg).update(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944)
-    (out / "config.json").write_text(json.dumps(cfg))
+    out = as_7b(own_model(tmp_path / "model"))
     (out / "mmrl_eval.json").write_text(json.dumps({"rollout": {"max_new_tokens": 333}}))
     return out
 

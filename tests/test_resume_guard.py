@@ -15,19 +15,11 @@ from pathlib import Path
 import pytest
 import tiny_runs
 import yaml
-from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cache is a fixture)
+from tiny_runs import TINY_RUN, module_cache, rl_rows, run_cli  # noqa: F401 (module_cache is a fixture)
 
-from mmrl.cli import main
 from mmrl_common.errors import MmrlError
 
 RUN = [*TINY_RUN, "train.steps=3", "train.save_every=1"]
-
-
-def cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(list(argv))
-    got = capsys.readouterr()
-    return rc, got.out, got.err
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -161,7 +153,7 @@ def test_the_logged_sft_learning_rate_is_the_one_its_step_used(tmp_path: Path, m
                                                                 capsys: pytest.CaptureFixture) -> None:
     from mmrl.optim import lr_lambda
 
-    rc, _, err = cli(capsys, "sft", "--quiet", "--steps", "3", "--out", str(tmp_path / "sft"), *TINY_RUN,
+    rc, _, err = run_cli(capsys, "sft", "--quiet", "--steps", "3", "--out", str(tmp_path / "sft"), *TINY_RUN,
                      "sft.warmup_steps=2", "sft.lr=1e-3")
     assert rc == 0, err
     rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
@@ -203,14 +195,14 @@ def test_resume_from_another_working_folder_finds_the_runs_model_and_data(
     assert saved["data"]["train"] == str(started["data"]) and saved["model"]["path"] == str(started["model"])
     inputs = json.loads((run / "inputs.json").read_text())
     assert inputs["started_in"] == str(started["start"]) and inputs["data"]["data.train"]["files"][0]["sha256"]
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume")
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume")
     assert rc == 0, err
     assert "resumed from" in out + err and [r["step"] for r in rl_rows(run)] == [1, 2, 3]
 
     # the run folder, its data and model moved (another machine): given at their new place, the same content
     moved = started["start"].parent / "moved"
     shutil.move(started["start"], moved)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(moved / "run"), "--resume", "--data",
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(moved / "run"), "--resume", "--data",
                      str(moved / "data" / "train.jsonl"), "--model", str(moved / "model"))
     assert rc == 0, err
     assert yaml.safe_load((moved / "run" / "config.yaml").read_text())["data"]["train"] == \
@@ -226,17 +218,17 @@ def test_resume_on_edited_or_other_data_is_refused_and_forced_the_report_says_fr
     lines = data.read_text().splitlines(keepends=True)
     other.write_text("".join(lines[:-1]))
     before = snapshot(run)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--data", str(other))
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--data", str(other))
     assert rc == 2 and f"data.train: {data} -> {other}" in err and "--force-settings" in err
     assert snapshot(run) == before
 
     data.write_text("".join(reversed(lines)))  # the same path, the same size, other content (another order)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
     assert rc == 2, err
     assert f"data.train {data}: its content changed (same size" in err and "--force-settings" in err
     assert "\n" not in err.strip() and snapshot(run) == before  # one line; nothing written
 
-    rc, _, err = cli(capsys, "train", "--out", str(run), "--resume", "--force-settings")
+    rc, _, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--force-settings")
     assert rc == 0, err
     changes = json.loads((run / "run_state.json").read_text())["settings_changes"]
     assert len(changes) == 1 and changes[0]["from_step"] == 1
@@ -254,9 +246,9 @@ def test_resume_with_another_model_is_refused_in_one_line_and_writes_nothing(
     run, model = started["run"], started["model"]
     small = ensure_tiny("qwen2_5_vl", hidden_size=64, intermediate_size=192)
     before = snapshot(run)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--model", str(small))
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--model", str(small))
     assert rc == 2 and f"model.path: {model} -> {small}" in err
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "--model",
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "--model",
                      str(small))
     assert rc == 2 and "cannot be loaded into this model" in err and "hidden 64" in err and "hidden 128" in err
     assert "Traceback" not in err and "\n" not in err.strip()
@@ -264,11 +256,11 @@ def test_resume_with_another_model_is_refused_in_one_line_and_writes_nothing(
 
     shutil.rmtree(model)  # another model in the run's own model folder (the same path)
     shutil.copytree(small, model)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings")
     assert rc == 2 and "cannot be loaded into this model" in err and "Traceback" not in err
     shutil.rmtree(model)  # the same architecture, other weights: refused unless --force-settings
     shutil.copytree(ensure_tiny("qwen2_5_vl", seed=1), model)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
     assert rc == 2 and f"model.path {model}: other weights" in err and "--force-settings" in err
     assert snapshot(run) == before
 
@@ -283,11 +275,11 @@ def test_a_forced_resume_that_fails_before_it_resumes_leaves_the_runs_record_as_
     records[0]["media"][0]["path"] = "media/missing.mp4"
     bad.write_text("".join(json.dumps(r) + "\n" for r in records))
     kept = {name: (run / name).read_bytes() for name in ("config.yaml", "inputs.json")}
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "--data", str(bad))
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "--data", str(bad))
     assert rc != 0 and "missing.mp4" in err
     assert {name: (run / name).read_bytes() for name in kept} == kept  # still the run's own data
     assert "settings_changes" not in json.loads((run / "run_state.json").read_text())
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume")  # continues as the run started
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume")  # continues as the run started
     assert rc == 0, err
     assert "settings_changes" not in json.loads((run / "run_state.json").read_text())
     assert [r["step"] for r in rl_rows(run)] == [1, 2, 3]

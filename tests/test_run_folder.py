@@ -19,20 +19,12 @@ from pathlib import Path
 import pytest
 import tiny_runs
 import yaml
-from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cache is a fixture)
+from tiny_runs import TINY_RUN, module_cache, rl_rows, run_cli  # noqa: F401 (module_cache is a fixture)
 
-from mmrl.cli import main
 from mmrl_common.errors import MmrlError
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = [*TINY_RUN, "train.steps=3", "train.save_every=1"]
-
-
-def cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(list(argv))
-    got = capsys.readouterr()
-    return rc, got.out, got.err
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -97,11 +89,11 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is
     proc = hold(run)
     try:
         expected = f"{run} is in use by pid {proc.pid} on {socket.gethostname()} since "
-        rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), *RUN)
+        rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), *RUN)
         assert rc == 2 and expected in err and f"(command: the-holder --out {run})" in err
         with pytest.raises(RunFolderBusy, match="is in use by pid"):  # the API alike, resume or not
             train(load_run_config("video-qa", overrides=RUN), run_dir=run, resume=True, show_progress=False)
-        rc, _, err = cli(capsys, "sft", "--quiet", "--steps", "1", "--out", str(run), *TINY_RUN)
+        rc, _, err = run_cli(capsys, "sft", "--quiet", "--steps", "1", "--out", str(run), *TINY_RUN)
         assert rc == 2 and expected in err
         assert [p.name for p in run.iterdir()] == [".lock"]  # nobody wrote anything
     finally:
@@ -109,7 +101,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert holder(run)["pid"] == proc.pid  # what the dead holder left
-    rc, out, err = cli(capsys, "train", "--out", str(run), *RUN)  # its lock is free: the kernel released it
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), *RUN)  # its lock is free: the kernel released it
     assert rc == 0, err
     assert f"took over the lock left by pid {proc.pid}" in out
     assert [r["step"] for r in rl_rows(run)] == [1, 2, 3]
@@ -160,12 +152,12 @@ def test_a_rerun_without_resume_is_refused_and_overwrite_starts_afresh(
         made: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "stopped", tmp_path)
     before = snapshot(run)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), *RUN, "train.lr=5e-4")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), *RUN, "train.lr=5e-4")
     assert rc == 2 and f"{run} already holds a run" in err and "--resume" in err and "--overwrite" in err
     assert "resumed from" not in err
     assert snapshot(run) == before and (run / "checkpoint-1").is_dir()
 
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--overwrite", *RUN, "train.lr=5e-4")
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--overwrite", *RUN, "train.lr=5e-4")
     assert rc == 0, err
     assert "resumed from" not in out + err
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("stopped.replaced-")]
@@ -183,12 +175,12 @@ def test_resume_with_a_changed_setting_is_refused_and_forced_it_continues(
     run = copy(made, "stopped", tmp_path)
     lr = yaml.safe_load((run / "config.yaml").read_text())["train"]["lr"]
     before = snapshot(run)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "train.lr=5e-4")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "train.lr=5e-4")
     assert rc == 2 and f"train.lr: {yaml.safe_dump(lr).splitlines()[0]} -> 0.0005" in err
     assert "--force-settings" in err
     assert snapshot(run) == before  # config.yaml byte for byte, and the logs
 
-    rc, out, err = cli(capsys, "train", "--out", str(run), "--resume", "--force-settings", "train.lr=5e-4")
+    rc, out, err = run_cli(capsys, "train", "--out", str(run), "--resume", "--force-settings", "train.lr=5e-4")
     assert rc == 0, err
     assert "resumed from" in out + err and "train.lr:" in out
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["lr"] == 5e-4
@@ -202,9 +194,9 @@ def test_resume_of_a_finished_run_with_more_steps_leaves_config_yaml_alone(
         made: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "finished", tmp_path)
     before = snapshot(run)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "train.steps=25")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "train.steps=25")
     assert rc == 2 and "train.steps: 3 -> 25" in err
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "train.steps=25")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume", "--force-settings", "train.steps=25")
     assert rc == 2 and "RL finished its 3 steps" in err and f"--model {run / 'final'}" in err
     assert snapshot(run) == before
 
@@ -215,7 +207,7 @@ def test_resume_with_every_checkpoint_gone_says_no_checkpoint_found(
     run = copy(made, "stopped", tmp_path)
     shutil.rmtree(run / "checkpoint-1")
     before = snapshot(run)
-    rc, _, err = cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
     assert rc == 2 and f"no checkpoint found in {run}" in err and "checkpoint-<step>" in err and "--overwrite" in err
     assert snapshot(run) == before
     with pytest.raises(MmrlError, match="no checkpoint found"):  # the API alike
@@ -230,6 +222,6 @@ def test_sft_refuses_a_folder_holding_a_run(made: dict[str, Path], tmp_path: Pat
                                            capsys: pytest.CaptureFixture) -> None:
     run = copy(made, "finished", tmp_path)
     before = snapshot(run)
-    rc, _, err = cli(capsys, "sft", "--quiet", "--steps", "1", "--out", str(run), *TINY_RUN)
+    rc, _, err = run_cli(capsys, "sft", "--quiet", "--steps", "1", "--out", str(run), *TINY_RUN)
     assert rc == 2 and f"{run} already holds a run" in err and "--overwrite" in err
     assert snapshot(run) == before

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import typing
 from pathlib import Path
 from typing import get_type_hints
 
 import pytest
-from tiny_runs import module_cache  # noqa: F401 (a fixture)
+from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache is a fixture)
 
 from mmrl import cli
 from mmrl.config_io import load_yaml
@@ -22,21 +21,7 @@ PRESET = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "presets
 
 @pytest.fixture()
 def tiny(tmp_path: Path, module_cache: None) -> Path:  # noqa: F811
-    from mmrl.tiny_models import ensure_tiny
-
-    out = tmp_path / "tiny"
-    shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
-    (out / "mmrl_eval.json").unlink(missing_ok=True)
-    return out
-
-
-def _as_7b(folder: Path) -> Path:
-    """The folder's config.json with Qwen2.5-VL-7B's text sizes (the preset reads sizes, not weights)."""
-    cfg = json.loads((folder / "config.json").read_text())
-    text = cfg.get("text_config") or cfg
-    text.update(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, vocab_size=152064)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
+    return own_model(tmp_path / "tiny")
 
 
 # ------------------------------------------------------------------------------ item 1: sft takes the preset
@@ -53,7 +38,7 @@ def test_sft_on_a_7b_sized_model_takes_the_real_model_preset(tiny: Path, capsys:
     from mmrl.checkpoint import eval_settings
     from mmrl.commands import sft_config
 
-    big = _as_7b(tiny)
+    big = as_7b(tiny)
     cfg = sft_config(cli.build_parser(only="sft").parse_args(["sft", "--model", str(big)]))
     assert cfg.model.dtype == PRESET["model"]["dtype"] and cfg.sft.lr == PRESET["sft"]["lr"]
     assert cfg.sft.target == "gold"

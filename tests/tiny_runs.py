@@ -28,6 +28,37 @@ def module_cache(tmp_path_factory: pytest.TempPathFactory):
     mp.undo()
 
 
+def own_model(out: Path) -> Path:
+    """A copy of the cached tiny Qwen2.5-VL in ``out`` without the settings file mmrl writes beside it: a user's
+    own model folder."""
+    import shutil
+
+    from mmrl.tiny_models import ensure_tiny
+
+    shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
+    (out / "mmrl_eval.json").unlink(missing_ok=True)
+    return out
+
+
+def as_7b(folder: Path) -> Path:
+    """The folder's config.json with Qwen2.5-VL-7B's text sizes (the real-model preset reads sizes, not weights)."""
+    cfg = json.loads((folder / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    text.update(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, vocab_size=152064)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    """``mmrl ARGV`` in this process: its exit status, stdout and stderr."""
+    from mmrl.cli import main
+
+    capsys.readouterr()
+    rc = main(list(argv))
+    got = capsys.readouterr()
+    return rc, got.out, got.err
+
+
 def rl_rows(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["stage"] == "rl"]
