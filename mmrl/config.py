@@ -489,10 +489,16 @@ class TrainConfig:
     Off: right-padded batches."""
     lr: float = 1e-6
     """Peak learning rate (AdamW)."""
+    lr_schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    """The learning rate after the warm-up, over train.steps: cosine (half-cosine decay to min_lr_ratio of the
+    peak at the last step), linear (a straight line to it) or constant (the peak throughout). The default,
+    cosine, is what mmrl always did (the toy runs and compare specs keep it); each method recipe sets its
+    source's. A curriculum stage that resets the optimizer restarts it (plugins.curriculum)."""
     warmup_steps: int = 0
-    """Linear warm-up steps before the cosine decay."""
+    """Linear warm-up steps (from peak/warmup_steps to the peak) before the schedule's decay, with any
+    lr_schedule."""
     min_lr_ratio: float = 0.0
-    """The cosine decay ends at this fraction of the peak learning rate."""
+    """A cosine or linear decay ends at this fraction of the peak learning rate (constant: unused)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -584,6 +590,9 @@ class SFTConfig:
     """Sequences per cold-start step."""
     warmup_steps: int = 0
     """Cold-start warm-up steps."""
+    lr_schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    """The cold start's learning rate after its warm-up, over sft.steps: cosine or linear decay to 0, or
+    constant (as train.lr_schedule)."""
     target: str = "random_answer"
     """gold: train on the reference answers. reasoning: a reasoning trace, then the reference answer (the
     record's meta.rationale; the toy world's records get random-length traces of true observations; mmrl.sft).

@@ -39,14 +39,58 @@ from mmrl_common.errors import ConfigError, MmrlError
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
 
 
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warm-up, then cosine decay to ``min_ratio`` of the peak at the last step."""
-    def fn(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return fn
+LR_SCHEDULES = ("cosine", "constant", "linear")
+"""``train.lr_schedule`` / ``sft.lr_schedule``: after the linear warm-up, the learning rate decays to
+``min_lr_ratio`` of the peak along a half cosine or a straight line, or stays at the peak (constant)."""
+
+
+class LrSchedule:
+    """The learning rate of optimizer step ``n`` (0-based: the scheduler's position) as a multiplier of the
+    peak: linear warm-up over ``warmup`` steps (``(k + 1) / warmup`` at the k-th), then ``kind`` over the
+    rest of the schedule's ``total`` steps (cosine or linear decay to ``min_ratio``, or constant 1).
+
+    :meth:`restart` begins it again at a later step (a curriculum stage that resets the optimizer): warm-up
+    and decay from there, over the given number of steps (None: to the run's last step, ``total``)."""
+
+    def __init__(self, kind: str, warmup: int, total: int, min_ratio: float = 0.0):
+        if kind not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule: expected one of {', '.join(LR_SCHEDULES)}, got {kind!r}")
+        self.kind, self.warmup, self.total, self.min_ratio = kind, int(warmup), int(total), float(min_ratio)
+        self.start, self.steps = 0, None  # the schedule runs from step `start` for `steps` steps (None: to total)
+
+    def restart(self, start: int, steps: int | None = None) -> None:
+        self.start, self.steps = int(start), None if steps is None else int(steps)
+
+    def __call__(self, step: int) -> float:
+        n = step - self.start
+        if self.warmup > 0 and n < self.warmup:
+            return (n + 1) / self.warmup
+        if self.kind == "constant":
+            return 1.0
+        span = self.steps if self.steps is not None else self.total - self.start
+        progress = min(1.0, (n - self.warmup) / max(1, span - self.warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if self.kind == "cosine" else 1.0 - progress
+        return self.min_ratio + (1 - self.min_ratio) * shape
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float, kind: str = "cosine") -> LrSchedule:
+    """The schedule of a run: :class:`LrSchedule` from step 0 over ``total`` steps."""
+    return LrSchedule(kind, warmup, total, min_ratio)
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, schedule: LrSchedule) -> torch.optim.lr_scheduler.LambdaLR:
+    """torch's LambdaLR driven by ``schedule``. The schedule's settings are not part of the scheduler's saved
+    state (torch would save a callable object's attributes): they come from the run's settings and, for a
+    restart, from the curriculum stage, so a resume rebuilds them."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step))
+
+
+def refresh_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set each param group's learning rate for the scheduler's current position (after its schedule changed,
+    e.g. restarted): its peak times the schedule's multiplier there."""
+    for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = float(base) * factor(scheduler.last_epoch)
+    scheduler._last_lr = [g["lr"] for g in scheduler.optimizer.param_groups]
 
 
 def set_peak_lr(scheduler: torch.optim.lr_scheduler.LambdaLR, lr: float) -> None:

@@ -697,7 +697,7 @@ def _note_schedule_change(saved: Path, cfg: RunConfig, run_dir: Path) -> None:
         return
     old = (yaml.safe_load(saved.read_text()) or {}).get("train", {})
     new = cfg.train
-    keys = ("steps", "warmup_steps", "min_lr_ratio", "lr")
+    keys = ("steps", "warmup_steps", "min_lr_ratio", "lr", "lr_schedule")
     changed = [k for k in keys if k in old and old[k] != getattr(new, k)]
     ckpt = latest_checkpoint(run_dir)
     if not changed or ckpt is None:
@@ -705,11 +705,12 @@ def _note_schedule_change(saved: Path, cfg: RunConfig, run_dir: Path) -> None:
     step = int(ckpt.name.split("-")[1])
     before = float(old.get("lr", new.lr)) * lr_lambda(int(old.get("warmup_steps", new.warmup_steps)),
                                                       int(old.get("steps", new.steps)),
-                                                      float(old.get("min_lr_ratio", new.min_lr_ratio)))(step)
-    after = new.lr * lr_lambda(new.warmup_steps, new.steps, new.min_lr_ratio)(step)
+                                                      float(old.get("min_lr_ratio", new.min_lr_ratio)),
+                                                      str(old.get("lr_schedule", "cosine")))(step)
+    after = new.lr * lr_lambda(new.warmup_steps, new.steps, new.min_lr_ratio, new.lr_schedule)(step)
     what = ", ".join(f"train.{k} {old[k]} -> {getattr(new, k)}" for k in changed)
     print(f"resume: {what}: the learning-rate schedule is recomputed for the new settings; at step {step} the "
-          f"learning rate goes from {before:.3g} to {after:.3g} (cosine decay to step {new.steps})", flush=True)
+          f"learning rate goes from {before:.3g} to {after:.3g} ({new.lr_schedule} to step {new.steps})", flush=True)
 
 
 def _print_eval(tag: str, metrics: dict[str, Any] | None, show: bool) -> None:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from mmrl.config import RunConfig
 from mmrl.media import MediaPreparer
 from mmrl.model import Policy
-from mmrl.optim import lr_lambda
+from mmrl.optim import lr_lambda, lr_scheduler
 from mmrl.prompts import encode_prompt
 from mmrl.run_log import RunLog
 from mmrl_common.errors import MediaError, MmrlError
@@ -152,7 +152,7 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
     if not params:
         raise MmrlError("sft: nothing to train (every part of the model is frozen)")
     opt = torch.optim.AdamW(params, lr=s.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s.warmup_steps, s.steps, 0.0))
+    sched = lr_scheduler(opt, lr_lambda(s.warmup_steps, s.steps, 0.0, s.lr_schedule))
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     order: list[int] = []
     encoded: dict[str, Any] = {}

@@ -54,7 +54,7 @@ from mmrl.media import MediaPreparer
 from mmrl.memory import StagePeaks
 from mmrl.model import Policy, RankBinding, TokenSeq
 from mmrl.model.lora import AdapterReference, has_lora
-from mmrl.optim import lr_lambda, make_updater, set_peak_lr
+from mmrl.optim import LrSchedule, lr_scheduler, make_updater, refresh_lr, set_peak_lr
 from mmrl.plugins import StepContext, build_plugins
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import (
@@ -134,7 +134,8 @@ class GRPOTrainer:
         self.rewards = CombinedReward(self._base_rewards)
         self.shaper = cfg.grpo.build_shaper()
         # the stage: the training pool (indices into train_samples), rewards and GRPO overrides
-        self.stage: dict[str, Any] = {"name": "default", "index": 0, "pool": None, "rewards": None, "grpo": None}
+        self.stage: dict[str, Any] = {"name": "default", "index": 0, "pool": None, "rewards": None, "grpo": None,
+                                      "peak_lr": None}
         self.pool = list(range(len(self.train_samples)))
         self.sampler = self._make_sampler()
         if not any(p.requires_grad for p in policy.model.parameters()):
@@ -165,8 +166,9 @@ class GRPOTrainer:
             gather_params=self.updater.gather_params if sharded else None))
         if ref_model is not None:  # a copy of the model (not LoRA's adapters-off view of the policy)
             self.ref = self.policy.reference(self.updater.wrap_reference(ref_model))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t.warmup_steps, t.steps, t.min_lr_ratio))
+        # train.lr_schedule over train.steps; a curriculum stage may restart it (set_stage)
+        self.lr_schedule = LrSchedule(t.lr_schedule, t.warmup_steps, t.steps, t.min_lr_ratio)
+        self.scheduler = lr_scheduler(self.optimizer, self.lr_schedule)
         self.plugins = build_plugins(cfg.plugins, self.context)
         health = health_plugin(self.context, cfg.train.health_window)  # warnings when the run cannot be learning
         if health is not None:
@@ -201,7 +203,8 @@ class GRPOTrainer:
 
     def set_stage(self, name: str, *, pool: Sequence[str] | Callable[[Any], bool] | None = None,
                   rewards: Sequence[Any] | None = None, grpo: dict[str, Any] | None = None,
-                  reset_reference: bool = False, reset_optimizer: bool = False, lr: float | None = None) -> None:
+                  reset_reference: bool = False, reset_optimizer: bool = False, lr: float | None = None,
+                  restart_schedule: bool | None = None, schedule_steps: int | None = None) -> None:
         """Switch the curriculum stage at a step boundary (call it from a plug-in's ``on_step_end``).
 
         ``pool``: the training samples from now on, as sample ids or a predicate on samples (None: all);
@@ -210,8 +213,11 @@ class GRPOTrainer:
         ``reset_reference``: make the KL reference a copy of the current policy (created if there is none);
         ``reset_optimizer``: drop the optimizer's state (AdamW's moments and step counts), as a new run
         started from the current weights would have it; ``lr``: the peak learning rate from now on (the
-        run's schedule goes on at its position, scaled to this peak: :func:`mmrl.optim.set_peak_lr`).
-        The sampler starts afresh over the new pool. Everything is saved with the checkpoints and restored
+        run's schedule goes on at its position, scaled to this peak: :func:`mmrl.optim.set_peak_lr`);
+        ``restart_schedule`` [None: as ``reset_optimizer``]: the learning-rate schedule (``train.lr_schedule``
+        with ``train.warmup_steps``) begins again here, as in a new run: warm-up from this step, then its
+        decay over ``schedule_steps`` steps (None: to the run's last step), so the stage's first step after
+        the warm-up trains at the peak rate. The sampler starts afresh over the new pool. Everything is saved with the checkpoints and restored
         on ``--resume`` (the optimizer and the schedule as they are, with no second reset).
         """
         if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -224,6 +230,14 @@ class GRPOTrainer:
                  "rewards": [to_dict(r) if dataclasses.is_dataclass(r) else r for r in rewards]
                  if rewards is not None else None,
                  "grpo": dict(grpo) if grpo else None}
+        if restart_schedule is None:
+            restart_schedule = reset_optimizer
+        if schedule_steps is not None and not (isinstance(schedule_steps, int) and schedule_steps > 0):
+            raise ConfigError(f"stage {name!r}: schedule_steps must be a positive number of steps, got {schedule_steps!r}")
+        # where the learning-rate schedule starts (kept with the stage, for a resume and for the later stages)
+        stage["lr_restart"] = ({"start": int(self.scheduler.last_epoch), "steps": schedule_steps}
+                               if restart_schedule else self.stage.get("lr_restart"))
+        stage["peak_lr"] = float(lr) if lr is not None else self.stage.get("peak_lr")  # None: train.lr
         self._apply_stage(stage)
         if reset_reference:
             self.reset_reference()
@@ -231,6 +245,8 @@ class GRPOTrainer:
             self.updater.reset_state()
         if lr is not None:
             set_peak_lr(self.scheduler, float(lr))
+        elif restart_schedule:
+            refresh_lr(self.scheduler)  # the next step's rate: the restarted schedule's first
         tqdm.write(f"stage {stage['name']!r} from step {self.step}: {len(self.pool)} training samples")
 
     def _apply_stage(self, stage: dict[str, Any]) -> None:
@@ -255,6 +271,9 @@ class GRPOTrainer:
                                   where=f"{where} rewards")
         combined.load_state_dict(self.rewards.state_dict())  # stateful rewards of the same label carry over
         self.stage, self.pool, self.rewards = stage, pool, combined
+        restart = stage.get("lr_restart")
+        if restart:
+            self.lr_schedule.restart(restart["start"], restart["steps"])
         # a new config object: one a plug-in or a component read before the switch stays as it was
         self.cfg = dataclasses.replace(self.cfg, grpo=grpo)
         self.shaper = grpo.build_shaper()
@@ -839,6 +858,10 @@ class GRPOTrainer:
         self.updater.load_state_dict(state["optimizer"])
         self._sync_backend()
         self.scheduler.load_state_dict(state["scheduler"])
+        if "peak_lr" in self.stage or self.stage["index"] == 0:  # (a stage of an older checkpoint: its own peak)
+            # the peak is the stage's or train.lr, the schedule this run's settings (both may have been changed
+            # with --force-settings): the next step's rate from them, at the restored position
+            set_peak_lr(self.scheduler, self.stage.get("peak_lr") or self.cfg.train.lr)
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_samples = state.get("skipped_samples", 0)
         self.skipped_updates = state.get("skipped_updates", 0)

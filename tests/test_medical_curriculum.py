@@ -96,7 +96,8 @@ def test_steps_rule_resets_the_reference_and_replays_closed_questions(tmp_path: 
 @pytest.mark.slow
 def test_a_stage_can_start_with_a_fresh_optimizer_and_its_own_learning_rate(tmp_path: Path) -> None:
     # the same run twice, the second stage's optimizer kept (control) or reset with a 5x peak learning rate
-    for key, second in (("opt_kept", ""), ("opt_reset", ", reset_optimizer: true, lr: 0.05")):
+    # (the run's schedule kept: restart_schedule false; tests/test_lr_schedule.py has the restart)
+    for key, second in (("opt_kept", ""), ("opt_reset", ", reset_optimizer: true, restart_schedule: false, lr: 0.05")):
         cfg = config(stages("{rule: steps, steps: 2}", replay=0.0, second=second) % key, "train.steps=4",
                      "train.warmup_steps=1", "train.min_lr_ratio=0.1")
         train(cfg, run_dir=tmp_path / key, show_progress=False)
@@ -192,10 +193,12 @@ def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     assert PROBES["resume"][0]["gap"] > 0  # no second reference reset on resume
     # nor a second optimizer reset: AdamW counts on from the stage's fresh start (step 3 was its first)
     assert [p["adam_steps"] for p in PROBES["resume"]] == [[2], [3]]
-    uninterrupted = config(*base)  # the stage's peak lr (0.05) kept: 0.05 times the cosine factor of steps 4, 5
-    from mmrl.optim import lr_lambda
+    uninterrupted = config(*base)  # the stage's peak lr (0.05) kept: 0.05 times the factor of steps 4, 5 of the
+    from mmrl.optim import LrSchedule  # schedule restarted with the optimizer at the switch (position 2)
 
-    factor = lr_lambda(uninterrupted.train.warmup_steps, 5, uninterrupted.train.min_lr_ratio)
+    t = uninterrupted.train
+    factor = LrSchedule(t.lr_schedule, t.warmup_steps, 5, t.min_lr_ratio)
+    factor.restart(2)
     assert [p["lr"] for p in PROBES["resume"]] == pytest.approx([0.05 * factor(4), 0.05 * factor(5)])
     doc = json.loads((run / "curriculum.json").read_text())
     assert [h["stage"] for h in doc["history"]] == ["closed", "open"] and doc["stage_step"] == 3

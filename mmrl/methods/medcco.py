@@ -31,9 +31,14 @@ Each stage is a mapping with these keys (defaults in brackets):
 * ``reset_reference`` [true for every stage after the first] -- MedCCO's "curriculum bridge": the KL
   reference becomes the policy at the end of the previous stage (only matters with ``grpo.kl_coef > 0``).
 * ``reset_optimizer`` [false] -- the optimizer's state (AdamW's moments) is dropped when the stage starts, as
-  in a new run from the end-of-stage policy; ``lr`` [the run's] -- the stage's peak learning rate (the run's
-  warm-up and cosine schedule goes on, scaled to it). Both only in a later stage; MedCCO says neither
-  (a second verl run from the stage-1 checkpoint would start with a fresh optimizer: an inference).
+  in a new run from the end-of-stage policy; ``restart_schedule`` [as ``reset_optimizer``] -- the learning-rate
+  schedule (``train.lr_schedule`` with ``train.warmup_steps``) begins again with the stage, as in that new run:
+  warm-up from the stage's first step, then the decay over the stage's own steps (its ``switch: {rule: steps}``
+  count; otherwise to the run's last step), so the stage starts at the peak rate (without it the run's schedule
+  goes on: under cosine a second half-run stage trains at about 0.18 of the peak on average); ``lr`` [the
+  run's] -- the stage's peak learning rate (the schedule, restarted or not, scaled to it). All three only in a
+  later stage; MedCCO says none of them (a second verl run from the stage-1 checkpoint would start with a fresh
+  optimizer and schedule: an inference).
 * ``switch`` [none: the stage runs to the end of training; the last stage's is ignored] -- when to move on:
 
   - ``{rule: steps, steps: N}``: after N steps in the stage;
@@ -79,7 +84,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Curriculum", "component_spread", "sample_answer_type"]
 
-STAGE_KEYS = ("name", "select", "rewards", "grpo", "replay", "reset_reference", "reset_optimizer", "lr", "switch")
+STAGE_KEYS = ("name", "select", "rewards", "grpo", "replay", "reset_reference", "reset_optimizer",
+              "restart_schedule", "lr", "switch")
 SELECT_KEYS = ("answer_types", "problem_types", "tasks", "meta")
 RULES = {"steps": ("steps",), "plateau": ("window", "patience", "min_delta", "metric", "min_steps", "max_steps"),
          "sparsity": ("threshold", "window", "min_steps", "max_steps")}
@@ -208,14 +214,18 @@ class Curriculum(Callback):
             lr = raw.get("lr")
             if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
                 raise ConfigError(f"{where}.lr: a positive learning rate is needed, got {lr!r}")
-            if i == 0 and (lr is not None or raw.get("reset_optimizer")):
-                raise ConfigError(f"{where}: the first stage starts with the run's optimizer and train.lr; "
-                                  "reset_optimizer and lr belong to a later stage")
+            if i == 0 and (lr is not None or raw.get("reset_optimizer") or raw.get("restart_schedule")):
+                raise ConfigError(f"{where}: the first stage starts with the run's optimizer, train.lr and its "
+                                  "schedule; reset_optimizer, restart_schedule and lr belong to a later stage")
+            restart = raw.get("restart_schedule", raw.get("reset_optimizer", False))
+            if not isinstance(restart, bool):
+                raise ConfigError(f"{where}.restart_schedule: true or false, got {restart!r}")
             self.stages.append({
                 "name": name, "keep": _selector(raw.get("select"), where), "rewards": rewards,
                 "grpo": dict(grpo) if grpo else None, "replay": replay,
                 "reset_reference": bool(raw.get("reset_reference", i > 0)),
-                "reset_optimizer": bool(raw.get("reset_optimizer", False)), "lr": None if lr is None else float(lr),
+                "reset_optimizer": bool(raw.get("reset_optimizer", False)), "restart_schedule": restart,
+                "lr": None if lr is None else float(lr),
                 "switch": _switch(raw.get("switch"), where) if i < len(stages) - 1 else None,
             })
             if not any(self.stages[-1]["keep"](s) for s in ctx.train_samples):
@@ -252,7 +262,9 @@ class Curriculum(Callback):
         pool, share = self._pool(k)
         self.ctx.set_stage(stage["name"], pool=pool, rewards=stage["rewards"], grpo=stage["grpo"],
                            reset_reference=stage["reset_reference"] and k > 0,  # carries reward state
-                           reset_optimizer=stage["reset_optimizer"], lr=stage["lr"])
+                           reset_optimizer=stage["reset_optimizer"], lr=stage["lr"],
+                           restart_schedule=stage["restart_schedule"] and k > 0,
+                           schedule_steps=(stage["switch"] or {}).get("steps"))
         if self.current >= 0:
             self.history[-1].update(end_step=self.ctx.step, steps=self.stage_step, **self._stats())
         self.current, self.stage_step, self.replay_share = k, 0, share
@@ -263,7 +275,8 @@ class Curriculum(Callback):
         self.history.append({"stage": stage["name"], "index": k, "start_step": self.ctx.step, "reason": reason,
                              "pool": len(pool), "replayed": round(share * len(pool)),
                              "reference_reset": bool(stage["reset_reference"] and k > 0),
-                             "optimizer_reset": stage["reset_optimizer"], "lr": stage["lr"]})
+                             "optimizer_reset": stage["reset_optimizer"],
+                             "schedule_restart": bool(stage["restart_schedule"] and k > 0), "lr": stage["lr"]})
         self._write()
 
     def _stats(self) -> dict[str, Any]:
