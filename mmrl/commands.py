@@ -140,51 +140,113 @@ def _estimated_params(model_dir: str | Path) -> float:
     return layers * (4 * h * h + 3 * h * inter) + float(text.get("vocab_size", 0)) * h
 
 
-def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``mmrl train --model DIR`` and ``mmrl sft --model DIR``: the real-model preset
-    (``configs/presets/real-model.yaml``) for a model of 100M+ parameters, then the settings the folder was
-    trained with (its ``mmrl_eval.json``), both under the user's own YAML, flags and overrides; None with
-    ``--recipe-settings``, ``--resume`` or no ``--model``."""
+def recipe_published(args: argparse.Namespace) -> dict[str, str]:
+    """The published keys (dotted key -> source) of the recipe ``args`` name: ``--task``'s recipe file and a
+    ``--config`` file's own ``published:`` record (configs/README.md)."""
+    from mmrl.config import CONFIG_DIR, recipe_record, settings_file
+
+    task, own = args.task, {}
+    if args.config and Path(args.config).is_file():
+        task = task or settings_file(args.config).get("task")
+        own = recipe_record(args.config)
+    path = CONFIG_DIR / f"{task or 'video-qa'}.yaml"
+    return {**(recipe_record(path) if path.is_file() else {}), **own}
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        out.update(_flat(value, dotted) if isinstance(value, dict) and value else {dotted: value})
+    return out
+
+
+def _covers(published: str, key: str) -> bool:
+    """Whether published key ``published`` sets base key ``key`` (the same key, one inside it or around it)."""
+    p, k = published.split("[")[0], key
+    return p == k or k.startswith(p + ".") or p.startswith(k + ".")
+
+
+def _full_base(args: argparse.Namespace) -> dict[str, Any]:
+    """The real-model preset (a model of 100M+ parameters) and the folder's mmrl_eval.json, merged; {} when
+    neither applies."""
     from mmrl.checkpoint import read_eval_settings
     from mmrl.config_io import deep_merge, load_yaml
     from mmrl.model import check_model_dir
 
     if not args.model or getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
-        return None
+        return {}
     if not Path(args.model).is_dir():
-        return None  # _check_paths names the missing folder
+        return {}  # _check_paths names the missing folder
     check_model_dir(args.model)
     base: dict[str, Any] = {}
     if _estimated_params(args.model) >= REAL_MODEL_PARAMS:
         base = load_yaml(REAL_MODEL_PRESET)
-    trained = read_eval_settings(args.model)
-    if trained:
-        base = deep_merge(base, trained)
-    return base or None
+    return deep_merge(base, read_eval_settings(args.model) or {})
+
+
+def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``mmrl train --model DIR`` and ``mmrl sft --model DIR``: the real-model preset
+    (``configs/presets/real-model.yaml``) for a model of 100M+ parameters, then the settings the folder was
+    trained with (its ``mmrl_eval.json``), both under the user's own YAML, flags and overrides and without the
+    keys the recipe publishes (its ``published:`` record: a paper's value wins over the preset; only toy values
+    and our choices give way); None with ``--recipe-settings``, ``--resume`` or no ``--model``."""
+    from mmrl.config_io import deep_merge
+
+    base, published = _full_base(args), recipe_published(args)
+    kept: dict[str, Any] = {}
+    for key, value in _flat(base).items():
+        if not any(_covers(p, key) for p in published):
+            kept = deep_merge(kept, _nest(key, value))
+    return kept or None
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
 
 
 def own_model_config(args: argparse.Namespace, extra: dict[str, Any] | None = None, command: str = "train"):
     """The config of a command that trains ``--model DIR`` (``mmrl train``, ``mmrl sft``): the recipe with
-    :func:`own_model_base` under the user's settings (``extra``: the command's own sections), and the line
-    saying which values the preset and the folder's settings changed."""
+    :func:`own_model_base` under the user's settings (``extra``: the command's own sections), and the lines
+    saying which values the preset and the folder's settings changed and which published ones they left."""
     base = own_model_base(args)
     cfg = config_from_args(args, extra, base=base)
-    if base:
-        _say_changes(args, cfg, base, extra=extra, command=command)
+    if _full_base(args):
+        _say_changes(args, cfg, base or {}, extra=extra, command=command)
     return cfg
 
 
 def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any], *, extra: dict[str, Any] | None = None,
                  command: str = "train") -> None:
-    """Print the settings that ``base`` (the preset, the folder's training settings) changed in the recipe."""
-    from mmrl.config_io import describe
+    """Print the settings that ``base`` (the preset, the folder's training settings) changed in the recipe, and
+    the recipe's published values it left as they are (``key=value (source)``) where it would have changed them."""
+    from mmrl.config import value_at
+    from mmrl.config_io import describe, to_dict
 
-    recipe = {k: v for k, v, _ in describe(config_from_args(args, extra))}
+    recipe_cfg = config_from_args(args, extra)
+    recipe = {k: v for k, v, _ in describe(recipe_cfg)}
     changed = [f"{k}={v}" for k, v, _ in describe(cfg) if recipe.get(k) != v]
-    if changed and not args.quiet:
+    full = _flat(_full_base(args))
+    kept = []
+    for key, source in recipe_published(args).items():
+        try:
+            value = to_dict(value_at(cfg, key))
+        except KeyError:
+            continue
+        if value == to_dict(value_at(recipe_cfg, key)) and any(
+                _covers(key, k) and (k != key or v != value) for k, v in full.items()):
+            kept.append(f"{key}={value} ({source})")
+    if args.quiet:
+        return
+    if changed:
         print(f"{command}: --model {args.model}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
               f"training settings change the recipe: {' '.join(changed)} (a KEY=VALUE override wins; "
               "--recipe-settings keeps the recipe's values)", flush=True)
+    if kept:
+        print(f"{command}: --model {args.model}: the recipe's published values are kept over the preset: "
+              f"{'; '.join(kept)}", flush=True)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

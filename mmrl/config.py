@@ -669,13 +669,34 @@ def task_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
+RECORDS = ("published", "inherited")
+"""A recipe's record of its sources, not run settings (configs/README.md): ``published:`` maps each dotted key
+whose value a source gives to that source; ``inherited:`` maps each key an overlay recipe deliberately takes from
+the recipe it names (``task:``) to the reason. The loader leaves both out of the run configuration."""
+
+
+def settings_file(path: str | Path) -> dict[str, Any]:
+    """A recipe or user YAML's run settings: the file without its records (:data:`RECORDS`)."""
+    return {k: v for k, v in load_yaml(path).items() if k not in RECORDS}
+
+
+def recipe_record(path: str | Path, kind: str = "published") -> dict[str, str]:
+    """A recipe file's own ``published:`` or ``inherited:`` record: dotted key -> source (or reason)."""
+    record = load_yaml(path).get(kind) or {}
+    if not isinstance(record, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                for k, v in record.items()):
+        raise ConfigError(f"{path}: {kind}: expected a mapping of dotted keys to their source, e.g. "
+                          f"rollout.max_new_tokens: \"code: data.max_response_length 8192\"")
+    return record
+
+
 def task_recipe(task: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """The YAML recipe of a built-in task (``configs/<task>.yaml``). A recipe whose ``task:`` names another
     recipe (``configs/acre.yaml`` says ``task: video-qa``) is an overlay: it is merged over that recipe."""
     path = CONFIG_DIR / f"{task}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown task '{task}': known tasks are {', '.join(task_names()) or '(none)'}")
-    data = load_yaml(path)
+    data = settings_file(path)
     parent = data.get("task")
     if isinstance(parent, str) and parent != task:
         if parent in _seen:
@@ -738,17 +759,34 @@ def load_run_config(
     resolves against that YAML's folder, one given as an override against the working directory)."""
     data: dict[str, Any] = {}
     if config_file:
-        user = load_yaml(config_file)
+        user = settings_file(config_file)
         task = task or user.get("task")
     task = task or "video-qa"
     data = deep_merge(task_recipe(task), data)
     if base:
         data = deep_merge(data, base)
     if config_file:
-        user = _with_imports(load_yaml(config_file), Path(config_file).resolve().parent)
+        user = _with_imports(settings_file(config_file), Path(config_file).resolve().parent)
         data = deep_merge(data, user)
     data["task"] = task
     if extra:
         data = deep_merge(data, extra)
     data = _with_imports(apply_overrides(RunConfig, data, list(overrides or [])))
     return follow_answer_format(from_dict(RunConfig, data))
+
+
+def value_at(obj: Any, key: str) -> Any:
+    """The value at dotted ``key`` (``train.lr``, ``rewards[1].kwargs.values.consistent_correct``) of a run
+    config or a plain mapping: attributes, mapping keys and ``[i]`` list entries. A :class:`KeyError` naming the
+    key when there is none."""
+    import re
+
+    for part in key.split("."):
+        name, *indices = re.findall(r"[^\[\]]+", part)
+        try:
+            obj = obj[name] if isinstance(obj, dict) else getattr(obj, name)
+            for i in indices:
+                obj = obj[int(i)]
+        except (KeyError, AttributeError, IndexError, TypeError, ValueError):
+            raise KeyError(f"no setting {key}") from None
+    return obj

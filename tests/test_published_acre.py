@@ -18,8 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # (what, value, source)
 PUBLISHED = [
     ("values.consistent_correct", 1.0, "abstract: the high reward only when both answers agree and are correct"),
-    ("values.wrong_then_correct", 0.0, ("abstract: full reward only when both are correct; a wrong trained answer "
-                                       "earns nothing for a correct re-answer")),
     ("exclude_identity", False, "OpenReview review 3: the shuffled order can coincide with the original"),
     ("reuse_trace", True, "abstract: 'prompt the model again with the same reasoning trace'"),
     ("mode", "replace", "abstract: the consistency-verification reward is the outcome reward of ACRE's GRPO"),
@@ -44,12 +42,13 @@ def test_full_reward_only_for_consistent_correct_answers() -> None:
     values = _acre_kwargs()["values"]
     assert max(values, key=values.get) == "consistent_correct"
     assert all(v < values["consistent_correct"] for k, v in values.items() if k != "consistent_correct")
-    assert DEFAULT_VALUES["wrong_then_correct"] == 0.0  # the code default is the paper's too
+    assert DEFAULT_VALUES["wrong_then_correct"] == values["wrong_then_correct"]  # the code default is the recipe's
 
 
 def test_unpublished_choices_are_marked_in_the_recipe() -> None:
     text = (ROOT / "configs" / "acre.yaml").read_text()
-    for key in ("greedy:", "train_second_pass:", "correct_then_wrong:"):
+    # wrong_then_correct: the abstract says only that every case but consistent_correct gets "a lower reward"
+    for key in ("greedy:", "train_second_pass:", "correct_then_wrong:", "wrong_then_correct:"):
         (line,) = [ln for ln in text.splitlines() if ln.strip().startswith(key)]
         assert "not published: our choice" in line, line
     kwargs = _acre_kwargs()
