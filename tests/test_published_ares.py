@@ -25,6 +25,7 @@ PUBLISHED = [
     ("train.lr", 1e-6, "code: config.yaml actor.optim.lr"),
     ("train.weight_decay", 0.01, "code: config.yaml actor.optim.weight_decay"),
     ("train.warmup_steps", 0, "code: config.yaml (no warm-up)"),
+    ("train.lr_schedule", "constant", "code: verl/workers/fsdp_workers.py (get_constant_schedule_with_warmup only)"),
     ("train.max_grad_norm", 1.0, "code: ActorConfig max_grad_norm"),
     ("grpo.advantage_estimator", "grpo", "code: config.yaml algorithm.adv_estimator"),
     ("grpo.clip_low", 0.2, "code: ActorConfig clip_ratio_low"),

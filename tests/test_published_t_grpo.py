@@ -25,6 +25,7 @@ PUBLISHED = [
     ("grpo.kl_estimator", "k3", "grpo trainer: per-token KL exp(x) - x - 1"),
     ("grpo.loss_agg", "seq-mean-token-mean", "grpo trainer: token mean per sequence, then mean over sequences"),
     ("train.lr", 1e-6, "scripts: --learning_rate 1e-6"),
+    ("train.lr_schedule", "constant", "scripts: cosine over ~65k steps, 1.2k trained (README): >= 0.9992 x peak"),
     ("train.weight_decay", 0.01, "scripts: --weight_decay 0.01"),
     ("train.max_grad_norm", 5.0, "scripts: --max_grad_norm 5"),
     ("train.prompts_per_step", 4, "scripts: 4 processes x per-device batch 1 x accumulation 1"),

@@ -23,6 +23,7 @@ PUBLISHED = [
     ("train.lr", 1e-6, "grpo_example.yaml: optim lr 1e-6"),
     ("train.weight_decay", 1e-2, "grpo_example.yaml: weight_decay 1e-2"),
     ("train.warmup_steps", 0, "grpo_example.yaml: lr_warmup_ratio 0"),
+    ("train.lr_schedule", "constant", "verl/workers/fsdp_workers.py: get_constant_schedule_with_warmup"),
     ("train.max_grad_norm", 1.0, "grpo_example.yaml: max_grad_norm 1.0"),
     ("train.prompts_per_step", 16, "run_qwen2_5_vl_3b_tvg.sh: data.rollout_batch_size=16"),
     ("data.media.video_min_pixels", 3136, "run_qwen2_5_vl_3b_tvg.sh: data.min_pixels=3136"),

@@ -32,6 +32,7 @@ PUBLISHED = [
     ("train.lr", 1e-6, "Table 6: AdamW lr 1e-6"),
     ("train.weight_decay", 0.01, "Table 6: weight decay 0.01"),
     ("train.warmup_steps", 0, "Table 6: no warm-up"),
+    ("train.lr_schedule", "constant", "code: verl/workers/fsdp_workers.py get_constant_schedule_with_warmup"),
     ("train.max_grad_norm", 1.0, "Table 6: max grad norm 1.0"),
     ("train.prompts_per_step", 512, "Table 6: global batch 512"),
 ]
