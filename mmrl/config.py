@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
-from mmrl.grpo.config import GRPOConfig, check_number
+from mmrl.grpo.config import GRPOConfig, check_number, range_words
 from mmrl.prompt_templates import resolve_template
 from mmrl.tiny_models import resolve_size
 from mmrl.toy_recipe import check_overrides
@@ -40,17 +40,8 @@ class Range:
 
     def text(self) -> str:
         """The allowed range in words (``a whole number >= 1``, ``a finite number in (0, 1]``)."""
-        kind = "a whole number" if self.whole else "a finite number"
-        lo, hi = (None if v is None else int(v) if float(v).is_integer() else v for v in (self.low, self.high))
-        if lo is not None and hi is not None:
-            where = f" in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
-        elif lo is not None:
-            where = f" {'>' if self.low_open else '>='} {lo}"
-        elif hi is not None:
-            where = f" {'<' if self.high_open else '<='} {hi}"
-        else:
-            where = ""
-        return kind + where
+        where = range_words(self.low, self.high, self.low_open, self.high_open)
+        return ("a whole number" if self.whole else "a finite number") + (f" {where}" if where else "")
 
     def ok(self, value: Any) -> bool:
         if value is None or (isinstance(value, str) and value in self.words):

@@ -2,32 +2,19 @@
 and from the settings the folder was trained with (its mmrl_eval.json), under everything the user sets."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+from tiny_runs import as_7b, own_model
 
 from mmrl.cli import build_parser
 from mmrl.commands import REAL_MODEL_PARAMS, _estimated_params, _say_changes, config_from_args, own_model_base
 from mmrl.config_io import load_yaml
-from mmrl.tiny_models import ensure_tiny
 
 
 @pytest.fixture()
 def tiny(tmp_path) -> Path:
-    out = tmp_path / "tiny"
-    shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
-    (out / "mmrl_eval.json").unlink(missing_ok=True)
-    return out
-
-
-def _as_7b(folder: Path) -> Path:
-    """The folder's config.json with Qwen2.5-VL-7B's text sizes (the preset reads sizes, not weights)."""
-    cfg = json.loads((folder / "config.json").read_text())
-    text = cfg.get("text_config") or cfg
-    text.update(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, vocab_size=152064)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
+    return own_model(tmp_path / "tiny")
 
 
 def _cfg(*argv: str):
@@ -37,7 +24,7 @@ def _cfg(*argv: str):
 
 
 def test_a_real_model_starts_from_the_preset_and_says_what_changed(tiny, capsys) -> None:
-    big = _as_7b(tiny)
+    big = as_7b(tiny)
     assert _estimated_params(big) > REAL_MODEL_PARAMS
     preset = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "presets" / "real-model.yaml")
     args, base, cfg = _cfg("--model", str(big))

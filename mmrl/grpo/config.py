@@ -43,6 +43,20 @@ from .losses import policy_loss_settings
 from .shaping import TokenShaper, build_shaper, get_shaper
 
 
+def range_words(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False) -> str:
+    """A range in words: ``in [0, 1)``, ``>= 1``, ``< 5``, or empty for none (a whole bound printed whole)."""
+    def num(v: float) -> str:
+        return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{num(low)}, {num(high)}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {num(low)}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {num(high)}"
+    return ""
+
+
 def check_number(key: str, value: Any, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = False, hint: str = "") -> None:
     """Refuse a setting that is not a finite number within its range, with a :class:`ConfigError` naming the
@@ -53,14 +67,7 @@ def check_number(key: str, value: Any, *, low: float | None = None, high: float 
           and (high is None or (value < high if high_open else value <= high)))
     if ok:
         return
-    if low is not None and high is not None:
-        where = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    elif low is not None:
-        where = f"{'>' if low_open else '>='} {low:g}"
-    elif high is not None:
-        where = f"{'<' if high_open else '<='} {high:g}"
-    else:
-        where = ""
+    where = range_words(low, high, low_open, high_open)
     raise ConfigError(f"{key}={value!r}: must be a finite number{' ' if where else ''}{where}"
                       + (f" ({hint})" if hint else ""))
 
