@@ -77,6 +77,7 @@ RANGES: dict[str, Range] = {
     "data.media.max_frames": _count(1),
     "data.media.video_min_pixels": _count(1),
     "data.media.video_max_pixels": _count(1),
+    "data.media.video_total_pixels": _count(0, hint="pixels for the whole video; 0 or null: off"),
     "data.media.image_min_pixels": _count(1),
     "data.media.image_max_pixels": _count(1),
     "data.media.cache_mb": Range(0, hint="0: no cache"),
@@ -267,6 +268,9 @@ class MediaConfig:
     """Smallest frame size in pixels (frames are resized up to it)."""
     video_max_pixels: int = 64 * 28 * 28
     """Largest frame size in pixels (frames are resized down to it; 28x28 pixels make one visual token)."""
+    video_total_pixels: int | None = None
+    """Pixel budget of the whole video (qwen-vl-utils' ``total_pixels``): each of the T sampled frames is capped at
+    total/T*2 pixels, as qwen_vl_utils.fetch_video does, and at video_max_pixels (0 or null: off)."""
     image_min_pixels: int = 16 * 28 * 28
     """Smallest image size in pixels."""
     image_max_pixels: int = 256 * 28 * 28

@@ -47,6 +47,8 @@ class MediaPreparer:
         c = self.cfg
         opts: dict[str, Any] = {"min_pixels": c.video_min_pixels, "max_pixels": c.video_max_pixels,
                                 "image_patch_size": self.patch}
+        if c.video_total_pixels:  # qwen-vl-utils' whole-video budget (fetch_video: total_pixels / nframes * 2)
+            opts["total_pixels"] = c.video_total_pixels
         if c.video_policy == "qwen":
             opts.update(min_frames=c.min_frames, max_frames=c.max_frames)
             opts.update({"nframes": c.nframes} if c.nframes else {"fps": c.fps})
