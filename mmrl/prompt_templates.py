@@ -1,7 +1,9 @@
 """Prompt templates by name (``prompt.template``): a template is a format string with ``{question}``,
 ``{options}`` (lettered lines, empty when the sample has none) and ``{instruction}`` (how to format the answer,
-chosen by ``prompt.answer_format`` and the problem type). ``prompt.template`` is either the name of a registered
-template (``default``, ``plain``; register more with :func:`register_template`) or a custom format string,
+chosen by ``prompt.answer_format`` and the problem type, or by the template's own per-type suffixes).
+``prompt.template`` is either the name of a registered template (``default``: mmrl's own; ``plain``;
+``video-r1``: Video-R1's; ``ares-math``: ARES's; register more with :func:`register_template`) or a custom
+format string,
 recognised by its ``{question}`` field. Anything else is a :class:`ConfigError` naming the nearest template, so a
 typo such as ``defualt`` never becomes the prompt text. Building the prompts themselves: :mod:`mmrl.prompts`.
 """
@@ -18,6 +20,46 @@ TEMPLATES: Registry[str] = Registry("prompt template", "prompt.template", duplic
 TEMPLATES.add("default", "{question}\n{options}{instruction}")
 TEMPLATES.add("plain", "{question}\n{options}")
 
+SUFFIXES: dict[str, dict[str, str]] = {}
+"""Per-problem-type answer instructions of a template that brings its own (the ``{instruction}`` field), by
+template name; a template without an entry gets mmrl's :func:`instruction`."""
+
+# Video-R1 (tulerfeng/Video-R1, src/r1-v/src/open_r1/grpo.py, main(): QUESTION_TEMPLATE, TYPE_TEMPLATE and
+# make_conversation_image_and_video): the exact text its COT-SFT start checkpoint and RL run were trained on. The
+# code writes a multiple-choice question as problem + "Options:\n" + one "A. ..." line per option (no newline
+# before "Options:"; mmrl's {options} field is that block), formats QUESTION_TEMPLATE with it and appends the
+# type's suffix. No system prompt (the constant is defined there but not attached).
+VIDEO_R1_QUESTION = (
+    "{question}{options}\n"
+    "Please think about this question as if you were a human pondering deeply. "
+    "Engage in an internal dialogue using expressions such as 'let me think', 'wait', 'Hmm', 'oh, I see', "
+    "'let's break it down', etc, or other natural language thought expressions "
+    "It's encouraged to include self-reflection or verification in the reasoning process. "
+    "Provide your detailed reasoning between the <think> </think> tags, and then give your final answer between "
+    "the <answer> </answer> tags.{instruction}"
+)
+VIDEO_R1_TYPES = {   # grpo.py TYPE_TEMPLATE, by Video-R1's problem_type
+    "multiple choice": " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the "
+                       "<answer> </answer> tags.",
+    "numerical": " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
+    "OCR": " Please transcribe text from the image/video clearly and provide your text answer within the "
+           "<answer> </answer> tags.",
+    "free-form": " Please provide your text answer within the <answer> </answer> tags.",
+    "regression": " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
+}
+# mmrl's problem types -> Video-R1's. yes_no and temporal_grounding have no Video-R1 type (its data has
+# neither): our choice, the free-form suffix.
+_VIDEO_R1_TYPE_OF = {"multiple_choice": "multiple choice", "numeric": "numerical", "regression": "regression",
+                     "ocr": "OCR", "free_form": "free-form", "open": "free-form", "yes_no": "free-form",
+                     "temporal_grounding": "free-form"}
+
+# ARES (shawn0728/ARES, examples/format_prompt/math.jinja): "{{ content | trim }} You FIRST think ...", the
+# answer in \boxed{} (not <answer> tags: pair it with a reward that reads \boxed{}). mmrl's {options} block,
+# when a sample has options, goes before the instruction as part of the content.
+ARES_MATH = ("{question}{options} You FIRST think about the reasoning process as an internal monologue and then "
+             "provide the final answer. The reasoning process MUST BE enclosed within <think> </think> tags. "
+             "The final answer MUST BE put in \\boxed{{}}.")
+
 _WHAT = {
     "multiple_choice": "the option letter",
     "yes_no": "yes or no",
@@ -29,12 +71,22 @@ _WHAT = {
 }
 
 
-def register_template(name: str, text: str) -> None:
+def register_template(name: str, text: str, suffixes: dict[str, str] | None = None) -> None:
     """Register (or replace) the template ``name``: a format string with the fields ``{question}``,
-    ``{options}`` and ``{instruction}``."""
+    ``{options}`` and ``{instruction}``; ``suffixes`` (optional): the ``{instruction}`` text by problem type,
+    replacing mmrl's for this template."""
     if not isinstance(text, str):
         raise ConfigError(f"prompt template {name!r} must be a format string, got {type(text).__name__}")
     TEMPLATES.add(name, text)
+    if suffixes is None:
+        SUFFIXES.pop(name, None)
+    else:
+        SUFFIXES[name] = dict(suffixes)
+
+
+register_template("video-r1", VIDEO_R1_QUESTION,
+                  {ours: VIDEO_R1_TYPES[theirs] for ours, theirs in _VIDEO_R1_TYPE_OF.items()})
+register_template("ares-math", ARES_MATH, {})
 
 
 def format_fields(text: str) -> set[str] | None:
@@ -61,6 +113,15 @@ def resolve_template(template: str) -> str:
             return template
     raise ConfigError(f"{TEMPLATES.unknown(template)}; a custom template is a format string with a "
                       "{question} field (and optionally {options}, {instruction})")
+
+
+def template_instruction(template: str, problem_type: str, answer_format: str) -> str:
+    """The ``{instruction}`` text under ``prompt.template`` ``template``: the template's own suffix for the
+    problem type when it brings suffixes (empty for a type it has none for), else mmrl's :func:`instruction`."""
+    own = SUFFIXES.get(template) if isinstance(template, str) else None
+    if own is not None:
+        return own.get(problem_type, "")
+    return instruction(problem_type, answer_format)
 
 
 def instruction(problem_type: str, answer_format: str) -> str:

@@ -8,7 +8,7 @@ import string
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mmrl.prompt_templates import instruction, resolve_template
+from mmrl.prompt_templates import resolve_template, template_instruction
 from mmrl_common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,7 +29,8 @@ def user_text(sample: Any, cfg: PromptConfig, options: list[str] | None = None) 
     opts = sample.options if options is None else options
     try:
         return template.format(question=sample.question.strip(), options=format_options(opts),
-                               instruction=instruction(sample.problem_type, cfg.answer_format))
+                               instruction=template_instruction(cfg.template, sample.problem_type,
+                                                                   cfg.answer_format))
     except (KeyError, IndexError) as exc:
         raise ConfigError(f"prompt.template: unknown field {exc} (use {{question}}, {{options}}, "
                           "{{instruction}})") from exc

@@ -30,7 +30,10 @@ Built-in scorers and their settings:
   ``meta["duration"]`` set, the prediction is clipped to ``[0, duration]`` first.
 
 Common settings of all four rewards: ``tag="answer"``, ``think_tag="think"``, ``fallback="strip_think"``
-(see :func:`~rewards.answers.extract_answer`). ``accuracy`` also takes ``on_unknown_type="raise"|"none"``.
+(see :func:`~rewards.answers.extract_answer`), ``strict_tags=False``: when true, the answer is the content of the
+first complete ``<tag>…</tag>`` block and a completion without one scores 0 (no fallback, no truncated block),
+as Video-R1's ``accuracy_reward`` (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py: ``re.search`` of
+``<answer>\\s*(.*?)\\s*</answer>``, else ``""``) and Temporal-R1's ``tvg.py`` read it. ``accuracy`` also takes ``on_unknown_type="raise"|"none"``.
 """
 
 from __future__ import annotations
@@ -158,7 +161,13 @@ def _text_score(prediction: str, row: Mapping[str, Any], metric: str) -> float:
 
 def answer_from_settings(text: str, settings: Mapping[str, Any]) -> str:
     """The answer in a completion, read by :func:`rewards.answers.extract_answer` with the reward's
-    ``tag``, ``think_tag`` and ``fallback`` settings (defaults ``answer``, ``think``, ``strip_think``)."""
+    ``tag``, ``think_tag`` and ``fallback`` settings (defaults ``answer``, ``think``, ``strip_think``); with
+    ``strict_tags`` true, the first complete ``<tag>…</tag>`` block's content or ``""`` (module doc)."""
+    strict = settings.get("strict_tags", False)
+    if not isinstance(strict, bool):
+        raise ConfigError(f"rewards[].kwargs.strict_tags must be true or false, got {strict!r}")
+    if strict:
+        return A.first_tag_block(text, tag=settings.get("tag", "answer"))
     return A.extract_answer(
         text,
         tag=settings.get("tag", "answer"),

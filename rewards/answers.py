@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "choice_letters",
     "extract_answer",
+    "first_tag_block",
     "extract_choice",
     "extract_yes_no",
     "normalize_gold_choice",
@@ -116,6 +117,14 @@ def extract_answer(
     if m:
         s = s[: m.start()]
     return s.strip()
+
+
+def first_tag_block(text: Any, *, tag: str = "answer") -> str:
+    """The stripped content of the first complete ``<tag>…</tag>`` block (case-insensitive, across lines), or
+    ``""`` when there is none: the strict reading of Video-R1's and Temporal-R1's rewards (``re.search``)."""
+    s = "" if text is None else str(text)
+    found = _tag_patterns(tag, "think")[0].search(s)
+    return found.group(1).strip() if found else ""
 
 
 def _clean(text: Any) -> str:

@@ -16,6 +16,7 @@ PUBLISHED = [
     ("plugins.t_grpo.mu", 0.8, "vllm_grpo_trainer_modified.py: bonus when p >= 0.8 p~"),
     ("plugins.t_grpo.correct_threshold", 0.1, "grpo trainer: ordered rollouts with accuracy > 0.1"),
     ("plugins.t_grpo.exclude_identity", False, "grpo trainer: torch.randperm over the frames"),
+    ("prompt.template", "video-r1", "grpo.py: QUESTION_TEMPLATE + TYPE_TEMPLATE, no system prompt"),
     ("rollout.group_size", 8, "scripts: --num_generations 8"),
     ("rollout.temperature", 1.0, "run_grpo_vllm_qwen25vl.sh: --temperature 1.0"),
     ("rollout.max_new_tokens", 768, "scripts: --max_completion_length 768"),
@@ -34,7 +35,7 @@ PUBLISHED = [
 
 # the rewards, summed unweighted (grpo.py: accuracy, format; the trainer's len_control length bonus)
 PUBLISHED_REWARDS = {
-    "accuracy": (1.0, {}),
+    "accuracy": (1.0, {"strict_tags": True}),   # grpo.py accuracy_reward: no <answer>...</answer> block scores 0
     "format": (1.0, {"mode": "think_answer"}),
     "length_bonus": (1.0, {"min_tokens": 320, "max_tokens": 512, "bonus": 0.2, "correct_threshold": 0.1,
                            "min_correct": 2}),

@@ -1,0 +1,105 @@
+"""Paper prompt templates and strict answer-tag scoring (issue 48).
+
+Expected prompt text is written here from Video-R1's training code (tulerfeng/Video-R1,
+src/r1-v/src/open_r1/grpo.py: QUESTION_TEMPLATE, TYPE_TEMPLATE, make_conversation_image_and_video), not from
+mmrl's template, so a paraphrase in mmrl fails these tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from data_pipelines.schema import Sample
+from mmrl.cli import main
+from mmrl.config import PromptConfig, load_run_config
+from mmrl.prompts import build_messages, user_text
+from rewards.registry import get_reward
+
+# grpo.py QUESTION_TEMPLATE, with {Question} filled in by the code
+VIDEO_R1_QUESTION = (
+    "{Question}\n"
+    "Please think about this question as if you were a human pondering deeply. "
+    "Engage in an internal dialogue using expressions such as 'let me think', 'wait', 'Hmm', 'oh, I see', "
+    "'let's break it down', etc, or other natural language thought expressions "
+    "It's encouraged to include self-reflection or verification in the reasoning process. "
+    "Provide your detailed reasoning between the <think> </think> tags, and then give your final answer between "
+    "the <answer> </answer> tags."
+)
+MC_SUFFIX = " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the <answer> </answer> tags."
+NUM_SUFFIX = " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags."
+
+MC = Sample(id="mc", problem_type="multiple_choice", question="Which way does the ball move?",
+            answer="B", options=["left", "right"])
+NUM = Sample(id="num", problem_type="numeric", question="How many flashes are there?", answer="3")
+
+
+def test_video_r1_multiple_choice_prompt_is_the_code_s_text() -> None:
+    # make_conversation_image_and_video: problem + "Options:\n" + one line per option, then the type suffix
+    question = "Which way does the ball move?" + "Options:\n" + "A. left\n" + "B. right\n"
+    got = user_text(MC, PromptConfig(template="video-r1", answer_format="think_answer"))
+    assert got == VIDEO_R1_QUESTION.format(Question=question) + MC_SUFFIX
+    assert "let me think" in got and got.endswith("(e.g., A, B, C, D, etc.) within the <answer> </answer> tags.")
+
+
+def test_video_r1_numeric_prompt_is_the_code_s_text() -> None:
+    got = user_text(NUM, PromptConfig(template="video-r1", answer_format="think_answer"))
+    assert got == VIDEO_R1_QUESTION.format(Question="How many flashes are there?") + NUM_SUFFIX
+    assert "Think briefly" not in got  # mmrl's own instruction is not added to Video-R1's
+
+
+def test_the_t_grpo_recipe_prompts_as_video_r1_without_a_system_prompt() -> None:
+    cfg = load_run_config("t-grpo")  # the path `mmrl train --task t-grpo` resolves
+    assert cfg.prompt.template == "video-r1"
+    messages = build_messages(MC, cfg.prompt, ["video"])
+    assert [m["role"] for m in messages] == ["user"]
+    assert messages[0]["content"][0] == {"type": "video"}
+    assert messages[0]["content"][1]["text"].endswith(MC_SUFFIX)
+
+
+def test_config_show_names_the_template(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "--task", "t-grpo"]) == 0
+    assert "video-r1" in capsys.readouterr().out
+
+
+def test_mmrl_default_template_is_unchanged() -> None:
+    assert user_text(NUM, PromptConfig(template="default", answer_format="think_answer")) == (
+        "How many flashes are there?\n"
+        "Think briefly inside <think></think>, then give a number inside <answer></answer>.")
+
+
+def _accuracy(completions: list[str], sample: Sample, **kwargs: object) -> list[float]:
+    columns = {"problem_type": [sample.problem_type] * len(completions), "answer": [sample.answer] * len(completions),
+               "options": [sample.options] * len(completions), **kwargs}
+    return get_reward("accuracy")(completions, **columns)
+
+
+TAGGED = "<think>one, two, three</think> <answer>3</answer>"
+UNTAGGED = "<think>one, two, three</think> 3"
+TRUNCATED = "<think>one, two, three</think> <answer>3"
+
+
+def test_strict_tags_scores_an_untagged_correct_answer_zero() -> None:
+    # Video-R1 grpo.py accuracy_reward: re.search(r'<answer>\s*(.*?)\s*</answer>') else "" -> 0
+    assert _accuracy([TAGGED, UNTAGGED, TRUNCATED], NUM, strict_tags=True) == [1.0, 0.0, 0.0]
+
+
+def test_strict_tags_reads_the_first_answer_block() -> None:
+    twice = "<answer>3</answer> on second thought <answer>4</answer>"
+    assert _accuracy([twice], NUM, strict_tags=True) == [1.0]  # re.search: the first block
+
+
+def test_without_strict_tags_an_untagged_answer_still_scores() -> None:
+    assert _accuracy([TAGGED, UNTAGGED, TRUNCATED], NUM) == [1.0, 1.0, 1.0]
+    assert _accuracy([TAGGED, UNTAGGED], NUM, strict_tags=False) == [1.0, 1.0]
+
+
+def test_strict_tags_must_be_a_boolean() -> None:
+    from mmrl_common.errors import ConfigError
+    with pytest.raises(ConfigError, match="strict_tags must be true or false"):
+        _accuracy([TAGGED], NUM, strict_tags="yes")
+
+
+def test_the_t_grpo_recipe_scores_strictly() -> None:
+    cfg = load_run_config("t-grpo")
+    (acc,) = [r for r in cfg.rewards if r.name == "accuracy"]
+    assert acc.kwargs.get("strict_tags") is True
+    assert _accuracy([UNTAGGED], NUM, **acc.kwargs) == [0.0]
