@@ -38,7 +38,9 @@ shown (the media's ``start``/``end`` sampling window, else ``[0, duration]`` fro
 is the same point. Weights
 default to 1 each (the unweighted sum of VideoChat-R1 and Video-R1); Temporal-R1's grounding code uses
 ``format_weight: 0.5, iou_weight: 0.5`` (configs/temporal-grounding.yaml). ``format_mode`` is the format
-reward's ``mode`` (default ``think_answer``). Logged: ``temporal_r1/format``, ``temporal_r1/answer``,
+reward's ``mode`` (default ``think_answer``). ``strict_tags: true`` (off by default) reads the answer (and the
+``span_tag`` block) only from the first complete block and scores a completion without one 0, as ``tvg.py`` does
+(its first ``<answer>`` block, any failure 0). Logged: ``temporal_r1/format``, ``temporal_r1/answer``,
 ``temporal_r1/tiou`` (means over the samples each applies to).
 """
 
@@ -51,7 +53,7 @@ from typing import Any
 
 from mmrl_common.errors import ConfigError
 from rewards.accuracy import score_answer
-from rewards.answers import extract_answer, normalize_gold_span, parse_span
+from rewards.answers import extract_answer, first_tag_block, normalize_gold_span, parse_span
 from rewards.format import check_format
 from rewards.metrics import temporal_iou
 from rewards.registry import normalize_completions, register_reward
@@ -195,8 +197,14 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
     format_mode = "think_answer" if isinstance(format_mode, (list, tuple)) else format_mode
     clip = columns.get("clip_to_shown", False)
     clip = False if isinstance(clip, (list, tuple)) else bool(clip)
+    strict = columns.get("strict_tags", False)
+    if not isinstance(strict, bool):
+        raise ConfigError(f"rewards[].kwargs.strict_tags must be true or false, got {strict!r}")
     batch = columns.get("rollout_batch")
     samples = list(batch.samples) if batch is not None and len(batch) == n else [None] * n
+
+    def read(text: str, tag: str = "answer") -> str:  # strict: tvg.py's first <answer> block, else nothing
+        return first_tag_block(text, tag=tag) if strict else extract_answer(text, tag=tag)
 
     def col(key: str, i: int) -> Any:
         v = columns.get(key)
@@ -206,7 +214,7 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
     out: list[float] = []
     for i, text in enumerate(texts):
         ptype, meta = col("problem_type", i), col("meta", i) or {}
-        answer_text = extract_answer(text)
+        answer_text = read(text)
         fmt = float(check_format(text, mode=format_mode))
         total = w_fmt * fmt
         terms["format"].append(fmt)
@@ -219,7 +227,7 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
         gold = col("answer", i) if ptype == "temporal_grounding" else meta.get(span_key)
         if gold is not None:
             media = getattr(samples[i], "media", None) or []
-            span_text = extract_answer(text, tag=span_tag) if span_tag else answer_text
+            span_text = read(text, span_tag) if span_tag else answer_text
             iou = span_iou(span_text, gold, shown_window(meta, media) if clip else None)
             total += w_iou * iou
             terms["tiou"].append(iou)

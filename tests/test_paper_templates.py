@@ -103,3 +103,22 @@ def test_the_t_grpo_recipe_scores_strictly() -> None:
     (acc,) = [r for r in cfg.rewards if r.name == "accuracy"]
     assert acc.kwargs.get("strict_tags") is True
     assert _accuracy([UNTAGGED], NUM, **acc.kwargs) == [0.0]
+
+
+GROUNDING = {"problem_type": ["temporal_grounding"] * 2, "answer": [[2.0, 4.0]] * 2, "options": [None] * 2,
+             "meta": [{}] * 2, "format_weight": 0.0, "answer_weight": 1.0, "iou_weight": 1.0}
+SPAN_TAGGED = '<think>the flash</think> <answer>{"start_time": "2.0", "end_time": "4.0"}</answer>'
+SPAN_UNTAGGED = '<think>the flash</think> {"start_time": "2.0", "end_time": "4.0"}'
+
+
+def test_temporal_r1_strict_tags_gives_an_untagged_span_no_tiou() -> None:
+    # appletea233/Temporal-R1 verl/utils/reward_score/tvg.py: re.search(r"<answer>(.*?)</answer>"), else 0
+    reward = get_reward("temporal_r1")
+    assert reward([SPAN_TAGGED, SPAN_UNTAGGED], **GROUNDING, strict_tags=True) == [1.0, 0.0]
+    assert reward([SPAN_TAGGED, SPAN_UNTAGGED], **GROUNDING) == [1.0, 1.0]  # not strict: as before
+
+
+def test_the_temporal_grounding_recipe_scores_strictly() -> None:
+    cfg = load_run_config("temporal-grounding")
+    (spec,) = [r for r in cfg.rewards if r.name == "temporal_r1"]
+    assert spec.kwargs.get("strict_tags") is True

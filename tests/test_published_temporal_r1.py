@@ -38,7 +38,8 @@ PUBLISHED = [
 ]
 
 # tvg.py at HEAD: 0.5 tIoU + 0.5 format (think, then answer), tIoU on the span as predicted
-PUBLISHED_REWARD = {"format_weight": 0.5, "iou_weight": 0.5, "format_mode": "think_answer", "clip_to_shown": False}
+PUBLISHED_REWARD = {"format_weight": 0.5, "iou_weight": 0.5, "format_mode": "think_answer", "clip_to_shown": False,
+                    "strict_tags": True}  # tvg.py: the first <answer> block or 0
 
 
 @pytest.mark.parametrize(("path", "value", "source"), PUBLISHED, ids=[row[0] for row in PUBLISHED])
