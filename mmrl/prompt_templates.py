@@ -2,7 +2,7 @@
 ``{options}`` (lettered lines, empty when the sample has none) and ``{instruction}`` (how to format the answer,
 chosen by ``prompt.answer_format`` and the problem type, or by the template's own per-type suffixes).
 ``prompt.template`` is either the name of a registered template (``default``: mmrl's own; ``plain``;
-``video-r1``: Video-R1's; ``ares-math``: ARES's; register more with :func:`register_template`) or a custom
+``video-r1``: Video-R1's; ``ares-math``: ARES's; ``mmr1``: MMR1's; register more with :func:`register_template`) or a custom
 format string,
 recognised by its ``{question}`` field. Anything else is a :class:`ConfigError` naming the nearest template, so a
 typo such as ``defualt`` never becomes the prompt text. Building the prompts themselves: :mod:`mmrl.prompts`.
@@ -84,9 +84,30 @@ def register_template(name: str, text: str, suffixes: dict[str, str] | None = No
         SUFFIXES[name] = dict(suffixes)
 
 
+# MMR1 (LengSicong/MMR1, examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT, the line breaks and trailing spaces
+# of the script's string kept): verl/utils/dataset.py puts it in the user turn, " ".join((system_prompt.strip(),
+# problem)), not in a system message; the problem's <image> marks where the image goes (mmrl: media first).
+MMR1_PROMPT = (
+    "A conversation between User and Assistant. \n"
+    "The User provides an image and asks a question. \n"
+    "The Assistant first analyzes both the image and the question, \n"
+    "then carefully thinks about the reasoning process step by step, \n"
+    "and finally provides the User with an accurate answer. \n"
+    "The Assistant must carefully checkout the correctness and validity of each reasoning step. \n"
+    "If any errors or inconsistencies are found during the reasoning process, \n"
+    "the Assistant reflects and corrects them logically. \n"
+    "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
+    "respectively, \n"
+    "i.e., <think> reasoning process here, with potential reflections and corrections </think>\n"
+    "<answer> final answer here, with the key result enclosed in \\boxed{{}} </answer>."
+    " {question}\n{options}"
+)
+
+
 register_template("video-r1", VIDEO_R1_QUESTION,
                   {ours: VIDEO_R1_TYPES[theirs] for ours, theirs in _VIDEO_R1_TYPE_OF.items()})
 register_template("ares-math", ARES_MATH, {})
+register_template("mmr1", MMR1_PROMPT, {})
 
 
 def format_fields(text: str) -> set[str] | None:

@@ -28,9 +28,9 @@ from typing import Any
 __all__ = [
     "choice_letters",
     "extract_answer",
-    "first_tag_block",
     "extract_choice",
     "extract_yes_no",
+    "first_tag_block",
     "normalize_gold_choice",
     "normalize_gold_number",
     "normalize_gold_span",

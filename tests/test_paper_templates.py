@@ -122,3 +122,40 @@ def test_the_temporal_grounding_recipe_scores_strictly() -> None:
     cfg = load_run_config("temporal-grounding")
     (spec,) = [r for r in cfg.rewards if r.name == "temporal_r1"]
     assert spec.kwargs.get("strict_tags") is True
+
+
+# LengSicong/MMR1 examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT (bash string: its line breaks and trailing
+# spaces), joined to the problem by verl/utils/dataset.py: " ".join((system_prompt.strip(), prompt_str))
+MMR1_SYSTEM = (
+    'A conversation between User and Assistant. \n'
+    'The User provides an image and asks a question. \n'
+    'The Assistant first analyzes both the image and the question, \n'
+    'then carefully thinks about the reasoning process step by step, \n'
+    'and finally provides the User with an accurate answer. \n'
+    'The Assistant must carefully checkout the correctness and validity of each reasoning step. \n'
+    'If any errors or inconsistencies are found during the reasoning process, \n'
+    'the Assistant reflects and corrects them logically. \n'
+    'The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, respectively, \n'
+    'i.e., <think> reasoning process here, with potential reflections and corrections </think>\n'
+    '<answer> final answer here, with the key result enclosed in \\boxed{} </answer>.'
+)
+
+
+def test_mmr1_prompt_is_the_script_s_text_before_the_question() -> None:
+    got = user_text(NUM, PromptConfig(template="mmr1", answer_format="think_answer"))
+    assert got == MMR1_SYSTEM.strip() + " " + "How many flashes are there?" + "\n"
+
+
+def test_the_vas_recipe_prompts_as_mmr1() -> None:
+    cfg = load_run_config("vas")
+    assert cfg.prompt.template == "mmr1"
+    (message,) = build_messages(NUM, cfg.prompt, ["image"])
+    assert message["content"][1]["text"].startswith("A conversation between User and Assistant. \nThe User")
+
+
+def test_ares_math_prompt_is_math_jinja() -> None:
+    # shawn0728/ARES examples/format_prompt/math.jinja: "{{ content | trim }} You FIRST think ..."
+    got = user_text(NUM, PromptConfig(template="ares-math", answer_format="think_answer"))
+    assert got == ("How many flashes are there? You FIRST think about the reasoning process as an internal monologue "
+                   "and then provide the final answer. The reasoning process MUST BE enclosed within <think> </think> "
+                   "tags. The final answer MUST BE put in \\boxed{}.")

@@ -13,6 +13,7 @@ from mmrl.config import load_run_config
 # (config path, value, source)
 PUBLISHED = [
     ("data.sampler", "vas", "Algorithm 1: the variance-aware sampler"),
+    ("prompt.template", "mmr1", "code (LengSicong/MMR1): examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT"),
     ("data.sampler_kwargs.alpha", 0.8, "section 6.1: alpha (OVS) 0.8"),
     ("data.sampler_kwargs.beta", 0.2, "section 6.1: beta (TDS) 0.2"),
     ("data.sampler_kwargs.mix", 0.5, "section 6.1: lambda 0.5"),
