@@ -47,8 +47,9 @@ rollouts (plug-in hook ``after_rewards``):
    ``token_kl_weights`` times ``hwe_kl_rho`` (< 1 relaxes the KL; 1 = off) on the tokens inside validated HWE
    windows -- both reach the KL term of the loss, which needs ``grpo.kl_coef > 0``. After the update the
    controller (:class:`BucketKLController`, the released code's ``dp_actor.py`` cadence) moves beta_d: the
-   plug-in feeds it one call per micro-batch of the update (``train.micro_batch_size`` rows of each
-   optimizer mini-batch, every PPO epoch), with each bucket's mean per-sequence KL (the engine's estimator
+   plug-in feeds it one call per ``kl_call_rows`` rows (8: the code's one row per call on each of 8 GPUs) of
+   each optimizer mini-batch, every PPO epoch -- not per memory micro-batch, so ``train.micro_batch_size``
+   leaves it as it is -- with each bucket's mean per-sequence KL (the engine's estimator
    between the rollout log-probs and the reference; the code measures the current policy inside its update,
    the same at the first micro-batch); per bucket an EMA (``kl_ema`` 0.97) of that KL, error
    e = KL_ema / target_d - 1, no update inside the dead zone ``kl_deadzone`` (0.02), and only every

@@ -132,12 +132,11 @@ def test_kl_controller_update_by_hand():
     assert again.state_dict() == f.state_dict()
 
 
-def test_plugin_feeds_the_controller_once_per_micro_batch():
+def test_plugin_feeds_the_controller_once_per_kl_call_rows():
     batch = make_batch()
     mask = batch.loss_mask
     for size, calls in ((2, 3), (6, 1), (4, 2)):
-        plug = make_plugin(window=2, quantile=1.0, kl_update_every=3)
-        plug.ctx.cfg.train.micro_batch_size = size
+        plug = make_plugin(window=2, quantile=1.0, kl_update_every=3, kl_call_rows=size)
         b = make_batch()
         plug.after_rewards(b)
         plug.after_advantages(b)
@@ -145,7 +144,7 @@ def test_plugin_feeds_the_controller_once_per_micro_batch():
         b.ref_logprobs = -torch.ones_like(mask) * mask
         plug.after_update(b, {})
         assert plug.controller.calls == calls
-        # only a third call moves beta, and only for the buckets in that micro-batch (rows 4-5: hard)
+        # only a third call moves beta, and only for the buckets in that call's rows (rows 4-5: hard)
         assert (plug.controller.beta["hard"] != 1.0) == (calls == 3) and plug.controller.beta["easy"] == 1.0
     plug = make_plugin(kl_update_every=1)
     plug.ctx.cfg.train.micro_batch_size = 2
@@ -302,9 +301,9 @@ def test_plugin_setting_errors():
 def test_tiny_run_logs_buckets_and_trains_with_the_weights(tmp_path, module_cache):  # noqa: F811
     from mmrl.checkpoint import latest_checkpoint, load_trainer_state
 
-    # the paper recipe: both KL parts and branching on (2 roots + 2 branches a group here), 3 rows a micro-batch
+    # the paper recipe: both KL parts and branching on (2 roots + 2 branches a group here), 3 rows a controller call
     rows = run_rl(tmp_path, "rollout.max_new_tokens=6", "plugins.ares.branch_roots=2", "plugins.ares.kl_update_every=2",
-                  "grpo.dynamic_sampling=false", task="ares")
+                  "plugins.ares.kl_call_rows=3", "grpo.dynamic_sampling=false", task="ares")
     for r in rows:
         # the loss's mean per-token KL weight is the one the plug-in set (seq beta x token rho)
         assert r["kl_weight_mean"] == pytest.approx(r["ares/kl_weight_token_mean"], rel=1e-5)

@@ -47,6 +47,9 @@ PUBLISHED = [
     ("plugins.ares.kl_ema", 0.97, "code: dp_actor kl_ema_decay"),
     ("plugins.ares.kl_err_ema", 0.97, "code: dp_actor error EMA uses kl_ema_decay"),
     ("plugins.ares.kl_update_every", 100, "code: dp_actor kl_update_interval (micro-batch calls)"),
+    ("plugins.ares.kl_call_rows", 8, ("code: dp_actor.py one controller call per micro-batch on each rank; "
+                                      "experiments/AEPO/train.sh micro_batch_size_per_device_for_update=1 on "
+                                      "n_gpus_per_node=8")),
     ("plugins.ares.kl_deadzone", 0.02, "code: dp_actor kl_deadzone"),
     ("plugins.ares.kl_step", 0.05, "code: dp_actor kl_beta_lr"),
     ("plugins.ares.kl_err_clip", 0.2, "code: dp_actor kl_beta_clip"),

@@ -28,8 +28,8 @@ PUBLISHED = [
     ("train.prompts_per_step", 16, "run_qwen2_5_vl_3b_tvg.sh: data.rollout_batch_size=16"),
     ("data.media.video_min_pixels", 3136, "run_qwen2_5_vl_3b_tvg.sh: data.min_pixels=3136"),
     ("data.media.video_total_pixels", 1605632,
-     "run_qwen2_5_vl_3b_tvg.sh: data.max_pixels=1605632, passed to qwen-vl-utils as the video's total_pixels "
-     "(verl/utils/dataset_video.py)"),
+     ("run_qwen2_5_vl_3b_tvg.sh: data.max_pixels=1605632, passed to qwen-vl-utils as the video's total_pixels "
+      "(verl/utils/dataset_video.py)")),
     ("data.media.video_max_pixels", 768 * 28 * 28, "dataset_video.py gives no max_pixels: qwen-vl-utils' VIDEO_MAX_PIXELS"),
     ("data.media.fps", 2.0, "dataset_video.py gives no fps: qwen-vl-utils' FPS 2.0"),
     ("data.media.min_frames", 4, "dataset_video.py gives no frame count: qwen-vl-utils' FPS_MIN_FRAMES 4"),

@@ -29,7 +29,7 @@ def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_mp4(tmp_path_factory.mktemp("tp") / "long.mp4", frames, 2.0)
 
 
-def _reference(path: Path, **item: object):  # noqa: ANN202
+def _reference(path: Path, **item: object) -> tuple:
     from qwen_vl_utils import fetch_video
 
     (ref, meta) = fetch_video({"video": str(path), **item}, return_video_metadata=True)

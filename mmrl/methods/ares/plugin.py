@@ -69,6 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "paper_target": dict(PAPER_TARGET), "paper_cap": 1.0,
     "dynamic_kl": True, "kl_target": {b: 0.01 for b in BUCKETS}, "kl_ema": 0.97, "kl_err_ema": 0.97,
     "kl_deadzone": 0.02, "kl_step": 0.05, "kl_err_clip": 0.2, "kl_update_every": 100,
+    "kl_call_rows": 8,
     "beta_init": 1.0, "beta_min": 1e-4, "beta_max": 1e2, "hwe_kl_rho": 0.5, "recent_window": 20,
     "branching": False, "branch_roots": 4, **ADACS_DEFAULTS,
 }
@@ -118,6 +119,9 @@ def _settings(given: dict[str, Any]) -> dict[str, Any]:
         raise bad("branch_roots", "must be an integer >= 1 (full rollouts per group before branching)")
     if not isinstance(s["kl_update_every"], int) or s["kl_update_every"] < 1:
         raise bad("kl_update_every", "must be an integer >= 1")
+    if not isinstance(s["kl_call_rows"], int) or s["kl_call_rows"] < 1:
+        raise bad("kl_call_rows", "must be an integer >= 1 (rows of a mini-batch per controller call; 8 in the "
+                                  "released code: one row per call on each of 8 GPUs)")
     for key, keys_of in (("kl_target", None), ("paper_target", None), ("code_constants", CODE_CONSTANTS)):
         val = s[key]
         if not isinstance(val, dict) or set(val) - set(BUCKETS):
@@ -317,8 +321,12 @@ class AresPlugin(Callback):
         m = batch.loss_mask
         seq_kl = (est * m).sum(-1) / m.sum(-1).clamp(min=1)
         buckets = batch.extra["ares_bucket"]
-        # one controller call per micro-batch of the update, as the code, by the trainer's own plan
-        for rows in (mb for step in self.ctx.update_plan(batch) for mb in step):
+        # one controller call per kl_call_rows rows of each optimizer step's rows, in the trainer's own plan
+        # (dp_actor.py calls it once per micro_batch_size_per_device_for_update rows on each rank): the count is
+        # the code's, whatever train.micro_batch_size / micro_batch_tokens (memory only) split the rows into
+        n = int(self.s["kl_call_rows"])
+        steps = [[r for mb in step for r in mb] for step in self.ctx.update_plan(batch)]
+        for rows in (step[i:i + n] for step in steps for i in range(0, len(step), n)):
             per_bucket = {}
             for b in BUCKETS:
                 mine = [i for i in rows if buckets[i] == b]
