@@ -83,11 +83,11 @@ def staged(second: str, *extra: str) -> list[str]:
     """Two curriculum stages on the toy scans (closed questions for 2 steps, then open ones; the second stage's
     settings end with ``second``), the ``test-stop-at`` plug-in (see tiny_runs.STOP_AT), then ``extra``."""
     return [*TINY_RUN, *SCANS, "imports=[mmrl.methods.medcco]", "train.lr=1e-2", "train.min_lr_ratio=0", "train.warmup_steps=0",
-            "plugins={curriculum: {stages: ["
-            "{name: closed, select: {answer_types: [closed]}, rewards: [{name: medical_closed}], "
-            "switch: {rule: steps, steps: 2}}, "
-            f"{{name: open, select: {{answer_types: [open]}}, rewards: [{{name: lexical}}]{second}}}]}}, "
-            "test-stop-at: {}}", *extra]
+            ("plugins={curriculum: {stages: ["
+             "{name: closed, select: {answer_types: [closed]}, rewards: [{name: medical_closed}], "
+             "switch: {rule: steps, steps: 2}}, "
+             f"{{name: open, select: {{answer_types: [open]}}, rewards: [{{name: lexical}}]{second}}}]}}, "
+             "test-stop-at: {}}"), *extra]
 
 
 def run(tmp_path: Path, overrides: list[str], *, resume: bool = False) -> list[float]:
