@@ -44,6 +44,7 @@ BORROWED: list[tuple[str, Any, str]] = [  # MedCCO: not published
     ("KL estimator", "k3", f"{MVLT}: low-variance KL"),
     ("KL in the loss, not the reward", False, f"{MVLT}: KL loss"),
     ("entropy bonus", 0.0, f"{MVLT}: no entropy bonus"),
+    ("clip ratios (low, high)", [0.2, 0.2], f"{MVLT}: sets none, so verl's symmetric clip_ratio 0.2"),
     ("max response tokens", 4096, f"{MVLT}: max response 4096"),
 ]
 
@@ -67,6 +68,7 @@ def value(cfg, what: str) -> Any:
         "prompts per step": cfg.train.prompts_per_step, "sequences per mini-batch": cfg.grpo.ppo_mini_batch_size,
         "KL coefficient": cfg.grpo.kl_coef, "KL estimator": cfg.grpo.kl_estimator,
         "KL in the loss, not the reward": cfg.grpo.kl_in_reward, "entropy bonus": cfg.grpo.entropy_coef,
+        "clip ratios (low, high)": [cfg.grpo.clip_low, cfg.grpo.clip_high],
         "max response tokens": cfg.rollout.max_new_tokens,
     }[what]
 
