@@ -179,17 +179,22 @@ def split_spec(path: str | Path) -> tuple[Path, str | None]:
     return Path(text), None
 
 
+def glob_files(pattern: str | Path) -> list[Path]:
+    """The files a glob of shards matches (``**`` recursive), in name order."""
+    return sorted(Path(p) for p in glob.glob(str(pattern), recursive=True) if Path(p).is_file())
+
+
 def dataset_exists(path: str | Path) -> bool:
     """Whether ``path`` names data that is there: an existing file or folder (``PATH:SPLIT`` too), or a glob
     that matches a file."""
     base, _ = split_spec(path)
     if _is_glob(str(base)):
-        return any(Path(p).is_file() for p in glob.glob(str(base), recursive=True))
+        return bool(glob_files(base))
     return base.exists()
 
 
 def _glob_parts(pattern: Path, file_fmt: str) -> list[DataPart]:
-    files = sorted(Path(p) for p in glob.glob(str(pattern), recursive=True) if Path(p).is_file())
+    files = glob_files(pattern)
     if not files:
         raise DataError(f"{pattern}: no file matches this pattern; check the folder and the pattern (quoted, "
                         "so that mmrl and not the shell expands it)")

@@ -98,7 +98,7 @@ def data_files(value: str) -> tuple[str, Path | None, list[Path]]:
     """What a data setting names: ``("file" | "folder" | "glob" | "missing", root, files)``. A ``PATH:SPLIT``
     form (a split of a ``datasets`` or Hub-style folder, or of a glob of shards) is the whole folder's or glob's
     (an edit of any split counts)."""
-    from data_pipelines.loaders import split_spec
+    from data_pipelines.loaders import glob_files, split_spec
 
     path, _split = split_spec(value)  # the loaders' reading of PATH:SPLIT
     if path.is_file():
@@ -106,7 +106,7 @@ def data_files(value: str) -> tuple[str, Path | None, list[Path]]:
     if path.is_dir():
         return "folder", path, sorted(p for p in path.rglob("*") if p.is_file() and not _skipped(p.relative_to(path)))
     if glob.has_magic(str(path)):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        files = glob_files(path)
         return "glob", Path(os.path.commonpath([str(f.parent) for f in files])) if files else None, files
     return "missing", None, []
 
