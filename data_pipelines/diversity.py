@@ -9,8 +9,8 @@ policy produced) and returns a number in [0, 1], higher = more diverse:
   counts 0.1 matches, "smoothing method 1"; no unigram match at all gives 0), averaged over the group;
 * ``distinct``: distinct-n, the unique n-grams of the group over all its n-grams (n = 3 by default; a group
   without any n-gram scores 0). Identical completions score 1/N, not 0: the measure counts n-grams;
-* ``edit``: the mean over pairs of the Levenshtein distance divided by the longer length (two empty
-  completions are at distance 0).
+* ``edit``: the mean over pairs of the Levenshtein distance (rapidfuzz) divided by the longer length (two
+  empty completions are at distance 0).
 
 A group of one completion has no diversity to measure: 0 for every measure. :func:`self_bleu` (the
 similarity itself, without ``1 -``) is what MMR1's released code weights positively; see
@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+
+from rapidfuzz.distance import Levenshtein
 
 from mmrl_common.errors import ConfigError
 
@@ -91,16 +93,10 @@ def distinct_n(group: Sequence[Tokens], n: int = 3) -> float:
 
 
 def levenshtein(a: Tokens, b: Tokens) -> int:
-    """Edit distance (insertions, deletions, substitutions of one token each)."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i]
-        for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return prev[-1]
+    """Edit distance (insertions, deletions, substitutions of one token each): rapidfuzz's Levenshtein on the
+    token sequences. rapidfuzz compares tokens by Python hash: token ids (integers below 2**61 - 1) by value,
+    other tokens (words) by their 64-bit hash."""
+    return Levenshtein.distance(a, b)
 
 
 def normalized_edit_distance(a: Tokens, b: Tokens) -> float:

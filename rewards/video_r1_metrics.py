@@ -2,7 +2,8 @@
 (tulerfeng/Video-R1 ``src/r1-v/src/open_r1/grpo.py``, ``accuracy_reward``). Pure functions; the ``accuracy``
 reward uses them for the ``ocr`` and ``free_form`` problem types (:mod:`rewards.accuracy`).
 
-* :func:`word_error_rate`: the word-level edit distance (substitutions, insertions and deletions, each 1)
+* :func:`word_error_rate`: the word-level edit distance (substitutions, insertions and deletions, each 1;
+  rapidfuzz's Levenshtein on the word lists)
   between the reference and the hypothesis, split on whitespace as given (case and punctuation count), over
   ``max(1, number of reference words)``.
 * :func:`ocr_score`: ``clip(1 - WER, 0, 1)``.
@@ -16,18 +17,15 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+from rapidfuzz.distance import Levenshtein  # a dependency of mmrl (pyproject.toml)
+
 __all__ = ["ocr_score", "rouge_mean", "word_edit_distance", "word_error_rate"]
 
 
 def word_edit_distance(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
-    """Levenshtein distance between two word sequences (O(len(reference) * len(hypothesis)) time)."""
-    previous = list(range(len(hypothesis) + 1))
-    for i, r in enumerate(reference, start=1):
-        current = [i] + [0] * len(hypothesis)
-        for j, h in enumerate(hypothesis, start=1):
-            current[j] = previous[j - 1] if r == h else 1 + min(previous[j], current[j - 1], previous[j - 1])
-        previous = current
-    return previous[-1]
+    """Levenshtein distance between two word sequences (rapidfuzz's bit-parallel Levenshtein on the word lists:
+    substitutions, insertions and deletions cost 1 each)."""
+    return Levenshtein.distance(reference, hypothesis)
 
 
 def word_error_rate(reference: Any, hypothesis: Any) -> float:
