@@ -4,8 +4,9 @@ Every (arm, seed) is an ordinary run folder ``OUT/<arm>/seed-<s>/`` made by ``mm
 (its output goes to ``train.log`` there). A re-run skips finished runs, resumes interrupted ones
 (``--resume``) and starts missing ones; a finished or interrupted run whose saved ``config.yaml`` differs from
 what the spec now asks is refused with the differences named (``--force`` reuses it). ``OUT/compare.md`` holds one table (per metric and arm: mean, sample
-standard deviation, 95% t-interval over seeds, difference to the base arm) and the overlaid curves;
-``OUT/compare.json`` holds the same numbers.
+standard deviation, 95% t-interval over seeds, difference to the base arm), the paired differences (per seed,
+each arm minus the base arm on the seeds both finished: mean, sd, 95% t-interval, seeds higher / lower / tied;
+:func:`paired_differences`) and the overlaid curves; ``OUT/compare.json`` holds the same numbers.
 
 Metric names (``metrics:`` in the spec):
 
@@ -115,6 +116,22 @@ def clip_interval(s: Stats, bounds: tuple[float, float] | None) -> Stats:
     if bounds is None or s.lo is None:
         return s
     return Stats(s.n, s.mean, s.sd, max(s.lo, bounds[0]), min(s.hi, bounds[1]))
+
+
+def paired_differences(arm: dict[int, float], base: dict[int, float],
+                       bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The per-seed differences ``arm − base`` on the seeds both have (the arms share their seeds, so the
+    seed's own luck cancels): their number, mean, sd and 95% t-interval (:func:`summarize`; clipped to the
+    range a difference of a metric in ``bounds`` can take), the seeds the arm is higher / lower / tied on,
+    and ``excludes_zero`` (None with fewer than two pairs or a zero-width interval)."""
+    seeds = sorted(set(arm) & set(base))
+    diffs = [arm[s] - base[s] for s in seeds]
+    width = None if bounds is None else bounds[1] - bounds[0]
+    d = clip_interval(summarize(diffs), None if width is None else (-width, width))
+    return {"seeds": seeds, "n": d.n, "mean": d.mean, "sd": d.sd, "ci95": None if d.lo is None else [d.lo, d.hi],
+            "higher": sum(x > 0 for x in diffs), "lower": sum(x < 0 for x in diffs),
+            "tied": sum(x == 0 for x in diffs),
+            "excludes_zero": None if d.lo is None or not d.sd else not d.lo <= 0 <= d.hi}
 
 
 # ---------------------------------------------------------------------------------------------------- spec
@@ -645,7 +662,8 @@ def expand_metrics(metrics: list[str], runs: list[RunData]) -> list[str]:
 
 
 def table(spec: Spec, runs: list[RunData]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{metric: {arm: {n, mean, sd, ci95, values, diff_to_base, intervals_overlap}}}`` over finished runs."""
+    """``{metric: {arm: {n, mean, sd, ci95, values, diff_to_base, intervals_overlap, paired}}}`` over finished
+    runs; ``paired``: :func:`paired_differences` against the base arm (None for the base arm itself)."""
     result: dict[str, dict[str, dict[str, Any]]] = {}
     for metric in expand_metrics(spec.metrics, runs):
         stats, values = {}, {}
@@ -660,13 +678,17 @@ def table(spec: Spec, runs: list[RunData]) -> dict[str, dict[str, dict[str, Any]
             result[metric][arm] = {
                 "n": s.n, "mean": s.mean, "sd": s.sd, "ci95": None if s.lo is None else [s.lo, s.hi],
                 "values": values[arm], "diff_to_base": s.mean - base.mean if other else None,
-                "intervals_overlap": intervals_overlap(s, base) if arm != spec.base else None}
+                "intervals_overlap": intervals_overlap(s, base) if arm != spec.base else None,
+                "paired": None if arm == spec.base else paired_differences(values[arm], values[spec.base],
+                                                                           metric_bounds(metric))}
     return result
 
 
 # ------------------------------------------------------------------------------------------------- report
 
 def _f(v: float | None, sign: bool = False) -> str:
+    if v is not None and abs(v) < 1e-12:
+        v = 0.0  # a difference of equal values up to float rounding: not "-0.000"
     return "–" if v is None else (f"{v:+.3f}" if sign else f"{v:.3f}")
 
 
@@ -793,6 +815,36 @@ def _table_rows(spec: Spec, runs: list[RunData], numbers: dict[str, dict[str, di
     return rows
 
 
+PAIRED_NOTES = ("Paired: per seed, the arm's value minus the base arm's on the seeds both finished (the arms "
+                "share their seeds, so what a seed does to both cancels): the mean difference, its sd and 95% "
+                "interval mean ± t(0.975, n − 1)·sd/√n (clipped to what a difference can be), and on how many "
+                "seeds the arm is higher, lower or tied. \"**excludes 0**\": these seeds separate the arms (the "
+                "sharper test when the per-arm intervals overlap only because the seeds move both arms alike); "
+                "no test with fewer than two pairs or a zero-width interval (every seed the same difference).")
+
+
+def _paired_rows(spec: Spec, numbers: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    rows = ["| metric | arm − base | paired seeds | mean Δ | sd | 95% interval | per seed | test |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for metric, arms in numbers.items():
+        for arm, s in arms.items():
+            p = s["paired"]
+            if p is None:
+                continue
+            ci = "–" if p["ci95"] is None else f"[{_f(p['ci95'][0], True)}, {_f(p['ci95'][1], True)}]"
+            seeds = str(p["n"]) if p["n"] == len(spec.seeds) else f"{p['n']} of {len(spec.seeds)}"
+            if p["excludes_zero"] is not None:
+                test = "**excludes 0**" if p["excludes_zero"] else "includes 0"
+            elif p["n"] < 2:
+                test = "too few paired seeds (n < 2)"
+            else:
+                test = "no test: every seed the same difference"
+            counts = f"{p['higher']} higher, {p['lower']} lower, {p['tied']} tied" if p["n"] else "–"
+            rows.append(f"| {_cell(metric)} | {arm} − {spec.base} | {seeds} | {_f(p['mean'], True)} | "
+                        f"{_f(p['sd'])} | {ci} | {counts} | {test} |")
+    return rows
+
+
 def write_report(spec: Spec) -> Path:
     """Write ``compare.md`` (table, notes, curves) and ``compare.json`` from the run folders."""
     spec.out.mkdir(parents=True, exist_ok=True)
@@ -808,7 +860,10 @@ def write_report(spec: Spec) -> Path:
                   f"run, so each is a multiple of 1/{sizes[0]}; seeds often tie, and intervals over so few questions "
                   "and seeds cannot separate the arms. Use a larger held-out split (data.toy_size, --eval-data) and "
                   "more seeds."), ""]
-    lines += [*_table_rows(spec, runs, numbers), "", NOTES, "", "## Arms", ""]
+    lines += [*_table_rows(spec, runs, numbers), "", NOTES, ""]
+    if len(spec.arms) > 1:
+        lines += [f"## Paired differences to {spec.base}", "", *_paired_rows(spec, numbers), "", PAIRED_NOTES, ""]
+    lines += ["## Arms", ""]
     shared = next(iter(spec.arms.values())).shared
     if shared:
         lines.append("- every arm: overrides " + " ".join(f"`{o}`" for o in shared))
@@ -883,8 +938,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run every arm of SPEC with every seed (one ordinary `mmrl train` run folder each,\n"
                     "OUT/<arm>/seed-<s>/, its output in train.log there), then write OUT/compare.md (per metric\n"
-                    "and arm: mean, sd and 95% t-interval over seeds, difference to the base arm; overlaid\n"
-                    "curves) and OUT/compare.json. A re-run skips finished runs, resumes interrupted ones and\n"
+                    "and arm: mean, sd and 95% t-interval over seeds, difference to the base arm; the paired\n"
+                    "per-seed differences to the base arm with their 95% t-interval; overlaid curves) and\n"
+                    "OUT/compare.json. A re-run skips finished runs, resumes interrupted ones and\n"
                     "starts missing ones; a run whose saved config.yaml differs from what the spec now asks is\n"
                     "refused with the differences named (--force reuses it).",
         epilog="spec (YAML):\n"
