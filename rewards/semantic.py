@@ -17,6 +17,16 @@ per pair. Every model is read from a folder on this machine, never from a hub (`
   MedCCO does not name its backbone (bert-score's default for English is roberta-large, layer 17); no such
   model ships in a package here, so a run names the encoder and layer it used (docs/methods/medcco.md).
 
+  It equals torchmetrics' ``bert_score`` given the same model and tokenizer (precision, recall, F1 to 1e-5,
+  with idf and with baseline rescaling: tests/test_bertscore_torchmetrics.py). mmrl keeps its own for what a
+  reward needs and torchmetrics does not do: each text's token embeddings are cached across calls (a group of
+  rollouts repeats its reference, a run repeats answers); idf comes from a corpus fixed for the run
+  (``idf_corpus``), where torchmetrics recomputes it from each call's references, so a pair's score would
+  depend on its batch; a baseline is a number, not a per-layer file; special tokens come from the tokenizer's
+  mask, not from the first and last positions; and torchmetrics 1.9.0 scores a batch whose texts are not
+  already in length order on the wrong pairs (it undoes its length sort with the permutation instead of its
+  inverse; Lightning-AI/torchmetrics#2728). ``make bench`` (perf/libraries.py) times both.
+
 Scorers batch their inputs (``batch_size``, default 64) and keep the embedding of each distinct text in an
 LRU cache (``cache_size`` texts, default 50,000): a group of rollouts repeats the same reference and often the
 same answers. An empty prediction scores 0.0. Loaded scorers are shared by every reward in the process.
