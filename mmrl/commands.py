@@ -88,8 +88,26 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
             raise MmrlError(f"--resume: {args.out} holds no run (no config.yaml)")
         import_from_start_folder(Path(args.out))  # the module rewards the first session found there
         return resume_run_config(saved, overrides=args.overrides, extra=extra)
-    return load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra,
-                           base=base)
+    task, config, recipe = recipe_args(args)
+    return load_run_config(task=task, config_file=config, overrides=args.overrides, extra=extra, base=base,
+                           recipe_file=recipe)
+
+
+def recipe_args(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    """``(task, user settings file, recipe file)`` for ``--task``/``--config``. ``--config configs/NAME.yaml``
+    (a built-in recipe) is ``--task NAME``; another file with a ``published:``/``inherited:`` record is a recipe
+    (:func:`mmrl.config.is_recipe_file`): both are read as ``--task`` reads its recipe, under the real-model
+    preset, so ``--config configs/ares.yaml --model DIR`` trains as ``--task ares --model DIR`` does. Any other
+    file is the user's own settings, over the preset."""
+    from mmrl.config import CONFIG_DIR, is_recipe_file
+
+    task, config = args.task, args.config
+    if not config or not Path(config).is_file():
+        return task, config, None
+    path = Path(config).resolve()
+    if path.parent == CONFIG_DIR.resolve() and task in (None, path.stem):
+        return path.stem, None, None
+    return (task, None, config) if is_recipe_file(config) else (task, config, None)
 
 
 def _quiet_loading(quiet: bool) -> None:
@@ -141,16 +159,18 @@ def _estimated_params(model_dir: str | Path) -> float:
 
 
 def recipe_published(args: argparse.Namespace) -> dict[str, str]:
-    """The published keys (dotted key -> source) of the recipe ``args`` name: ``--task``'s recipe file and a
-    ``--config`` file's own ``published:`` record (configs/README.md)."""
-    from mmrl.config import CONFIG_DIR, recipe_record, settings_file
+    """The published keys (dotted key -> source) of the recipe ``args`` name: ``--task``'s recipe file (with
+    what an overlay inherits, :func:`mmrl.config.task_published`) and a ``--config`` file's own ``published:``
+    record (configs/README.md)."""
+    from mmrl.config import recipe_record, settings_file, task_published
 
-    task, own = args.task, {}
-    if args.config and Path(args.config).is_file():
-        task = task or settings_file(args.config).get("task")
-        own = recipe_record(args.config)
-    path = CONFIG_DIR / f"{task or 'video-qa'}.yaml"
-    return {**(recipe_record(path) if path.is_file() else {}), **own}
+    task, config, recipe = recipe_args(args)
+    own: dict[str, str] = {}
+    for file in (recipe, config):
+        if file:
+            task = task or settings_file(file).get("task")
+            own = {**own, **recipe_record(file)}
+    return {**task_published(task or "video-qa"), **own}
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -675,6 +675,13 @@ def settings_file(path: str | Path) -> dict[str, Any]:
     return {k: v for k, v in load_yaml(path).items() if k not in RECORDS}
 
 
+def is_recipe_file(path: str | Path) -> bool:
+    """Whether a ``--config`` file is a recipe rather than a user's own settings: it carries a ``published:`` or
+    ``inherited:`` record (a copy of ``configs/<task>.yaml``, configs/README.md). A recipe file is read as the
+    recipe, under the real-model preset and everything the user sets, as ``--task`` reads its recipe."""
+    return any(recipe_record(path, kind) for kind in RECORDS)
+
+
 def recipe_record(path: str | Path, kind: str = "published") -> dict[str, str]:
     """A recipe file's own ``published:`` or ``inherited:`` record: dotted key -> source (or reason)."""
     record = load_yaml(path).get(kind) or {}
@@ -698,6 +705,27 @@ def task_recipe(task: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
             raise ConfigError(f"{path}: task '{parent}' leads back to itself ({' -> '.join((*_seen, task, parent))})")
         data = deep_merge(task_recipe(parent, (*_seen, task)), data)
     return data
+
+
+def task_published(task: str) -> dict[str, str]:
+    """The ``published:`` record of a built-in task's recipe, an overlay's (``task: OTHER``) over the one of the
+    recipe it overlays for every key it does not set itself: what it inherits keeps its source."""
+    path = CONFIG_DIR / f"{task}.yaml"
+    if not path.is_file():
+        return {}
+    own, parent = recipe_record(path), settings_file(path).get("task")
+    if not isinstance(parent, str) or parent == task:
+        return own
+    mine = settings_file(path)
+
+    def set_here(key: str) -> bool:
+        try:
+            value_at(mine, key)
+        except KeyError:
+            return False
+        return True
+
+    return {**{k: v for k, v in task_published(parent).items() if not set_here(k)}, **own}
 
 
 def _with_imports(data: dict[str, Any], base: str | Path | None = None) -> dict[str, Any]:
@@ -746,18 +774,22 @@ def load_run_config(
     overrides: list[str] | None = None,
     extra: dict[str, Any] | None = None,
     base: dict[str, Any] | None = None,
+    recipe_file: str | Path | None = None,
 ) -> RunConfig:
-    """Task recipe, then ``base`` (a model folder's training settings, for ``mmrl eval``), then the user's YAML,
-    then ``extra`` (from CLI flags), then dotted overrides.
+    """Task recipe, then ``recipe_file`` (a recipe given as a file: :func:`is_recipe_file`), then ``base`` (the
+    real-model preset, a model folder's training settings), then the user's YAML, then ``extra`` (from CLI
+    flags), then dotted overrides.
 
     The ``imports:`` entries are imported before the configuration is checked (a file named in a YAML
     resolves against that YAML's folder, one given as an override against the working directory)."""
     data: dict[str, Any] = {}
-    if config_file:
-        user = settings_file(config_file)
-        task = task or user.get("task")
+    for file in (recipe_file, config_file):
+        if file:
+            task = task or settings_file(file).get("task")
     task = task or "video-qa"
     data = deep_merge(task_recipe(task), data)
+    if recipe_file:
+        data = deep_merge(data, _with_imports(settings_file(recipe_file), Path(recipe_file).resolve().parent))
     if base:
         data = deep_merge(data, base)
     if config_file:

@@ -81,3 +81,31 @@ def test_a_recipes_own_held_out_path_missing_names_the_flag_that_sets_it(big: Pa
                      str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "data.test: file not found" in err and "give --eval-data FILE" in err, err
+
+
+@pytest.mark.parametrize("task", ["ares", "vas", "acre"])
+def test_a_recipe_given_as_config_trains_as_its_task_does(task: str, big: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--config configs/X.yaml`` (or a copy of it elsewhere, which keeps its ``published:`` record) is the
+    recipe, under the real-model preset, as ``--task X`` reads it: not a user file whose toy values (4 frames of
+    56 px, micro-batch 64, an SFT rate of 1e-3) win over the preset. A user's own file still wins over it."""
+    from mmrl.config import CONFIG_DIR
+
+    copy = tmp_path / "my-recipe.yaml"
+    copy.write_text((CONFIG_DIR / f"{task}.yaml").read_text())
+    common = ["--model", str(big), "--out", str(tmp_path / "run")]
+    as_task = _trained([*common, "--task", task], monkeypatch, capsys)
+    assert as_task["data.media.max_frames"] == 32  # the preset's (no recipe of these three publishes it)
+    monkeypatch.chdir(CONFIG_DIR.parent)
+    for config in (f"configs/{task}.yaml", str(CONFIG_DIR / f"{task}.yaml")):
+        argv = [*common, "--config", config]
+        assert _trained(argv, monkeypatch, capsys) == as_task
+        shown = _shown(argv, capsys)
+        assert {k: yaml.safe_load(yaml.safe_dump(v)) for k, v in as_task.items() if k != "out"} == \
+            {k: v for k, v in shown.items() if k != "out"}
+    from_copy = _trained([*common, "--config", str(copy)], monkeypatch, capsys)
+    assert {k: v for k, v in from_copy.items() if k != "task"} == {k: v for k, v in as_task.items() if k != "task"}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"task: {task}\ndata:\n  media:\n    max_frames: 4\n")
+    assert _trained([*common, "--config", str(mine)], monkeypatch, capsys)["data.media.max_frames"] == 4

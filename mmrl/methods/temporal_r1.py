@@ -246,6 +246,7 @@ def add_select_variance_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_select_variance(args: argparse.Namespace) -> int:
+    from mmrl.commands import recipe_args
     from mmrl.config import load_run_config
 
     extra: dict[str, Any] = {}
@@ -253,7 +254,8 @@ def cmd_select_variance(args: argparse.Namespace) -> int:
         extra.setdefault("model", {})["path"] = args.model
     if args.data:
         extra.setdefault("data", {})["train" if args.split == "train" else args.split] = args.data
-    cfg = load_run_config(task=args.task, config_file=args.config, overrides=args.overrides, extra=extra)
+    task, config, recipe = recipe_args(args)  # --config configs/NAME.yaml is --task NAME
+    cfg = load_run_config(task=task, config_file=config, overrides=args.overrides, extra=extra, recipe_file=recipe)
     if args.quiet:
         from transformers.utils import logging as hf_logging
 
