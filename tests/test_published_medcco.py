@@ -16,13 +16,13 @@ from mmrl.compare import load_spec
 from mmrl.config import load_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
-FIG25 = "MedCCO overview figure 2025 (shaohao011.github.io images/medcco_overview.png @cfde72b; research §1)"
-FIG26 = "MedCCO overview figure 2026 (same file @307f1b2; research §1)"
-MVLT = "MedVLThinker train/train-qwen2_5_vl_7b-pmc_vqa-easy_to_hard.sh (research §3)"
+FIG25 = "MedCCO overview figure 2025 (shaohao011.github.io images/medcco_overview.png @cfde72b)"
+FIG26 = "MedCCO overview figure 2026 (same file @307f1b2)"
+MVLT = "MedVLThinker train/train-qwen2_5_vl_7b-pmc_vqa-easy_to_hard.sh"
 
 # (what, expected, source); `what` is read by value() below
 PUBLISHED: list[tuple[str, Any, str]] = [
-    ("base model", "Qwen/Qwen2.5-VL-7B-Instruct", "research §1 [I]: 7B, compared with Qwen2.5-VL-7B (Med-RwR Table 1)"),
+    ("base model", "Qwen/Qwen2.5-VL-7B-Instruct", "our reading: Med-RwR (arXiv 2510.18303) Table 1 lists MedCCO as 7B; figure 2026 compares it with Qwen2.5-VL-7B"),
     ("answer format", "think_answer", f"{FIG25}: <think> ... </think> <answer> ... </answer>"),
     ("algorithm", "grpo", f"{FIG25}, {FIG26}: GRPO in both stages"),
     ("number of stages", 2, f"{FIG26}: stage 1 factual anchoring, stage 2 generative reasoning"),

@@ -5,7 +5,7 @@ Defaults and why:
 * ``advantage_estimator="grpo"`` -- group mean / unbiased group std, as DeepSeekMath, TRL and verl.
 * ``policy_loss="ppo"``, ``clip_low=0.2``, ``clip_high=0.28`` -- DAPO clip-higher: the asymmetric upper bound
   lets low-probability tokens grow and counters entropy collapse at no cost in stability (DAPO, 80/20 and
-  the Lite PPO study on aligned 8B models use 0.28; the research notes' suggested preset). Set
+  the Lite PPO study on aligned 8B models use 0.28). Set
   ``clip_high=0.2`` for vanilla symmetric PPO/GRPO.
 * ``dual_clip_c=None`` -- off, as in TRL and vanilla GRPO; verl/ARES use 3.0, DAPO scripts 10.
 * ``policy_loss_kwargs={}`` -- the chosen loss's own settings, with defaults declared where the loss is
