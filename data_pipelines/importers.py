@@ -93,7 +93,7 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 VIDEO_R1_TYPES = {
     "multiple choice": "multiple_choice",
     "numerical": "numeric",
-    "regression": "numeric",
+    "regression": "regression",
     "ocr": "ocr",
     "free-form": "free_form",
     "yes/no": "yes_no",

@@ -351,7 +351,7 @@ def parse_number(value: Any) -> float | None:
 
 def _check_numeric(s: Sample) -> list[str]:
     if parse_number(s.answer) is None:
-        return [f"numeric answer must be a finite number (e.g. 3 or \"2.5\"), got {s.answer!r}"]
+        return [f"{s.problem_type} answer must be a finite number (e.g. 3 or \"2.5\"), got {s.answer!r}"]
     return []
 
 
@@ -396,7 +396,9 @@ register_problem_type("multiple_choice", _check_multiple_choice,
 register_problem_type("yes_no", _check_yes_no, description="answer is yes or no",
                       aliases=("yes/no", "yesno", "boolean", "closed"))
 register_problem_type("numeric", _check_numeric, description="answer is a number",
-                      aliases=("numerical", "number", "regression", "count"))
+                      aliases=("numerical", "number", "count"))
+register_problem_type("regression", _check_numeric,
+                      description="answer is a number, scored by relative error (Video-R1's regression)")
 register_problem_type("open", _check_text, description="short reference answer (synonyms in meta)",
                       aliases=("open-ended", "short answer", "vqa"))
 register_problem_type("temporal_grounding", _check_grounding,

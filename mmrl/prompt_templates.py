@@ -64,6 +64,7 @@ _WHAT = {
     "multiple_choice": "the option letter",
     "yes_no": "yes or no",
     "numeric": "a number",
+    "regression": "a number",
     "temporal_grounding": "the time span as [start, end] in seconds",
     "open": "a short phrase",
     "free_form": "a short phrase",

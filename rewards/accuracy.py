@@ -19,6 +19,10 @@ Built-in scorers and their settings:
   abs_tol)`` (defaults ``rel_tol=0``, ``abs_tol=1e-6``; so "3" matches "3.0"); ``"relative_error"``:
   ``1 − min(|pred − gold| / |gold|, 1)`` (Video-R1's regression reward; exact match needed when gold is 0).
   ``percent="value"|"fraction"`` as in :func:`~rewards.answers.parse_number`. Unparseable → 0.0.
+* ``regression``: Video-R1's regression reward (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py,
+  ``accuracy_reward``): ``1 − clip((|pred − gold| + 1e-9) / (|gold| + 1e-9), 0, 1)``, 0.0 when the prediction
+  has no number. The epsilons are the code's: a gold of 0 scores 0.0 whatever the prediction (the relative
+  error of the exact answer is 1e-9/1e-9 = 1). Numbers are read as for ``numeric`` (``percent``).
 * ``open``: max over the gold answer (a string or list of strings) and ``meta["synonyms"]`` of
   ``open_metric``: ``"token_f1"`` (default), ``"rouge_l"`` or ``"exact"`` (normalised equality).
 * ``free_form``: the same with ``free_form_metric`` (default ``"rouge_mean"``: the mean of the ROUGE-1/2/L
@@ -136,6 +140,7 @@ SCORED_AS: dict[str, str] = {
     "multiple_choice": "the option letter read equals the gold one (1/0)",
     "yes_no": "yes/no equals the gold (1/0)",
     "numeric": "the number equals the gold (1/0)",
+    "regression": "1 - relative error of the number, clipped to [0, 1] (Video-R1)",
     "open": "token F1 against the reference (SQuAD-style, partial credit; not exact match)",
     "free_form": "mean of ROUGE-1/2/L F-measures against the reference (Video-R1)",
     "ocr": "1 - word error rate against the reference (Video-R1)",
@@ -216,6 +221,22 @@ def score_numeric(
             return float(abs(pred) <= abs_tol)
         return 1.0 - min(abs(pred - gold) / abs(gold), 1.0)
     raise ConfigError(f"numeric_scoring must be 'tolerance' or 'relative_error', got {numeric_scoring!r}")
+
+
+VIDEO_R1_EPS = 1e-9
+"""The epsilon Video-R1's regression reward adds to both sides of its relative error (grpo.py)."""
+
+
+@register_scorer("regression")
+def score_regression(
+    prediction: str, row: Mapping[str, Any], *, percent: str = "value", **settings: Any
+) -> float:
+    gold = A.normalize_gold_number(row.get("answer"), percent=percent)
+    pred = A.parse_number(prediction, percent=percent)
+    if pred is None:
+        return 0.0
+    relative = (abs(pred - gold) + VIDEO_R1_EPS) / (abs(gold) + VIDEO_R1_EPS)
+    return 1.0 - min(max(relative, 0.0), 1.0)
 
 
 @register_scorer("open")

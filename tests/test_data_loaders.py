@@ -162,7 +162,7 @@ def test_video_r1_import(tmp_path: Path):
     assert (num.problem_type, num.answer, num.media[0].type) == ("numeric", "4", "image")
     assert (ocr.problem_type, ocr.answer) == ("ocr", "STOP HERE")
     assert ocr.meta["original_problem_type"] == "OCR" and ocr.meta["source"] == "video-r1"
-    assert free.problem_type == "free_form" and reg.problem_type == "numeric"
+    assert free.problem_type == "free_form" and reg.problem_type == "regression"
     # forced format on a JSONL file; a bad letter is reported at its line
     bad = dict(VIDEO_R1[0], solution="<answer>E</answer>")
     write_jsonl(tmp_path / "vr1.jsonl", [VIDEO_R1[1], bad])
