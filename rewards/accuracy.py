@@ -17,12 +17,18 @@ Built-in scorers and their settings:
 * ``yes_no``: 1.0 when :func:`~rewards.answers.extract_yes_no` equals the gold yes/no.
 * ``numeric``: ``numeric_scoring="tolerance"`` (default): 1.0 when ``|pred − gold| <= max(rel_tol·|gold|,
   abs_tol)`` (defaults ``rel_tol=0``, ``abs_tol=1e-6``; so "3" matches "3.0"); ``"relative_error"``:
-  ``1 − min(|pred − gold| / |gold|, 1)`` (Video-R1's regression reward; exact match needed when gold is 0).
-  ``percent="value"|"fraction"`` as in :func:`~rewards.answers.parse_number`. Unparseable → 0.0.
+  ``1 − min(|pred − gold| / |gold|, 1)`` (exact match needed when gold is 0); ``"video-r1"``: Video-R1's
+  numerical reward (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py, ``accuracy_reward``): 0.0 when exactly one
+  of the gold and the prediction (as written) contains ``.`` or ``,``, else 1.0 when both, read as
+  :func:`~rewards.answers.plain_number` (``float`` without commas: "4 cars" does not parse), are equal rounded
+  to two decimals (Python's ``round``), else 0.0. ``percent="value"|"fraction"`` as in
+  :func:`~rewards.answers.parse_number`. Unparseable → 0.0.
 * ``regression``: Video-R1's regression reward (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py,
   ``accuracy_reward``): ``1 − clip((|pred − gold| + 1e-9) / (|gold| + 1e-9), 0, 1)``, 0.0 when the prediction
   has no number. The epsilons are the code's: a gold of 0 scores 0.0 whatever the prediction (the relative
-  error of the exact answer is 1e-9/1e-9 = 1). Numbers are read as for ``numeric`` (``percent``).
+  error of the exact answer is 1e-9/1e-9 = 1). Numbers are read as for ``numeric`` (``percent``); with
+  ``numeric_scoring="video-r1"`` as the code reads them (:func:`~rewards.answers.plain_number`; a gold that does
+  not read so scores 0.0 as there). The other ``numeric_scoring`` values do not change the formula.
 * ``open``: max over the gold answer (a string or list of strings) and ``meta["synonyms"]`` of
   ``open_metric``: ``"token_f1"`` (default), ``"rouge_l"`` or ``"exact"`` (normalised equality).
 * ``free_form``: the same with ``free_form_metric`` (default ``"rouge_mean"``: the mean of the ROUGE-1/2/L
@@ -54,6 +60,7 @@ from rewards.registry import normalize_completions, per_sample_error, register_r
 from rewards.video_r1_metrics import ocr_score, rouge_mean
 
 __all__ = [
+    "NUMERIC_SCORING",
     "SCORED_AS",
     "SCORERS",
     "TEXT_METRICS",
@@ -199,6 +206,33 @@ def score_yes_no(prediction: str, row: Mapping[str, Any], **settings: Any) -> fl
     return float(A.extract_yes_no(prediction) == gold)
 
 
+NUMERIC_SCORING = ("tolerance", "relative_error", "video-r1")
+"""The values of the ``numeric`` and ``regression`` scorers' ``numeric_scoring`` setting (module doc)."""
+VIDEO_R1_EPS = 1e-9
+"""The epsilon Video-R1's regression reward adds to both sides of its relative error (grpo.py)."""
+
+
+def _numeric_scoring(value: Any) -> str:
+    if value not in NUMERIC_SCORING:
+        raise ConfigError(f"rewards[].kwargs.numeric_scoring must be one of {', '.join(NUMERIC_SCORING)}, "
+                          f"got {value!r}")
+    return value
+
+
+def _has_decimal_mark(text: str) -> bool:
+    return "." in text or "," in text
+
+
+def _video_r1_numerical(prediction: str, gold_text: str) -> float:
+    """grpo.py's ``numerical`` branch: the decimal marks must agree, then the values to two decimals."""
+    if _has_decimal_mark(gold_text) != _has_decimal_mark(prediction):
+        return 0.0
+    gold, pred = A.plain_number(gold_text), A.plain_number(prediction)
+    if gold is None or pred is None:
+        return 0.0
+    return float(round(gold, 2) == round(pred, 2))
+
+
 @register_scorer("numeric")
 def score_numeric(
     prediction: str,
@@ -210,30 +244,34 @@ def score_numeric(
     percent: str = "value",
     **settings: Any,
 ) -> float:
+    if _numeric_scoring(numeric_scoring) == "video-r1":
+        return _video_r1_numerical(prediction.strip(), str(row.get("answer")).strip())
     gold = A.normalize_gold_number(row.get("answer"), percent=percent)
     pred = A.parse_number(prediction, percent=percent)
     if pred is None:
         return 0.0
     if numeric_scoring == "tolerance":
         return float(abs(pred - gold) <= max(rel_tol * abs(gold), abs_tol))
-    if numeric_scoring == "relative_error":
-        if gold == 0:
-            return float(abs(pred) <= abs_tol)
-        return 1.0 - min(abs(pred - gold) / abs(gold), 1.0)
-    raise ConfigError(f"numeric_scoring must be 'tolerance' or 'relative_error', got {numeric_scoring!r}")
-
-
-VIDEO_R1_EPS = 1e-9
-"""The epsilon Video-R1's regression reward adds to both sides of its relative error (grpo.py)."""
+    if gold == 0:
+        return float(abs(pred) <= abs_tol)
+    return 1.0 - min(abs(pred - gold) / abs(gold), 1.0)
 
 
 @register_scorer("regression")
 def score_regression(
-    prediction: str, row: Mapping[str, Any], *, percent: str = "value", **settings: Any
+    prediction: str,
+    row: Mapping[str, Any],
+    *,
+    numeric_scoring: str = "tolerance",
+    percent: str = "value",
+    **settings: Any,
 ) -> float:
-    gold = A.normalize_gold_number(row.get("answer"), percent=percent)
-    pred = A.parse_number(prediction, percent=percent)
-    if pred is None:
+    if _numeric_scoring(numeric_scoring) == "video-r1":
+        gold, pred = A.plain_number(row.get("answer")), A.plain_number(prediction)
+    else:
+        gold = A.normalize_gold_number(row.get("answer"), percent=percent)
+        pred = A.parse_number(prediction, percent=percent)
+    if gold is None or pred is None:
         return 0.0
     relative = (abs(pred - gold) + VIDEO_R1_EPS) / (abs(gold) + VIDEO_R1_EPS)
     return 1.0 - min(max(relative, 0.0), 1.0)

@@ -8,6 +8,7 @@ Every function here is deterministic, pure and string-based; nothing evaluates m
 * :func:`extract_yes_no` — ``"yes"`` / ``"no"`` / ``None``.
 * :func:`parse_number` — a float or ``None`` (ints, decimals, signs, thousands separators, fractions,
   percentages, small number words).
+* :func:`plain_number` — Python's ``float`` of the text without commas (Video-R1's reading) or ``None``.
 * :func:`parse_span` — ``(start, end)`` seconds or ``None``.
 * :func:`normalize_text` / :func:`text_tokens` — lower-case, punctuation and articles removed.
 
@@ -39,6 +40,7 @@ __all__ = [
     "option_text",
     "parse_number",
     "parse_span",
+    "plain_number",
     "text_tokens",
 ]
 
@@ -652,6 +654,19 @@ def parse_number(text: Any, *, percent: str = "value") -> float | None:
     if after_phrase:
         return after_phrase[-1]
     return None
+
+
+def plain_number(text: Any) -> float | None:
+    """The text as one number the way Video-R1's reward reads it (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py,
+    ``normalize_number``): Python's ``float`` of the text with its commas removed; ``None`` when that fails or
+    the value is not finite (grpo.py's ``float`` also takes "nan" and "inf"; here they read as nothing)."""
+    if isinstance(text, bool) or text is None:
+        return None
+    try:
+        value = float(str(text).replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def normalize_gold_number(answer: Any, *, percent: str = "value") -> float:

@@ -20,6 +20,7 @@ from data_pipelines.loaders import load_samples
 from mmrl.config import load_run_config
 from mmrl.evaluate import reward_columns
 from mmrl.prompt_templates import instruction
+from mmrl_common.errors import ConfigError
 from rewards.accuracy import SCORED_AS
 from rewards.registry import CombinedReward, get_reward
 
@@ -93,3 +94,43 @@ def test_regression_is_described_and_asks_for_a_number() -> None:
     assert "relative error" in SCORED_AS["regression"]
     assert "a number" in instruction("regression", "think_answer")
 
+
+# ---------------------------------------------------------------------------------------- numerical rule
+
+VR1 = {"numeric_scoring": "video-r1"}
+
+
+def test_video_r1_numerical_rule_decimal_marks_must_agree() -> None:
+    outs = ["<answer>4</answer>", "<answer>4.0</answer>", "<answer>4 cars</answer>"]
+    assert acc(outs, "numeric", "4", **VR1) == [1.0, 0.0, 0.0]  # "4.0": only the prediction has a "."
+    assert acc(["<answer>1,000</answer>", "<answer>1000</answer>"], "numeric", "1,000", **VR1) == [1.0, 0.0]
+    assert acc(outs, "numeric", "4") == [1.0, 1.0, 1.0]  # mmrl's default tolerance reads them all as 4
+
+
+def test_video_r1_numerical_rule_rounds_to_two_decimals() -> None:
+    outs = ["<answer>3.141</answer>", "<answer>3.15</answer>", "<answer>3.1</answer>"]
+    assert acc(outs, "numeric", "3.14", **VR1) == [1.0, 0.0, 0.0]
+    assert acc(outs[:1], "numeric", "3.14") == [0.0]  # the default needs the number itself
+
+
+def test_video_r1_regression_reads_numbers_as_its_code_does() -> None:
+    assert acc(["<answer>2.5 m</answer>"], "regression", "2.75", **VR1) == [0.0]  # float("2.5 m") fails
+    assert acc(["<answer>2.5 m</answer>"], "regression", "2.75")[0] == pytest.approx(video_r1_regression(2.5, 2.75))
+
+
+@pytest.mark.parametrize("ptype, gold", [("numeric", "4"), ("regression", "2.75")])
+def test_unknown_numeric_scoring_names_the_setting(ptype: str, gold: str) -> None:
+    with pytest.raises(ConfigError, match=r"numeric_scoring.*video-r1"):
+        acc(["<answer>4</answer>"], ptype, gold, numeric_scoring="videor1")
+
+
+def test_t_grpo_rewards_with_video_r1_numbers_score_an_imported_file(tmp_path: Path) -> None:
+    reg, num = load_samples(write_video_r1(tmp_path)).samples
+    user = tmp_path / "run.yaml"  # `mmrl train --task t-grpo --config run.yaml`
+    user.write_text("rewards:\n  - {name: accuracy, kwargs: {strict_tags: true, numeric_scoring: video-r1}}\n")
+    cfg = load_run_config("t-grpo", config_file=user)
+    reward = CombinedReward(cfg.rewards)
+    outs = ["<think>..</think><answer>2.5</answer>", "<think>..</think><answer>4.0</answer>",
+            "<think>..</think><answer>4</answer>"]
+    got = reward.compute(outs, columns([reg, num, num])).components["accuracy"]
+    assert got == pytest.approx([video_r1_regression(2.5, 2.75), 0.0, 1.0], abs=1e-12)
