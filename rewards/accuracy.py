@@ -43,7 +43,11 @@ Common settings of all four rewards: ``tag="answer"``, ``think_tag="think"``, ``
 (see :func:`~rewards.answers.extract_answer`), ``strict_tags=False``: when true, the answer is the content of the
 first complete ``<tag>…</tag>`` block and a completion without one scores 0 (no fallback, no truncated block),
 as Video-R1's ``accuracy_reward`` (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py: ``re.search`` of
-``<answer>\\s*(.*?)\\s*</answer>``, else ``""``) and Temporal-R1's ``tvg.py`` read it. ``accuracy`` also takes ``on_unknown_type="raise"|"none"``.
+``<answer>\\s*(.*?)\\s*</answer>``, else ``""``) and Temporal-R1's ``tvg.py`` read it. ``answer_from="tags"``
+(default) reads the answer as above; ``"boxed"``: the content of the last ``\\boxed{...}`` in the completion
+(:func:`~rewards.answers.last_boxed`, braces balanced), ``""`` when there is none (so it scores 0), as ARES's
+and EasyR1's math reward (examples/reward_function/math.py: ``extract_boxed_content(response)``) reads it for
+the ``ares-math`` prompt. ``accuracy`` also takes ``on_unknown_type="raise"|"none"``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from rewards.registry import normalize_completions, per_sample_error, register_r
 from rewards.video_r1_metrics import ocr_score, rouge_mean
 
 __all__ = [
+    "ANSWER_FROM",
     "NUMERIC_SCORING",
     "SCORED_AS",
     "SCORERS",
@@ -171,13 +176,23 @@ def _text_score(prediction: str, row: Mapping[str, Any], metric: str) -> float:
     return max(fn(prediction, ref) for ref in reference_answers(row))
 
 
+ANSWER_FROM = ("tags", "boxed")
+"""The values of the rewards' ``answer_from`` setting (module doc)."""
+
+
 def answer_from_settings(text: str, settings: Mapping[str, Any]) -> str:
     """The answer in a completion, read by :func:`rewards.answers.extract_answer` with the reward's
     ``tag``, ``think_tag`` and ``fallback`` settings (defaults ``answer``, ``think``, ``strip_think``); with
-    ``strict_tags`` true, the first complete ``<tag>…</tag>`` block's content or ``""`` (module doc)."""
+    ``strict_tags`` true, the first complete ``<tag>…</tag>`` block's content or ``""``; with
+    ``answer_from="boxed"`` the last ``\\boxed{...}``'s content or ``""`` (module doc)."""
     strict = settings.get("strict_tags", False)
     if not isinstance(strict, bool):
         raise ConfigError(f"rewards[].kwargs.strict_tags must be true or false, got {strict!r}")
+    source = settings.get("answer_from", "tags")
+    if source not in ANSWER_FROM:
+        raise ConfigError(f"rewards[].kwargs.answer_from must be one of {', '.join(ANSWER_FROM)}, got {source!r}")
+    if source == "boxed":
+        return A.last_boxed(text)
     if strict:
         return A.first_tag_block(text, tag=settings.get("tag", "answer"))
     return A.extract_answer(

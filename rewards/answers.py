@@ -4,6 +4,7 @@ Every function here is deterministic, pure and string-based; nothing evaluates m
 
 * :func:`extract_answer` — the text inside the last ``<answer>…</answer>`` (configurable tag), falling back to
   the completion without its ``<think>`` blocks.
+* :func:`last_boxed` — the content of the last ``\\boxed{...}`` (math answers), or ``""``.
 * :func:`extract_choice` — an option letter, restricted to the sample's options, or ``None``.
 * :func:`extract_yes_no` — ``"yes"`` / ``"no"`` / ``None``.
 * :func:`parse_number` — a float or ``None`` (ints, decimals, signs, thousands separators, fractions,
@@ -32,6 +33,7 @@ __all__ = [
     "extract_choice",
     "extract_yes_no",
     "first_tag_block",
+    "last_boxed",
     "normalize_gold_choice",
     "normalize_gold_number",
     "normalize_gold_span",
@@ -127,6 +129,33 @@ def first_tag_block(text: Any, *, tag: str = "answer") -> str:
     s = "" if text is None else str(text)
     found = _tag_patterns(tag, "think")[0].search(s)
     return found.group(1).strip() if found else ""
+
+
+_BOX_OPEN = "\\boxed{"
+
+
+def last_boxed(text: Any) -> str:
+    """The stripped content of the last complete ``\\boxed{...}`` in ``text`` (braces balanced, so
+    ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; escaped ``\\{``/``\\}`` are not the box's own), or
+    ``""`` when there is none. A box that never closes (a cut-off completion) does not count."""
+    s = "" if text is None else str(text)
+    found = ""
+    start = s.find(_BOX_OPEN)
+    while start != -1:
+        i = j = start + len(_BOX_OPEN)
+        depth = 1
+        while j < len(s) and depth:
+            c = s[j]
+            if c == "\\":
+                j += 2
+                continue
+            depth += (c == "{") - (c == "}")
+            j += 1
+        if depth:
+            break
+        found = s[i : j - 1].strip()
+        start = s.find(_BOX_OPEN, j)
+    return found
 
 
 def _clean(text: Any) -> str:

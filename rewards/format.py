@@ -6,6 +6,12 @@ Modes (kwarg ``mode``):
   and nothing else.
 * ``"answer"``: the whole completion is one ``<answer>…</answer>`` block.
 * ``"think_optional"``: either of the above.
+* ``"think_boxed"``: ARES's and EasyR1's math format reward (shawn0728/ARES and hiyouga/EasyR1,
+  examples/reward_function/math.py, for the ``ares-math`` prompt): the completion, with the whitespace around
+  ``<``, ``>`` and ``/`` removed as their ``compute_score`` does first, is ``<think>…</think>`` then any text
+  holding ``\\boxed{…}`` (``re.fullmatch`` of ``<think>.*</think>.*\\\\boxed\\{.*\\}.*``, across lines). It
+  starts with the think block; ``strip`` and ``allow_empty_answer`` do not apply; ``think_tag`` renames the
+  tag.
 
 ``think_tag`` / ``answer_tag`` rename the tags (``"reasoning"``, ``"final"``, ...). ``strip=True`` (default)
 ignores whitespace around the whole completion (VideoChat-R1 strips, Video-R1 does not; pass
@@ -25,7 +31,8 @@ from rewards.registry import normalize_completions, register_reward
 
 __all__ = ["check_format", "format_reward"]
 
-_MODES = ("think_answer", "answer", "think_optional")
+_MODES = ("think_answer", "answer", "think_optional", "think_boxed")
+_SPACED_MARK = re.compile(r"\s*(<|>|/)\s*")
 
 
 @lru_cache(maxsize=64)
@@ -33,6 +40,8 @@ def _compiled(mode: str, think_tag: str, answer_tag: str):
     if mode not in _MODES:
         raise ValueError(f"format mode must be one of {', '.join(_MODES)}; got {mode!r}")
     t, a = re.escape(think_tag), re.escape(answer_tag)
+    if mode == "think_boxed":
+        return re.compile(rf"<{t}>.*</{t}>.*\\boxed\{{.*\}}.*", re.DOTALL), None
     think = rf"<{t}>(?P<think>.*?)</{t}>\s*"
     answer = rf"<{a}>(?P<answer>.*?)</{a}>"
     body = {"think_answer": think + answer, "answer": answer, "think_optional": f"(?:{think})?{answer}"}[mode]
@@ -63,6 +72,8 @@ def check_format(
     if pattern is not None:
         return _custom(pattern).fullmatch(s) is not None
     block, any_tag = _compiled(mode, think_tag, answer_tag)
+    if mode == "think_boxed":
+        return block.fullmatch(_SPACED_MARK.sub(r"\1", text)) is not None
     m = block.fullmatch(s)
     if m is None:
         return False
