@@ -350,7 +350,9 @@ def parse_number(value: Any) -> float | None:
 
 
 def _check_numeric(s: Sample) -> list[str]:
-    if parse_number(s.answer) is None:
+    from rewards.answers import latex_number  # \frac{1}{2}, \sqrt{2}: what the accuracy reward reads
+
+    if parse_number(s.answer) is None and latex_number(s.answer) is None:
         return [f"{s.problem_type} answer must be a finite number (e.g. 3 or \"2.5\"), got {s.answer!r}"]
     return []
 

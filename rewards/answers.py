@@ -19,6 +19,7 @@ gold answers that cannot be read (a data problem, not a model error).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import string
@@ -34,6 +35,7 @@ __all__ = [
     "extract_yes_no",
     "first_tag_block",
     "last_boxed",
+    "latex_number",
     "normalize_gold_choice",
     "normalize_gold_number",
     "normalize_gold_span",
@@ -166,7 +168,7 @@ def _clean(text: Any) -> str:
         if s2 == s:
             break
         s = s2
-    s = s.replace("**", "").replace("__", "").replace("`", "").replace("$", "")
+    s = s.replace("**", "").replace("__", "").replace("`", "").replace("$", "").replace("\\%", "%")
     s = s.replace("\u2212", "-")
     return re.sub(r"\s+", " ", s).strip()
 
@@ -654,12 +656,120 @@ def _number_candidates(s: str, percent: str) -> list[tuple[float, int, int]]:
     return out
 
 
+_LATEX_COMMAND_RE = re.compile(r"\\([A-Za-z]+)")
+# the LaTeX commands of numbers that math-verify is asked to read; a text with any other command ("30^\\circ",
+# "\\mathrm{cm}") is read as before
+_LATEX_NUMBER_COMMANDS = frozenset(
+    {"frac", "dfrac", "tfrac", "sqrt", "pi", "times", "cdot", "div", "left", "right", "boxed", "displaystyle"}
+)
+_UNREAD = object()  # math-verify was not asked, or found no expression: read the text as before
+
+
+def _braced(s: str, start: int) -> str:
+    """The text of the ``{...}`` group opening at ``s[start]`` (to the end when it never closes)."""
+    depth = 0
+    for j in range(start, len(s)):
+        depth += (s[j] == "{") - (s[j] == "}")
+        if depth == 0:
+            return s[start + 1 : j]
+    return s[start + 1 :]
+
+
+def _small_powers(s: str) -> bool:
+    """At most two powers, none nested, each exponent with at most 3 digits: sympy computes integer powers
+    exactly, so ``10^{10^{10}}`` must never reach it."""
+    if s.count("^") > 2:
+        return False
+    for m in re.finditer(r"\^\s*", s):
+        rest = s[m.end() :]
+        exponent = _braced(rest, 0) if rest.startswith("{") else rest[:1]
+        if "^" in exponent or sum(c.isdigit() for c in exponent) > 3:
+            return False
+    return True
+
+
+def _real_value(expr: Any) -> float | None:
+    """A sympy expression's value when it is one finite real number (the right side of ``x = ...``)."""
+    import sympy
+
+    if isinstance(expr, sympy.Equality):
+        expr = expr.rhs
+    if isinstance(expr, sympy.FiniteSet):
+        if len(expr) != 1:
+            return None
+        expr = next(iter(expr))
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols:
+        return None
+    try:
+        value = complex(expr.evalf(30))
+    except (TypeError, ValueError, OverflowError, ArithmeticError):
+        return None
+    if not (math.isfinite(value.real) and abs(value.imag) <= 1e-12 * max(1.0, abs(value.real))):
+        return None
+    return value.real
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's one-time notice that its timeout is off (see :func:`_math_verify_parse`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+@lru_cache(maxsize=1)
+def _math_verify_parse() -> Any:
+    """math-verify's ``parse`` of LaTeX in math mode (imported on first use: it brings sympy).
+
+    Without its signal-based timeout (that works in the main thread only and cancels a caller's alarm):
+    :func:`_small_powers` keeps the input to what sympy evaluates at once."""
+    from math_verify import LatexExtractionConfig, parse
+
+    logging.getLogger("math_verify.parser").addFilter(_NoTimeoutNotice())
+    config = [LatexExtractionConfig()]
+    return lambda s: parse(f"${s}$", extraction_config=config, fallback_mode="no_fallback", parsing_timeout=None)
+
+
+@lru_cache(maxsize=4096)
+def _math_verify_number(s: str) -> Any:
+    """math-verify's reading of the LaTeX ``s``: a float, ``None`` (an expression, but not one finite real
+    number) or ``_UNREAD`` (no expression found)."""
+    found = _math_verify_parse()(s)
+    return _real_value(found[0]) if found else _UNREAD
+
+
+def _latex_number(s: str) -> Any:
+    """The number a LaTeX answer (``\\frac{1}{2}``, ``\\sqrt{2}``, ``2^{10}``) stands for, read by math-verify;
+    ``_UNREAD`` when ``s`` has no such notation (or a percent sign, or another command)."""
+    commands = _LATEX_COMMAND_RE.findall(s)
+    if not commands and "^" not in s:
+        return _UNREAD
+    if "%" in s or any(c not in _LATEX_NUMBER_COMMANDS for c in commands):
+        return _UNREAD
+    if len(s) > 200 or not _small_powers(s):
+        return None
+    return _math_verify_number(s)
+
+
+def latex_number(text: Any) -> float | None:
+    """The number a LaTeX answer stands for (``\\frac{1}{2}`` -> 0.5, ``\\sqrt{2}``, ``2^{10}``), read by
+    math-verify as in :func:`parse_number`; ``None`` for text without such notation or that is not one finite
+    real number."""
+    if not isinstance(text, str):
+        return None
+    value = _latex_number(_clean(text))
+    return None if value is _UNREAD else value
+
+
 def parse_number(text: Any, *, percent: str = "value") -> float | None:
     """The number an answer gives, or ``None`` when there is none or several different ones.
 
     Reads ints, decimals (``.5``), signs, thousands separators (``1,234.5``), exponents (``1e3``),
     fractions (``3/4``), percentages and number words up to ninety-nine plus "(one/a) hundred" (words only
-    when no digits occur). ``percent="value"`` (default) reads "45%" as 45 so that it matches a gold "45" or
+    when no digits occur). LaTeX numbers (``\\frac{1}{2}``, ``\\sqrt{2}``, ``2^{10}``, ``1.5 \\times 10^{3}``:
+    text with ``^`` or only the commands in ``_LATEX_NUMBER_COMMANDS``) are read by math-verify (cached per
+    text); an expression that is not one finite real number (``\\frac{a}{b}``, ``\\sqrt{-1}``, two values)
+    gives ``None``, as do powers too large to evaluate (``10^{10^{10}}``). ``\\%`` is a percent sign.
+    ``percent="value"`` (default) reads "45%" as 45 so that it matches a gold "45" or
     "45%"; ``percent="fraction"`` reads it as 0.45. Several numbers: all equal → that one; else the last one
     right after "answer is" / "total:" / "count =" ...; else ``None``. Plain ints and floats pass through.
     """
@@ -670,6 +780,9 @@ def parse_number(text: Any, *, percent: str = "value") -> float | None:
     if isinstance(text, (int, float)):
         return float(text) if math.isfinite(text) else None
     s = _clean(text)
+    latex = _latex_number(s)
+    if latex is not _UNREAD:
+        return latex
     cands = _number_candidates(s, percent)
     if not cands:
         return None

@@ -103,3 +103,22 @@ def test_ares_math_prompt_with_boxed_rewards_scores_an_imported_file(tmp_path: P
     assert got["accuracy"] == [1.0, 0.0, 0.0]
     assert got["format"] == [1.0, 0.0, 1.0]
 
+
+# ------------------------------------------------------------------------------ LaTeX numbers (math-verify)
+
+
+def test_latex_numbers_score_through_the_accuracy_reward() -> None:
+    outs = [r"<answer>\frac{1}{2}</answer>", r"<answer>\sqrt{2}</answer>", "<answer>0.5</answer>"]
+    assert acc(outs, "numeric", "0.5") == [1.0, 0.0, 1.0]
+    assert acc(outs[1:2], "numeric", "1.4142135623730951") == [1.0]  # not 2.0
+
+
+def test_a_latex_gold_loads_and_a_boxed_fraction_scores(tmp_path: Path) -> None:
+    path = tmp_path / "math.jsonl"
+    path.write_text(json.dumps({"id": "m2", "problem_type": "numeric", "question": "Half of one?",
+                                "answer": r"\frac{1}{2}"}) + "\n")
+    (sample,) = load_samples(path).samples  # the gold passes the numeric answer check
+    cfg = load_run_config("ares", overrides=["rewards=[{name: accuracy, kwargs: {answer_from: boxed}}]"])
+    outs = [r"<think>1/2</think> \boxed{\frac{1}{2}}", r"<think>.</think> \boxed{0.5}", r"<think>.</think> \boxed{2}"]
+    got = CombinedReward(cfg.rewards).compute(outs, reward_columns([sample] * 3)).components["accuracy"]
+    assert got == [1.0, 1.0, 0.0]

@@ -1,5 +1,7 @@
 """Hand-written cases for the shared answer extractors (rewards/answers.py)."""
 
+import math
+
 import pytest
 
 from rewards.answers import (
@@ -288,6 +290,40 @@ def test_parse_number_never_evaluates_expressions():
     # An expression is not computed: "2+3" is two numbers, so ambiguous; "__import__" is no number.
     assert parse_number("2+3") is None
     assert parse_number("__import__('os').getcwd()") is None
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [  # LaTeX numbers, read through math-verify (issue 50)
+        (r"\frac{1}{2}", 0.5),
+        (r"\dfrac{3}{4}", 0.75),
+        (r"-\frac{1}{2}", -0.5),
+        (r"\sqrt{2}", math.sqrt(2)),
+        (r"\frac{\sqrt{3}}{2}", math.sqrt(3) / 2),
+        (r"2\sqrt{3}", 2 * math.sqrt(3)),
+        (r"2^{10}", 1024.0),
+        (r"1.5 \times 10^{3}", 1500.0),
+        (r"\boxed{\frac{1}{2}}", 0.5),
+        (r"$\frac{1}{2}$", 0.5),
+        (r"x = \frac{1}{2}", 0.5),
+        (r"45\%", 45.0),
+        (r"30^\circ", 30.0),  # a command math-verify is not asked about: read as before
+    ],
+)
+def test_parse_number_reads_latex(text, expected):
+    assert parse_number(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "text", [r"\sqrt{-1}", r"\frac{a}{b}", r"\frac{1}{2}, \frac{1}{3}", r"\frac{1}{0}", r"10^{10^{10^{10}}}"]
+)
+def test_parse_number_rejects_latex_that_is_not_one_real_number(text):
+    assert parse_number(text) is None
+
+
+def test_latex_percent_and_gold():
+    assert parse_number(r"45\%", percent="fraction") == pytest.approx(0.45)
+    assert normalize_gold_number(r"\frac{1}{4}") == pytest.approx(0.25)
 
 
 def test_normalize_gold_number():
