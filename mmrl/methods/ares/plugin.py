@@ -36,7 +36,6 @@ from rewards.ares import (
 from rewards.entropy import (
     AGGREGATES,
     COUNT_MODES,
-    DEFAULT_TRIGGERS,
     EntropyThreshold,
     batch_threshold,
     hwe_windows,
@@ -44,6 +43,7 @@ from rewards.entropy import (
 
 from .branching import branched_episodes
 from .cold_start import DEFAULTS as ADACS_DEFAULTS
+from .triggers import ARES_TRIGGERS
 
 if TYPE_CHECKING:
     from mmrl.batch import RolloutBatch
@@ -62,7 +62,7 @@ for _piece, _title in (("length", "response length per difficulty bucket (tokens
 # ---------------------------------------------------------------------------------------- the plug-in
 DEFAULTS: dict[str, Any] = {
     "window": 4, "quantile": 0.95, "threshold_aggregate": "mean", "threshold_ema": None,
-    "count_mode": "windows", "triggers": list(DEFAULT_TRIGGERS),
+    "count_mode": "windows", "triggers": list(ARES_TRIGGERS),
     "accuracy_component": "accuracy", "correct_at": 0.5,
     "shaping": "code", "shaping_weight": 1.0, "target_scale": 1.0,
     "alpha_init": 0.5, "alpha_step": 0.05, "alpha_max": 2.0, "code_constants": {},
