@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
-from mmrl.config import load_run_config
+from mmrl.config import load_run_config, value_at
 
 
 def recipe_value(cfg: Any, path: str) -> Any:
-    """``cfg``'s value at ``path`` (``train.lr``, ``data.sampler_kwargs.alpha``: attributes, then mapping keys)."""
-    for part in path.split("."):
-        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
-    return cfg
+    """``cfg``'s value at ``path`` (``train.lr``, ``data.sampler_kwargs.alpha``, ``rewards[0].kwargs.answer_from``:
+    attributes, mapping keys and list entries, :func:`mmrl.config.value_at`)."""
+    return value_at(cfg, path)
 
 
 def assert_published(task: str, path: str, value: Any, source: str) -> None:

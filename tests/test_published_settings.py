@@ -20,12 +20,12 @@ from mmrl.compare import load_spec
 from mmrl.config import CONFIG_DIR, load_run_config, recipe_record, settings_file, value_at
 from mmrl.config_io import to_dict
 
-METHODS = ["acre", "ares", "earl", "medcco", "t-grpo", "temporal-grounding", "vas"]
+METHODS = ["acre", "ares", "ares-paper", "earl", "medcco", "t-grpo", "temporal-grounding", "vas"]
 OVERLAYS = [m for m in METHODS if settings_file(CONFIG_DIR / f"{m}.yaml").get("task") != m]
-COMPARE = {"acre": "acre", "ares": "ares", "earl": "earl", "medcco": "medcco", "t-grpo": "t-grpo",
-           "temporal-grounding": "select-variance", "vas": "vas"}
+COMPARE = {"acre": "acre", "ares": "ares", "ares-paper": "ares-ablations", "earl": "earl", "medcco": "medcco",
+           "t-grpo": "t-grpo", "temporal-grounding": "select-variance", "vas": "vas"}
 TABLES = {m: f"test_published_{m.replace('-', '_')}" for m in METHODS} | {
-    "temporal-grounding": "test_published_temporal_r1"}
+    "temporal-grounding": "test_published_temporal_r1", "ares-paper": "test_ares_recipes"}
 ISSUE = [  # values issue 48 found inherited from the toy demo, against their sources
     ("vas", "grpo.ppo_mini_batch_size", None, "MMR1 Table 6: actor global batch 512 = rollout batch 512"),
     ("vas", "grpo.ppo_epochs", 1, "MMR1 code: verl/workers/actor/config.py ppo_epochs 1"),
