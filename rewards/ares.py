@@ -8,8 +8,8 @@ rollouts (plug-in hook ``after_rewards``):
    entropies over ``window`` tokens (4), the threshold tau (per-response ``quantile`` 0.95 of the window
    entropies, batch ``threshold_aggregate`` mean or median, optional EMA ``threshold_ema``), and the HWE count
    ``N_HE`` per response (``count_mode``: ``windows`` = every window above tau, the paper; ``triggers`` = a
-   word of ``triggers`` followed by a high window, the released code -- here the *sampled* token, the code
-   reads vLLM's top-1 candidate).
+   word of ``triggers`` -- by default the released code's 174 (:mod:`mmrl.methods.ares.triggers`) -- followed
+   by a high window, the released code).
 2. **Difficulty bucket** of every prompt from its group's mean ``accuracy_component``: easy >= 2/3, medium
    >= 1/3, else hard (the released code's cut-offs); a response is correct when its accuracy >= ``correct_at``.
 3. **Shaping** (``shaping``), added to the total reward times ``shaping_weight`` and logged as the reward
@@ -34,34 +34,59 @@ rollouts (plug-in hook ``after_rewards``):
      through different answers: the code's easy rule penalises the *correct* answers that over-explore (most
      of an easy group), the paper's only the incorrect ones (few there); the paper's hard rule penalises the
      *incorrect* answers that explore less than the target (most of a hard group), while the code's gives
-     every hard answer a bonus that differs by at most ``0.3 * cap``. The recipe
-     (``configs/ares.yaml``) uses ``code`` everywhere: the paper's own formula is not public (its full text
-     was unavailable; the ``paper`` form is reconstructed from secondary summaries, and taken literally its
-     lambda_d is 0), so the released code is the one published source of the shaping the authors ran. The
-     toy comparison (``configs/compare/ares.yaml``) takes each bucket's stronger lever on the toy:
-     ``{easy: code, medium: code, hard: paper}``.
+     every hard answer a bonus that differs by at most ``0.3 * cap``. Both recipes
+     (``configs/ares.yaml``, ``configs/ares-paper.yaml``) use ``code`` everywhere: the paper's own formula is
+     not public (its full text was unavailable; the ``paper`` form is reconstructed from secondary
+     summaries, and taken literally its lambda_d is 0), so the released code is the one published source
+     of the shaping the authors ran. The toy comparison (``configs/compare/ares.yaml``) takes each bucket's
+     stronger lever on the toy: ``{easy: code, medium: code, hard: paper}``.
 
    Unlike the released code, the shaping is computed on every round's rewards before dynamic sampling and
    the advantages see it (the code's online filter skips it, a bug we do not copy).
 4. **Dynamic KL** (``after_advantages``): ``seq_kl_weights`` times the bucket's beta_d (``dynamic_kl``), and
-   ``token_kl_weights`` times ``hwe_kl_rho`` (< 1 relaxes the KL; 1 = off) on the tokens inside validated HWE
-   windows -- both reach the KL term of the loss, which needs ``grpo.kl_coef > 0``. After the update the
-   controller (:class:`BucketKLController`, the released code's ``dp_actor.py`` cadence) moves beta_d: the
-   plug-in feeds it one call per ``kl_call_rows`` rows (8: the code's one row per call on each of 8 GPUs) of
-   each optimizer mini-batch, every PPO epoch -- not per memory micro-batch, so ``train.micro_batch_size``
-   leaves it as it is -- with each bucket's mean per-sequence KL (the engine's estimator
-   between the rollout log-probs and the reference; the code measures the current policy inside its update,
-   the same at the first micro-batch); per bucket an EMA (``kl_ema`` 0.97) of that KL, error
-   e = KL_ema / target_d - 1, no update inside the dead zone ``kl_deadzone`` (0.02), and only every
-   ``kl_update_every`` (100) calls: e_ema = EMA (``kl_err_ema`` 0.97, the code's same decay; from 0) of e,
-   ``log beta_d += kl_step (0.05) * clip(e_ema, +-kl_err_clip 0.2)``, beta in [1e-4, 1e2], starting at 1;
-   targets ``kl_target`` 0.01 for every bucket -- on the scale of the model's KL to its reference (the
-   code's, for lr 1e-6 on 7B models).
-5. **When to explore** (``branching``, the paper's HWE trigger; :mod:`mmrl.methods.ares`): each group is
-   ``branch_roots`` full rollouts, then branches re-sampled from the high-window-entropy points of those
-   rollouts (:func:`rewards.entropy.branch_points`) up to the group size.
+   ``token_kl_weights`` times ``hwe_kl_rho`` (< 1 relaxes the KL, the paper's; 1 = off, the code's: its
+   ``dp_actor.py`` "second-chance" relaxation reads a ``reasoning_soft_cost`` that its ``update_policy`` never
+   passes, so it never acts) on the tokens inside validated HWE windows -- both reach the KL term of the loss,
+   which needs ``grpo.kl_coef > 0``. After the update the controller (:class:`BucketKLController`, the released
+   code's ``dp_actor.py`` cadence) moves beta_d: the plug-in feeds it one call per ``kl_call_rows`` rows (8: the
+   code's one row per call on each of 8 GPUs) of each optimizer mini-batch, every PPO epoch -- not per memory
+   micro-batch, so ``train.micro_batch_size`` leaves it as it is -- with each bucket's mean per-sequence KL (the
+   engine's estimator between the rollout log-probs and the reference; the code measures the current policy inside
+   its update, the same at the first micro-batch); per bucket an EMA (``kl_ema`` 0.97) of that KL, error e = KL_ema
+   / target_d - 1, no update inside the dead zone ``kl_deadzone`` (0.02), and only every ``kl_update_every`` (100)
+   calls: e_ema = EMA (``kl_err_ema`` 0.97, the code's same decay; from 0) of e, ``log beta_d += kl_step (0.05) *
+   clip(e_ema, +-kl_err_clip 0.2)``, beta in [1e-4, 1e2], starting at 1; targets ``kl_target`` 0.01 for every
+   bucket -- on the scale of the model's KL to its reference (the code's, for lr 1e-6 on 7B models).
+5. **When to explore** (``branching``, the paper's HWE trigger, not in the code; :mod:`mmrl.methods.ares`):
+   each group is ``branch_roots`` full rollouts, then branches re-sampled from the high-window-entropy
+   points of those rollouts (:func:`rewards.entropy.branch_points`) up to the group size.
 6. **Adaptive cold start** (``sft.target: adaptive_reasoning``): trace length by difficulty
    (:func:`adacs_target_length`).
+
+**The two recipes.** ``configs/ares.yaml`` (``--task ares``) is the released code's method, which produced
+the published checkpoints: trigger-word counts, tau the EMA 0.99 of the batch median, plain groups of rollouts,
+no KL relaxation (``count_mode: triggers``, ``threshold_aggregate: median``, ``threshold_ema: 0.99``,
+``branching: false``, ``hwe_kl_rho: 1``), the code's shaping and KL controller, its prompt (``math.jinja``)
+and its reward (accuracy of the ``\\boxed{}`` answer; the format score logged, weight 0).
+``configs/ares-paper.yaml`` (``--task ares-paper``) adds what the paper describes and the code does not run:
+window counts, tau of each batch (its mean), branching and the KL relaxed inside HWE windows -- the wording
+is published, their exact form is not (the paper's full text was unavailable): ``hwe_kl_rho`` 0.5 and
+``branch_roots`` 4 are our choice. Each recipe's ``published:`` record cites the source of every value.
+
+**Where mmrl differs from the released code, and why:**
+
+* trigger words are read from the *sampled* token; the code decodes vLLM's top-1 candidate at each position,
+  which differs from the response's own token wherever sampling picked another one -- we count the words the
+  response says;
+* token entropy is exact over the vocabulary (the HF backend; a vLLM backend gives the code's top-k estimate
+  with its tail term, :func:`rewards.entropy.topk_entropy`), and each rollout's percentile is taken over its
+  full windows (the code's list drops the top-k tail term there and pads the last ``window`` positions
+  with the running mean);
+* the first step's tau is its own batch value (the code seeds tau with the mean over the validation
+  rollouts it runs before training); from the second step on, the EMA as the code;
+* the shaping is computed before dynamic sampling (above);
+* the KL controller measures the rollout log-probs' KL (4. above); AdaCS has no released code (its
+  adaptation: :mod:`mmrl.methods.ares.cold_start`).
 
 Logged per bucket (``ares/<piece>/<bucket>``): ``length``, ``entropy`` (mean token entropy: the
 entropy-collapse monitor), ``hwe``, ``target``, ``shaping``, ``alpha``, ``share`` (of the prompts),
