@@ -23,7 +23,9 @@ per pair. Every model is read from a folder on this machine, never from a hub (`
   rollouts repeats its reference, a run repeats answers); idf comes from a corpus fixed for the run
   (``idf_corpus``), where torchmetrics recomputes it from each call's references, so a pair's score would
   depend on its batch; a baseline is a number, not a per-layer file; special tokens come from the tokenizer's
-  mask, not from the first and last positions; and torchmetrics 1.9.0 scores a batch whose texts are not
+  mask, not from the first and last positions, and are left out of the matching (torchmetrics matches against
+  their zeroed vectors too, so a token whose best cosine is negative scores 0 there, here its cosine: the
+  paper's max over the other text's tokens); and torchmetrics 1.9.0 scores a batch whose texts are not
   already in length order on the wrong pairs (it undoes its length sort with the permutation instead of its
   inverse; Lightning-AI/torchmetrics#2728). ``make bench`` (perf/libraries.py) times both.
 

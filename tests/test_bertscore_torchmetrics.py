@@ -10,8 +10,9 @@ instead of its inverse, so a batch whose lengths are not already in order is sco
 (Lightning-AI/torchmetrics#2728, open). The batch comparisons here therefore use pairs whose predictions and
 references both grow strictly in length (checked: torchmetrics' sort is then the identity); on any other
 order torchmetrics is called one pair at a time, and mmrl's scores do not depend on the batch's order.
-mmrl keeps its own implementation (rewards/semantic.py says why). torchmetrics is a declared, pinned test
-dependency."""
+(torchmetrics also matches each token against the zeroed vectors of the special tokens, so a token whose
+best cosine is negative scores 0 there; every token of these pairs has a positive best match.) mmrl keeps its
+own implementation (rewards/semantic.py says why). torchmetrics is a declared, pinned test dependency."""
 
 from __future__ import annotations
 
