@@ -15,6 +15,9 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
   of each Qwen-VL family (``make_tiny``), the fixtures every test and demo starts from;
 * ``semantic``: seconds per 1000 answers of the medical rewards' semantic scorer (all-MiniLM-L6-v2 cosine and
   BERTScore), with an empty embedding cache and with every text cached (:mod:`perf.semantic`);
+* ``libraries``: hand-written code against the library that replaced it or does the same
+  (:mod:`perf.libraries`): the word edit distance (old Python DP vs rapidfuzz) on a 512 x 512-word pair, the
+  variance filters' scoring on a 1,000-prompt pool before and after, mmrl's BERTScore vs torchmetrics';
 * ``memory``: the peak memory of ONE training micro-batch (``forward_logprobs`` with entropies, a scalar loss,
   backward) at 16 sequences x 512 response tokens on a tiny Qwen2.5-VL (hidden 64, 2 layers) with Qwen's
   real 151,936-token vocabulary: the full log-softmax at once ("before", ``chunk_tokens=0``) vs. chunks of

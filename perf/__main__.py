@@ -1,5 +1,5 @@
 """``python -m perf [--reps N] [--build-reps N] [--only SECTION]`` (step, rollout, longvideo, build, semantic,
-memory, trl, scaling): print tables of timings and of memory: the peak of one training micro-batch, the
+libraries, memory, trl, scaling): print tables of timings and of memory: the peak of one training micro-batch, the
 optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each rank.
 
 * ``--only trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` as interleaved pairs of step blocks (mmrl,
@@ -15,6 +15,11 @@ optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each r
   repeated G times, interleaved repetitions after a warm-up, median seconds, the speed-up and whether both
   drew the same tokens under the same seed (:mod:`perf.longvideo`), on the default tiny model
   (``--longvideo-size small``: the hidden-512 x 4-layer text model);
+* ``--only libraries``: hand-written code against the library that replaced it or does the same, in one run
+  (:mod:`perf.libraries`): Video-R1's word edit distance on a 512 x 512-word pair, the old Python DP vs
+  rapidfuzz; the scoring part of the variance filters (VAS's edit diversity, Temporal-R1's ``variance_filter``
+  on OCR answers) on a 1,000-prompt pool, before (the old DP, measured on ``--lib-before-prompts`` prompts and
+  scaled to the pool) and after; mmrl's BERTScore vs torchmetrics' on the same model;
 * the other sections: see :mod:`perf`.
 """
 
@@ -280,8 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
-    parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "memory", "trl",
-                                           "scaling"], default=None)
+    parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "libraries", "memory",
+                                           "trl", "scaling"], default=None)
+    parser.add_argument("--lib-before-prompts", type=int, default=10,
+                        help="with libraries: prompts of the 1,000-prompt pool the old edit-distance DP is timed on "
+                             "(scaled to the pool; 1000 measures all of it: about 20 minutes)")
     parser.add_argument("--scaling-ranks", type=int, default=2, help="gloo ranks of the weak-scaling case")
     parser.add_argument("--trl-steps", type=int, default=3, help="steps per alternating block in the TRL comparison")
     parser.add_argument("--trl-rounds", type=int, default=4,
@@ -346,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
         print_semantic(bench_semantic(min(args.reps, 3)), min(args.reps, 3))
         sys.stdout.flush()
     if args.only == "semantic":
+        return 0
+    if args.only in (None, "libraries"):
+        from perf.libraries import print_libraries, run_libraries
+
+        print_libraries(run_libraries(min(args.reps, 5), args.lib_before_prompts))
+        sys.stdout.flush()
+    if args.only == "libraries":
         return 0
     if args.only in (None, "build"):
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-build-") as tmp:
