@@ -91,13 +91,31 @@ def default_max_model_len(cfg: Any, policy: Policy, *, frames: int | None = None
     the run's pixel and frame budgets (``data.media``, or the larger ``frames``, ``video_pixels`` and
     ``image_pixels`` the run's records ask for; a ``frames`` layout shows each frame as a video of its own),
     and ``rollout.max_new_tokens`` per turn (each later turn may show another video), capped at the model's own
-    context."""
+    context. The video is the one with the most tokens over the frame counts its sampling can give (the
+    ``qwen`` policy: every even count up to ``frames``; the others: ``frames``), each frame at the per-frame
+    cap the data pipeline applies for that count (:func:`video.sampling.frame_pixel_bounds` with
+    :meth:`mmrl.media.MediaPreparer.video_options`: ``video_max_pixels`` and the whole-video budget
+    ``video_total_pixels`` shared by the frames)."""
+    from qwen_vl_utils import vision_process as qvu
+
+    from mmrl.media import MediaPreparer
+    from video.sampling import frame_pixel_bounds
+
     m, r = cfg.data.media, cfg.rollout
     vc = policy.base.visual.config
     pixels_per_token = (int(vc.patch_size) * int(getattr(vc, "spatial_merge_size", 2))) ** 2
     frames = max(m.max_frames, m.nframes or 0, frames or 0)
-    groups = frames if cfg.prompt.video_layout == "frames" else math.ceil(frames / int(vc.temporal_patch_size))
-    video = groups * math.ceil(max(m.video_max_pixels, video_pixels or 0) / pixels_per_token)
+    opts = MediaPreparer(m, family=policy.family).video_options({})
+    budget = {k: opts[k] for k in ("min_pixels", "max_pixels", "total_pixels", "image_patch_size") if k in opts}
+    budget["max_pixels"] = max(budget["max_pixels"], video_pixels or 0)
+    step = qvu.FRAME_FACTOR
+    counts = range(step, math.ceil(frames / step) * step + 1, step) if m.video_policy == "qwen" else [frames]
+
+    def tokens(count: int) -> int:
+        groups = count if cfg.prompt.video_layout == "frames" else math.ceil(count / int(vc.temporal_patch_size))
+        return groups * int(frame_pixel_bounds(count, **budget)[1] // pixels_per_token)
+
+    video = max(tokens(count) for count in counts)
     image = math.ceil(max(m.image_max_pixels, image_pixels or 0) / pixels_per_token)
     turns = max(1, r.max_turns)
     total = TEXT_TOKENS + video + image + turns * r.max_new_tokens + (turns - 1) * (video + TEXT_TOKENS // 8)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from data_pipelines.loaders import load_samples
+from data_pipelines.schema import MediaItem, Sample
 from data_pipelines.toy import make_toy
 from mmrl.config import load_run_config
 from mmrl.media import MediaPreparer
@@ -24,8 +27,9 @@ from mmrl.model import load_policy
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import HFBackend, SamplingParams, backend_from_config
 from mmrl.tiny_models import make_tiny
-from mmrl.vllm_backend import engine_args, settings_from_config
+from mmrl.vllm_backend import TEXT_TOKENS, engine_args, settings_from_config
 from mmrl_common.errors import MmrlError
+from video.writer import write_mp4
 
 RUN = ["rollout.backend=vllm", "model.tiny_family=qwen2_5_vl", "train.prompts_per_step=3", "rollout.group_size=4",
        "eval.batch_size=2", "rollout.max_new_tokens=8", "prompt.answer_format=answer",
@@ -116,6 +120,51 @@ def test_the_sizes_of_a_run_without_its_data(world) -> None:
     bare = settings_from_config(cfg)
     assert not {"max_model_len", "max_num_seqs", "max_num_batched_tokens", "limit_mm_per_prompt",
                 "mm_processor_kwargs"} & set(bare)
+
+
+@pytest.fixture(scope="module")
+def grounding(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny Qwen2.5-VL whose video processor keeps frames up to 768 tokens (as a real folder's does; the default
+    tiny one shrinks them to 16), and real files at Temporal-R1's budgets: 4 s clips at 2 fps (8 frames) of
+    448 x 896 pixels (401,408 a frame: its whole-video budget of 1,605,632 over 8 frames, x 2 as qwen-vl-utils'
+    fetch_video counts it) and of 672 x 896 (602,112: its per-frame cap, qwen-vl-utils' VIDEO_MAX_PIXELS), and a
+    112 x 112 image (16 tokens)."""
+    root = tmp_path_factory.mktemp("grounding")
+    policy = load_policy(make_tiny("qwen2_5_vl", root / "model", seed=0, video_max_pixels=768 * 28 * 28))
+    rng = np.random.default_rng(0)
+    out = {}
+    for h, w in ((448, 896), (672, 896)):
+        out[f"{h}x{w}"] = str(write_mp4(root / f"{h}x{w}.mp4", rng.integers(0, 256, (8, h, w, 3), dtype=np.uint8), 2.0))
+    Image.fromarray(rng.integers(0, 256, (112, 112, 3), dtype=np.uint8)).save(root / "image.png")
+    out["image"] = str(root / "image.png")
+    return policy, out
+
+
+@pytest.mark.parametrize("whole_video_budget", [True, False])
+def test_max_model_len_is_the_largest_prompt_the_processor_makes(grounding, whole_video_budget: bool) -> None:
+    """Temporal-R1's recipe (data.media.video_total_pixels: one budget for all frames of a video, applied by the
+    data pipeline): the engine's length is the text allowance, the vision tokens the policy's processor really
+    makes for the run's largest video and image, and the answer; without the whole-video budget the largest video
+    is the per-frame cap's."""
+    policy, grounding_media = grounding
+    overrides = ["data.media.max_frames=8",  # 8 frames keep the files small; the recipe's pixel budgets as they are
+                 "data.media.image_min_pixels=3136", "data.media.image_max_pixels=12544", "rollout.max_new_tokens=64"]
+    if not whole_video_budget:
+        overrides.append("data.media.video_total_pixels=null")
+    cfg = load_run_config("temporal-grounding", overrides=overrides)
+    assert cfg.data.media.video_total_pixels == (1605632 if whole_video_budget else None)
+    preparer = MediaPreparer(cfg.data.media, family=policy.family)
+    prompts = []
+    for clip in ("448x896", "672x896"):
+        sample = Sample(clip, "temporal_grounding", "When does the door open?", [1.0, 2.0], None,
+                        [MediaItem("video", grounding_media[clip]), MediaItem("image", grounding_media["image"])])
+        prompts.append((sample, encode_prompt(policy, preparer, sample, cfg.prompt)[0]))
+    policy.clear_media()
+    vision = {s.id: sum(int((torch.as_tensor(p.ids) == t).sum()) for t in (policy.video_token_id, policy.image_token_id))
+              for s, p in prompts}
+    assert all(len(p.ids) - vision[s.id] < TEXT_TOKENS for s, p in prompts)  # the text fits its allowance
+    got = settings_from_config(cfg, policy, [s for s, _ in prompts])["max_model_len"]
+    assert got == TEXT_TOKENS + max(vision.values()) + cfg.rollout.max_new_tokens
 
 
 @pytest.mark.vllm

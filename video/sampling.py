@@ -171,9 +171,24 @@ def video_frame_size(
     total_pixels: int | None = None,
     image_patch_size: int = 14,
 ) -> tuple[int, int]:
-    """Resized (H, W) for ``nframes`` frames, following qwen-vl-utils ``fetch_video``'s pixel budget:
-    per-frame max is ``min(VIDEO_MAX_TOKEN_NUM*f², total_pixels/nframes*2)`` (at least 1.05×min) capped by
-    ``max_pixels``; then ``qwen_vl_utils.smart_resize`` with factor ``f = image_patch_size*2``."""
+    """Resized (H, W) for ``nframes`` frames, following qwen-vl-utils ``fetch_video``'s pixel budget
+    (:func:`frame_pixel_bounds`), then ``qwen_vl_utils.smart_resize`` with factor ``f = image_patch_size*2``."""
+    lo, hi = frame_pixel_bounds(nframes, min_pixels=min_pixels, max_pixels=max_pixels, total_pixels=total_pixels,
+                                image_patch_size=image_patch_size)
+    factor = image_patch_size * qvu.SPATIAL_MERGE_SIZE
+    return qvu.smart_resize(height, width, factor=factor, min_pixels=lo, max_pixels=hi)
+
+
+def frame_pixel_bounds(
+    nframes: int,
+    *,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    total_pixels: int | None = None,
+    image_patch_size: int = 14,
+) -> tuple[int, float]:
+    """(min, max) pixels of each of ``nframes`` frames by qwen-vl-utils ``fetch_video``'s budget: the max is
+    ``min(VIDEO_MAX_TOKEN_NUM*f², total_pixels/nframes*2)`` (at least 1.05×min) capped by ``max_pixels``."""
     factor = image_patch_size * qvu.SPATIAL_MERGE_SIZE
     lo = min_pixels if min_pixels is not None else qvu.VIDEO_MIN_TOKEN_NUM * factor * factor
     if min_pixels is None and max_pixels is not None:
@@ -184,7 +199,7 @@ def video_frame_size(
     hi = max(min(qvu.VIDEO_MAX_TOKEN_NUM * factor * factor, total / nframes * qvu.FRAME_FACTOR), int(lo * 1.05))
     if max_pixels is not None:
         hi = min(max_pixels, hi)
-    return qvu.smart_resize(height, width, factor=factor, min_pixels=lo, max_pixels=hi)
+    return lo, hi
 
 
 def resize_frames(frames: np.ndarray | torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
