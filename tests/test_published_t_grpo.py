@@ -1,7 +1,7 @@
 """configs/t-grpo.yaml is T-GRPO as published (Video-R1, arXiv 2503.21776): its values equal the table below,
 written from the paper, its README and its released training code (tulerfeng/Video-R1: src/scripts/
-run_grpo_video.sh, run_grpo_vllm_qwen25vl.sh, src/r1-v/src/open_r1/grpo.py and trainer/), not from the
-recipe."""
+run_grpo_video.sh, run_grpo_vllm_qwen25vl.sh, src/r1-v/src/open_r1/grpo.py and trainer/, src/qwen-vl-utils), not
+from the recipe."""
 
 from __future__ import annotations
 
@@ -20,8 +20,16 @@ PUBLISHED = [
     ("rollout.group_size", 8, "scripts: --num_generations 8"),
     ("rollout.temperature", 1.0, "run_grpo_vllm_qwen25vl.sh: --temperature 1.0"),
     ("rollout.max_new_tokens", 768, "scripts: --max_completion_length 768"),
-    ("data.media.max_frames", 16, "README: at most 16 frames in training"),
-    ("data.media.video_max_pixels", 128 * 28 * 28, "README: 128 x 28 x 28 pixels per frame in training"),
+    ("data.media.max_frames", 16, "README: at most 16 frames in training; vision_process.py: FPS_MAX_FRAMES 16"),
+    # grpo.py's media items carry no pixels, fps or frames: the constants of Video-R1's own qwen-vl-utils copy
+    # (src/qwen-vl-utils/src/qwen_vl_utils/vision_process.py) size them; the processor's larger --max_pixels keeps them
+    ("data.media.fps", 2.0, "vision_process.py: FPS 2.0"),
+    ("data.media.min_frames", 4, "vision_process.py: FPS_MIN_FRAMES 4"),
+    ("data.media.video_min_pixels", 128 * 28 * 28, "vision_process.py: VIDEO_MIN_PIXELS 128 * 28 * 28"),
+    ("data.media.video_max_pixels", int(128 * 28 * 28 * 1.05),
+     "vision_process.py fetch_video: max(min(VIDEO_MAX_PIXELS 128*28*28, total/nframes*2), int(VIDEO_MIN_PIXELS*1.05))"),
+    ("data.media.image_min_pixels", 4 * 28 * 28, "vision_process.py fetch_image: MIN_PIXELS 4 * 28 * 28"),
+    ("data.media.image_max_pixels", 256 * 28 * 28, "vision_process.py fetch_image: MAX_PIXELS 256 * 28 * 28"),
     ("grpo.kl_coef", 0.04, "scripts: --beta 0.04"),
     ("grpo.kl_estimator", "k3", "grpo trainer: per-token KL exp(x) - x - 1"),
     ("grpo.loss_agg", "seq-mean-token-mean", "grpo trainer: token mean per sequence, then mean over sequences"),
