@@ -2,7 +2,8 @@
 ``{options}`` (lettered lines, empty when the sample has none) and ``{instruction}`` (how to format the answer,
 chosen by ``prompt.answer_format`` and the problem type, or by the template's own per-type suffixes).
 ``prompt.template`` is either the name of a registered template (``default``: mmrl's own; ``plain``;
-``video-r1``: Video-R1's; ``ares-math``: ARES's; ``mmr1``: MMR1's; register more with :func:`register_template`) or a custom
+``video-r1``: Video-R1's; ``ares-math``: ARES's; ``mmr1``: MMR1's; ``temporal-r1``: Temporal-R1's; register more
+with :func:`register_template`) or a custom
 format string,
 recognised by its ``{question}`` field. Anything else is a :class:`ConfigError` naming the nearest template, so a
 typo such as ``defualt`` never becomes the prompt text. Building the prompts themselves: :mod:`mmrl.prompts`.
@@ -105,10 +106,18 @@ MMR1_PROMPT = (
 )
 
 
+# Temporal-R1 (appletea233/Temporal-R1, verl/utils/dataset_video.py __getitem__): the user turn is the video, then
+# the record's problem text alone ({"type": "text", "text": problem}); what to answer and how is in the system
+# prompt (examples/run_qwen2_5_vl_3b_tvg.sh SYSTEM_PROMPT, the recipe's prompt.system). The code's TVG records have
+# no options; a sample's options follow the problem as mmrl's {options} block (our choice, as Video-R1 writes them).
+TEMPORAL_R1_PROMPT = "{question}{options}"
+
+
 register_template("video-r1", VIDEO_R1_QUESTION,
                   {ours: VIDEO_R1_TYPES[theirs] for ours, theirs in _VIDEO_R1_TYPE_OF.items()})
 register_template("ares-math", ARES_MATH, {})
 register_template("mmr1", MMR1_PROMPT, {})
+register_template("temporal-r1", TEMPORAL_R1_PROMPT, {})
 
 
 def format_fields(text: str) -> set[str] | None:

@@ -30,9 +30,9 @@ def test_a_typo_of_a_template_name_is_an_error_naming_the_nearest():
     msg = str(err.value)
     assert "prompt.template" in msg and "'defualt'" in msg
     assert "did you mean 'default'?" in msg
-    assert "valid: ares-math, default, mmr1, plain, video-r1" in msg
+    assert "valid: ares-math, default, mmr1, plain, temporal-r1, video-r1" in msg
     # a word that is neither a template name nor a format string fails too, listing the valid names
-    with pytest.raises(ConfigError, match=r"unknown prompt template 'concise'.*valid: ares-math, default, mmr1, plain, video-r1"):
+    with pytest.raises(ConfigError, match=r"unknown prompt template 'concise'.*valid: ares-math, default, mmr1, plain, temporal-r1, video-r1"):
         build_messages(SAMPLE, PromptConfig(template="concise"), ["video"])
 
 

@@ -35,6 +35,11 @@ PUBLISHED = [
     ("data.media.min_frames", 4, "dataset_video.py gives no frame count: qwen-vl-utils' FPS_MIN_FRAMES 4"),
     ("data.media.max_frames", 768, "dataset_video.py gives no frame count: qwen-vl-utils' FPS_MAX_FRAMES 768"),
     ("sft.steps", 0, "the TVG script runs RL from Qwen2.5-VL-3B-Instruct"),
+    ("prompt.template", "temporal-r1", "verl/utils/dataset_video.py: the video, then the problem text alone"),
+    ("prompt.system", ("You FIRST think about the reasoning process as an internal monologue and then provide the "
+                       "final answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final "
+                       "answer MUST BE put in <answer> </answer> tags. Output the final answer in JSON format."),
+     "run_qwen2_5_vl_3b_tvg.sh SYSTEM_PROMPT as data.system_prompt (OmegaConf.from_cli folds its line break)"),
 ]
 
 # tvg.py at HEAD: 0.5 tIoU + 0.5 format (think, then answer), tIoU on the span as predicted
