@@ -160,3 +160,16 @@ def instruction(problem_type: str, answer_format: str) -> str:
     if answer_format == "answer":
         return f"Reply with {what} inside <answer></answer>."
     return (f"Think briefly inside <think></think>, then give {what} inside <answer></answer>.")
+
+
+ANSWER_MARKUP: dict[str, str] = {"ares-math": "\\boxed{{{answer}}}"}
+"""How a template asks for the final answer to be written, by template name (a format string with ``{answer}``);
+a template without an entry: ``<answer>{answer}</answer>``. ARES's math.jinja asks for ``\\boxed{}`` and its
+reward (``answer_from: boxed``) reads the last one. Cold-start targets follow it (:mod:`mmrl.sft`)."""
+
+
+def answer_markup(template: str, answer: str) -> str:
+    """``answer`` written as prompt template ``template`` asks for the final answer (:data:`ANSWER_MARKUP`)."""
+    form = ANSWER_MARKUP.get(template, "<answer>{answer}</answer>") if isinstance(template, str) else \
+        "<answer>{answer}</answer>"
+    return form.format(answer=answer)

@@ -4,7 +4,8 @@ Targets are written in the run's answer format. With ``sft.target: random_answer
 tags is drawn at random from the sample's valid answers (an option letter, yes/no, another sample's
 answer), so the cold start teaches the *format* and nothing about which answer is right; RL must find
 the answers. ``gold`` trains on the reference answers (ordinary SFT). ``reasoning`` trains on a reasoning trace and the
-reference answer, ``<think>trace</think><answer>answer</answer>`` (a chain-of-thought cold start, as Video-R1's
+reference answer, ``<think>trace</think><answer>answer</answer>`` (the answer where the prompt template asks for it:
+``\\boxed{answer}`` under ``ares-math``; a chain-of-thought cold start, as Video-R1's
 and ARES's): the trace is the record's ``meta.rationale`` (a string as written; a list of sentences: a random
 number of them per draw, so lengths vary), or for the toy world's records a random-length trace of true
 observations (:mod:`data_pipelines.toy.rationales`). ``sft.mc_answer`` says whether gold and reasoning targets
@@ -26,6 +27,7 @@ from mmrl.config import RunConfig
 from mmrl.media import MediaPreparer
 from mmrl.model import Policy
 from mmrl.optim import lr_lambda, lr_scheduler
+from mmrl.prompt_templates import answer_markup
 from mmrl.prompts import encode_prompt
 from mmrl.run_log import RunLog
 from mmrl_common.errors import MediaError, MmrlError
@@ -55,8 +57,9 @@ def random_answer(sample: Any, pool: Sequence[Any], rng: random.Random) -> str:
     return answer_text(rng.choice(same or list(pool)))
 
 
-def reasoning_target(sample: Any, rng: random.Random, mc_answer: str = "letter") -> str:
-    """``<think>trace</think><answer>answer</answer>`` for ``sft.target: reasoning`` (see the module docstring)."""
+def reasoning_target(sample: Any, rng: random.Random, mc_answer: str = "letter", template: str = "default") -> str:
+    """``<think>trace</think><answer>answer</answer>`` for ``sft.target: reasoning`` (see the module docstring);
+    the answer written as prompt template ``template`` asks (:func:`mmrl.prompt_templates.answer_markup`)."""
     from data_pipelines.toy.rationales import draw_trace, toy_rationale
 
     given = (sample.meta or {}).get("rationale")
@@ -70,11 +73,11 @@ def reasoning_target(sample: Any, rng: random.Random, mc_answer: str = "letter")
             raise MmrlError(f"sample {sample.id}: sft.target=reasoning needs meta.rationale (the reasoning to train "
                             "on: a string, or a list of sentences to draw from); add it to the records, use "
                             "sft.target=gold, or sft.steps=0 when the model already reasons")
-    return f"<think>{trace}</think><answer>{answer_text(sample, mc_answer)}</answer>"
+    return f"<think>{trace}</think>{answer_markup(template, answer_text(sample, mc_answer))}"
 
 
-def target_text(sample: Any, answer: str, answer_format: str) -> str:
-    body = f"<answer>{answer}</answer>"
+def target_text(sample: Any, answer: str, answer_format: str, template: str = "default") -> str:
+    body = answer_markup(template, answer)
     return body if answer_format == "answer" else THINK + body
 
 
@@ -96,19 +99,21 @@ register_target = SFT_TARGETS.register
 @register_target("gold")
 def gold_target(sample: Any, ctx: TargetContext) -> str:
     """The reference answer in the run's answer format."""
-    return target_text(sample, answer_text(sample, ctx.cfg.sft.mc_answer), ctx.cfg.prompt.answer_format)
+    return target_text(sample, answer_text(sample, ctx.cfg.sft.mc_answer), ctx.cfg.prompt.answer_format,
+                       ctx.cfg.prompt.template)
 
 
 @register_target("random_answer")
 def random_answer_target(sample: Any, ctx: TargetContext) -> str:
     """An answer of the right form drawn without looking at the reference (teaches the format only)."""
-    return target_text(sample, random_answer(sample, ctx.pool, ctx.rng), ctx.cfg.prompt.answer_format)
+    return target_text(sample, random_answer(sample, ctx.pool, ctx.rng), ctx.cfg.prompt.answer_format,
+                       ctx.cfg.prompt.template)
 
 
 @register_target("reasoning")
 def reasoning(sample: Any, ctx: TargetContext) -> str:
     """A reasoning trace, then the reference answer (:func:`reasoning_target`)."""
-    return reasoning_target(sample, ctx.rng, ctx.cfg.sft.mc_answer)
+    return reasoning_target(sample, ctx.rng, ctx.cfg.sft.mc_answer, ctx.cfg.prompt.template)
 
 
 EpisodeBuilder = Callable[[RunConfig, Policy, Any, Any, list[Any]], Any]

@@ -53,9 +53,10 @@ def pick_by_length(candidates: Sequence[str], lengths: Sequence[int], pass_rate:
 
 
 def adaptive_target(sample: Any, pass_rate: float, rng: random.Random, tokenizer: Any, k: int,
-                    mc_answer: str = "letter") -> str:
-    """The AdaCS target of one question with pass rate ``pass_rate`` (module docstring, steps 2-3)."""
-    cands = [reasoning_target(sample, rng, mc_answer) for _ in range(k)]
+                    mc_answer: str = "letter", template: str = "default") -> str:
+    """The AdaCS target of one question with pass rate ``pass_rate`` (module docstring, steps 2-3); the answer
+    written as prompt template ``template`` asks."""
+    cands = [reasoning_target(sample, rng, mc_answer, template) for _ in range(k)]
     lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in cands]
     return pick_by_length(cands, lengths, pass_rate)
 
@@ -101,7 +102,8 @@ def adacs_episode(cfg: Any, policy: Policy, sample: Any, prompt: Any, media: lis
         if sample.id not in st["pass_rate"]:
             st["pass_rate"][sample.id] = estimate_pass_rate(cfg, policy, sample, prompt, s["adacs_samples"])
         p = st["pass_rate"][sample.id]
-    text = adaptive_target(sample, p, st["rng"], policy.tokenizer, s["adacs_candidates"], cfg.sft.mc_answer)
+    text = adaptive_target(sample, p, st["rng"], policy.tokenizer, s["adacs_candidates"], cfg.sft.mc_answer,
+                           cfg.prompt.template)
     eos = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     ids = policy.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
     return prompt.extend(ids, trained=True)
