@@ -43,7 +43,8 @@ PUBLISHED = [
 
 # the rewards, summed unweighted (grpo.py: accuracy, format; the trainer's len_control length bonus)
 PUBLISHED_REWARDS = {
-    "accuracy": (1.0, {"strict_tags": True}),   # grpo.py accuracy_reward: no <answer>...</answer> block scores 0
+    # grpo.py accuracy_reward: no <answer>...</answer> block scores 0; numbers by its numerical/regression rules
+    "accuracy": (1.0, {"strict_tags": True, "numeric_scoring": "video-r1"}),
     "format": (1.0, {"mode": "think_answer"}),
     "length_bonus": (1.0, {"min_tokens": 320, "max_tokens": 512, "bonus": 0.2, "correct_threshold": 0.1,
                            "min_correct": 2}),
