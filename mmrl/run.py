@@ -362,6 +362,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     from mmrl.report import write_report
     from mmrl.sft import run_sft
     from mmrl.trainer import Diverged, GRPOTrainer
+    from rewards.remote import preflight_rewards
 
     hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
     w = world()
@@ -380,6 +381,7 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     refusal = w.broadcast(refusal)
     if refusal is not None:
         raise MmrlError(refusal)
+    preflight_rewards(cfg.rewards, run_dir)  # service rewards (http, judge) reached before the folder is written
     run_dir.mkdir(parents=True, exist_ok=True)
     changes = w.broadcast(changes)
     if changes and show_progress:
