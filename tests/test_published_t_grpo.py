@@ -33,6 +33,7 @@ PUBLISHED = [
     ("grpo.kl_coef", 0.04, "scripts: --beta 0.04"),
     ("grpo.kl_estimator", "k3", "grpo trainer: per-token KL exp(x) - x - 1"),
     ("grpo.loss_agg", "seq-mean-token-mean", "grpo trainer: token mean per sequence, then mean over sequences"),
+    ("rollout.top_p", 0.95, "vllm_grpo_trainer_modified.py: SamplingParams(temperature=1.0, top_p=0.95)"),
     ("train.lr", 1e-6, "scripts: --learning_rate 1e-6"),
     ("train.lr_schedule", "constant", "scripts: cosine over ~65k steps, 1.2k trained (README): >= 0.9992 x peak"),
     ("train.weight_decay", 0.01, "scripts: --weight_decay 0.01"),
