@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
 from mmrl.grpo.config import GRPOConfig, check_number, range_words
+from mmrl.model.types import FAMILIES
 from mmrl.prompt_templates import resolve_template
 from mmrl.tiny_models import resolve_size
 from mmrl.toy_recipe import check_overrides
@@ -192,7 +193,7 @@ class ModelConfig:
     init: Literal["random", "toy_base"] = "random"
     """With model.path empty: `random` (tiny random-weight model) or `toy_base` (the tiny model pre-trained
     to name what it sees in the toy world; built once, cached; `mmrl models make-toy-base`)."""
-    tiny_family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"] = "qwen2_5_vl"
+    tiny_family: Literal[FAMILIES] = "qwen2_5_vl"
     """Architecture of the tiny random-weight model built when model.path is empty."""
     tiny_seed: int = 0
     """Seed of the tiny model's random weights."""
@@ -457,7 +458,7 @@ class RolloutConfig:
             if self.vllm.enable_sleep_mode:
                 check_sleep_mode_allocator()
         if self.backend not in ("hf", "vllm"):  # another backend is one an imports: module registered
-            from mmrl.rollout import BACKENDS
+            from mmrl.rollout_backends import BACKENDS
 
             BACKENDS.get(self.backend)  # a ConfigError naming the nearest and the valid backends
 

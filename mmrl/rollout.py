@@ -24,7 +24,7 @@ from mmrl.environments import (  # noqa: F401  (get_environment, register_enviro
     register_environment,
 )
 from mmrl.model import Generation, Policy, TokenSeq
-from mmrl_common.registry import Registry
+from mmrl.rollout_backends import BACKENDS, register_backend  # noqa: F401 (register_backend: re-exported)
 
 
 @dataclass
@@ -91,7 +91,6 @@ class HFBackend:
         return out
 
 
-BACKENDS: Registry[Callable[..., RolloutBackend]] = Registry("rollout backend", "rollout.backend")
 BACKENDS.register("hf")(HFBackend)
 
 
@@ -101,9 +100,6 @@ def _vllm_backend(policy: Policy, **kwargs: Any) -> RolloutBackend:
     from mmrl.vllm_backend import VLLMBackend
 
     return VLLMBackend(policy, **kwargs)
-
-
-register_backend = BACKENDS.register
 
 
 def make_backend(name: str, policy: Policy, **kwargs: Any) -> RolloutBackend:
