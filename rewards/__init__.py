@@ -6,6 +6,7 @@ Importing the package registers the built-in rewards: ``format``, ``accuracy``, 
 
 from rewards import accuracy as _accuracy  # noqa: F401 - registers the built-in rewards
 from rewards import format as _format  # noqa: F401
+from rewards import judge as _judge  # noqa: F401 - judge (a judge model behind an OpenAI-compatible endpoint)
 from rewards import remote as _remote  # noqa: F401 - http (the user's reward server)
 from rewards.accuracy import available_scorers, get_scorer, register_scorer, score_answer
 from rewards.answers import (
