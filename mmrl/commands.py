@@ -643,6 +643,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--subtitles", action="store_true",
                    help="videomme: the subtitle lines at the sampled frames; longvideobench: subtitles interleaved "
                         "with the frames (its _i protocol)")
+    b.add_argument("--judge", default=None, metavar="BASE_URL,MODEL",
+                   help="score the open-ended questions (MMVU's) with a judge model at an OpenAI-compatible "
+                        "endpoint, e.g. http://127.0.0.1:8000/v1,Qwen/Qwen2.5-7B-Instruct (rewards/judge.py)")
+    b.add_argument("--judge-key-env", default=None, metavar="NAME",
+                   help="the environment variable holding the judge's API key (sent as a Bearer token)")
     b.add_argument("--lmms-eval", action="store_true",
                    help="run the checkpoint through lmms-eval instead (needs pip install 'mmrl[eval]')")
     p.add_argument("--agent", choices=["earl"], default=None,

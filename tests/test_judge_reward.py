@@ -197,3 +197,33 @@ def test_train_with_a_judge_retries_and_a_resume_asks_nothing_cached(tmp_path, c
         assert [r["step"] for r in again] == [1, 2]
         assert again[-1]["reward_metric/judge/asked"] == 0 and again[-1]["reward_metric/judge/cached"] == 8
     assert list((run / "reward_cache").glob("judge-*.rank0.jsonl"))
+
+
+@pytest.mark.slow
+def test_eval_mmvu_scores_the_open_questions_with_the_judge(tmp_path, capsys, module_cache):  # noqa: F811
+    from data_pipelines.benchmarks.fixtures import write_fixture
+    from mmrl.tiny_models import ensure_tiny
+
+    root = write_fixture("mmvu", tmp_path / "mmvu", n=4)  # 4 multiple-choice, 1 open-ended, 1 without its video
+    out = tmp_path / "out"
+    with JudgeServer() as srv:
+        rc, stdout, err = run_cli(
+            capsys, "eval", "--benchmark", "mmvu", "--data-root", str(root), "--model", str(ensure_tiny("qwen2_5_vl")),
+            "--out", str(out), "--frames", "4", "--max-pixels", "3136", "--batch-size", "2", "--workers", "0",
+            "--quiet", "eval.max_new_tokens=6", "--judge", f"{srv.base_url},{MODEL}")
+        assert rc == 0, err
+        assert len(srv.requests) == 1  # the open question, once
+        prompt = srv.requests[0]["messages"][-1]["content"]
+        assert "Describe the motion." in prompt and "Reference answer: it moves" in prompt
+    m = json.loads((out / "metrics.json").read_text())
+    opened = m["scores"]["open_ended"]
+    assert opened["n"] == 1 and opened["judged"] == 1 and opened["failed"] == 0
+    completion = next(json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()
+                      if json.loads(line)["id"] == "validation_open")["completion"]
+    assert opened["accuracy"] == 1 - len(completion) % 2  # the planted judge's verdict
+    assert m["scores"]["overall"]["n"] == 5  # the multiple-choice headline as before: open questions apart
+    judge = m["scores"]["judge"]
+    assert judge["model"] == MODEL and judge["base_url"] == srv.base_url and "{completion}" in judge["templates"]["open"]
+    assert MODEL in stdout and "open-ended" in stdout
+    results = (out / "results.md").read_text()
+    assert MODEL in results and "Score: 1" in results  # the judge's model and prompt beside the score

@@ -120,7 +120,9 @@ def _read_table(root: Path) -> tuple[list[dict[str, Any]], list[Path], str] | No
     return None
 
 
-def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> BenchmarkData:
+def load_mmvu(root: Path, *, split: str, media_cache: Path, open_ended: bool = False, **_: Any) -> BenchmarkData:
+    """``open_ended``: keep the open-ended questions too (problem type ``open``, the reference answer as text), for
+    a judge model to score (``mmrl eval --judge``); without it they are left out and counted."""
     root = check_root(TITLE, root, EXPECTED)
     table = _read_table(root)
     if table is None:
@@ -129,23 +131,29 @@ def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchma
     bases = [root, root / "videos"]
     index = MediaIndex()
     samples: list[Sample] = []
-    open_ended = 0
+    skipped = 0
     for i, raw in enumerate(items):
         where = f"{files[0] if len(files) == 1 else files[0].parent}: item {i}"
         if not isinstance(raw, dict):
             raise DataError(f"{where}: expected an object, got {type(raw).__name__}")
-        if raw.get("question_type") != "multiple-choice":
-            open_ended += 1
+        is_open = raw.get("question_type") != "multiple-choice"
+        if is_open and not open_ended:
+            skipped += 1
             continue
-        choices = _choices(raw.get("choices"), where)
-        letters = sorted(k for k, v in choices.items() if v.strip())
-        if letters != list("ABCDEFGH"[: len(letters)]) or len(letters) < 2:
-            raise DataError(f"{where}: choices must fill the letters A.. in order, got {sorted(choices)}")
-        options = [choices[k] for k in letters]
-        try:
-            answer = normalize_gold_choice(str(raw.get("answer", "")), options)
-        except ValueError:
-            raise DataError(f"{where}: answer {raw.get('answer')!r} is not one of {letters}") from None
+        if is_open:
+            options, answer = [], str(raw.get("answer", "")).strip()
+            if not answer:
+                raise DataError(f"{where}: an open-ended question without an answer")
+        else:
+            choices = _choices(raw.get("choices"), where)
+            letters = sorted(k for k, v in choices.items() if v.strip())
+            if letters != list("ABCDEFGH"[: len(letters)]) or len(letters) < 2:
+                raise DataError(f"{where}: choices must fill the letters A.. in order, got {sorted(choices)}")
+            options = [choices[k] for k in letters]
+            try:
+                answer = normalize_gold_choice(str(raw.get("answer", "")), options)
+            except ValueError:
+                raise DataError(f"{where}: answer {raw.get('answer')!r} is not one of {letters}") from None
         rel = _relative(str(raw.get("video_path") or raw.get("video") or ""))
         if not rel:
             raise DataError(f"{where}: no video / video_path")
@@ -159,12 +167,14 @@ def load_mmvu(root: Path, *, split: str, media_cache: Path, **_: Any) -> Benchma
             mark_missing(meta, f"{where}: video '{rel}' (any case of the extension) not found in "
                                f"{', '.join(str(b) for b in bases)}")
         samples.append(Sample(
-            id=str(raw.get("id", i)), problem_type="multiple_choice", question=str(raw["question"]),
+            id=str(raw.get("id", i)), problem_type="open" if is_open else "multiple_choice", question=str(raw["question"]),
             options=options, answer=answer, media=[MediaItem("video", str(video))],
             meta=meta,
         ))
     info: dict[str, Any] = {"split": split, "file": str(files[0]), "layout": layout,
-                            "open_ended_skipped": open_ended}
+                            "open_ended_skipped": skipped}
+    if open_ended:
+        info["open_ended"] = sum(1 for s in samples if s.problem_type == "open")
     if len(files) > 1:
         info["files"] = [str(f) for f in files]
     info["missing_media"] = missing_media(TITLE, root, samples, EXPECTED, "videos (videos/<subject>/<n>.mp4)")
@@ -176,15 +186,22 @@ DIRECT = ("Do not generate any intermediate reasoning process. Answer directly w
           "from the given choices.")
 
 
+DIRECT_OPEN = "Do not generate any intermediate reasoning process. Directly output the final answer."
+
+
 def official_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
-    """``main.py``'s direct-output prompt."""
+    """``main.py``'s direct-output prompt (an open-ended question: no options, the final answer asked for)."""
+    if sample.problem_type == "open":
+        return None, f"Question:{sample.question.strip()}\nVisual Information: processed video\n{DIRECT_OPEN}", ""
     opts = option_lines(plain_options(sample.options), "{letter}: {text}")
     return None, f"Question:{sample.question.strip()}\n{opts}\nVisual Information: processed video\n{DIRECT}", ""
 
 
 def lmms_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
     """lmms-eval's ``multiple_choice_prompt`` (``tasks/mmvu/utils.py``): always the letters A to E (empty text for
-    unused ones)."""
+    unused ones); lmms-eval's task has no open-ended questions: those get :func:`official_prompt`'s."""
+    if sample.problem_type == "open":
+        return official_prompt(sample, subtitles)
     opts = plain_options(sample.options)
     five = list(opts) + [""] * max(0, 5 - len(opts))
     return LMMS_SYSTEM, (f"\nQuestion:{sample.question.strip()}\n{option_lines(five, '{letter}: {text}')}\n"

@@ -24,6 +24,7 @@ def cli_run(args: argparse.Namespace, cfg: Any, checks: dict[str, dict[str, Any]
     ``checks``: the evaluation checks to run too (``--check NAME``, loaded)."""
     from pathlib import Path
 
+    from mmrl.benchmarks_eval.judged import judge_flag
     from mmrl.distributed import device_for, world
     from mmrl.run import resolve_model
     from mmrl.vllm_backend import settings_from_config
@@ -47,7 +48,7 @@ def cli_run(args: argparse.Namespace, cfg: Any, checks: dict[str, dict[str, Any]
         limit=args.limit, workers=args.workers, split=args.split, subtitles=args.subtitles, dtype=cfg.model.dtype,
         show_progress=not args.quiet, backend=cfg.rollout.backend, vllm=settings_from_config(cfg),
         on_bad_sample=cfg.data.on_bad_sample, seed=cfg.train.seed, device=device_for(cfg.model.device),
-        checks=checks)
+        checks=checks, judge=judge_flag(getattr(args, "judge", None), getattr(args, "judge_key_env", None)))
     if world().is_main:
         print(headline(metrics))
         for lines in (metrics.get("checks") or {}).values():

@@ -65,4 +65,16 @@ def markdown(metrics: dict[str, Any]) -> str:
             lines += [f"| {g} | {v['n']} | {pct(v['accuracy'])} | {pct(v['accuracy_answered'])} | {v['unparsed']} |"
                       for g, v in table.items()]
             lines.append("")
+    if m.get("judge"):
+        lines += _judge_lines(m["open_ended"], m["judge"])
     return "\n".join(lines)
+
+
+def _judge_lines(op: dict[str, Any], judge: dict[str, Any]) -> list[str]:
+    """The open-ended questions' score and, beside it, the judge that gave it: model, endpoint, rule, prompt."""
+    return ["## open-ended questions (judged)", "",
+            (f"**{pct(op['accuracy'])}** over {op['judged']} judged of {op['n']} open-ended question(s) "
+            f"({op['failed']} without a score, left out and listed in predictions.jsonl as judge_error)."), "",
+            (f"Judge: `{judge['model']}` at {judge['base_url']}, temperature {judge['temperature']:g}, max_tokens "
+            f"{judge['max_tokens']}. Score: {judge['score_rule']}."), "", "Prompt (the `open` template):", "",
+            "```", judge["templates"]["open"], "```", ""]

@@ -205,7 +205,7 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
                        policy: Any, dtype: str, protocol: str, frames: int | None, max_pixels: int | None,
                        prompt_template: str | None, max_new_tokens: int | None, split: str | None,
                        limit: int | None, out: str | os.PathLike[str] | None,
-                       out_suffix: str | None = None, device: str = "auto") -> BenchmarkRun:
+                       out_suffix: str | None = None, device: str = "auto", open_ended: bool = False) -> BenchmarkRun:
     """Read the benchmark's questions (first: a wrong folder fails before the model loads), load the model
     (unless ``policy`` is given), make the protocol and create ``out`` (default
     ``runs/eval/<benchmark>-<out_suffix or the model folder's name>``)."""
@@ -219,7 +219,8 @@ def open_benchmark_run(name: str, data_root: str | os.PathLike[str], model: str 
     else:
         model_path = str(getattr(policy.model, "name_or_path", "policy"))
     out = Path(out) if out else Path("runs") / "eval" / f"{name}-{out_suffix or Path(model_path).name}"
-    data = load_benchmark(name, data_root, split=split, media_cache=out / "media")
+    data = load_benchmark(name, data_root, split=split, media_cache=out / "media",
+                          **({"open_ended": True} if open_ended else {}))  # for a judge (mmrl eval --judge)
     samples = data.samples[:limit] if limit else list(data.samples)
     out.mkdir(parents=True, exist_ok=True)
     if policy is None:
@@ -327,7 +328,7 @@ def run_benchmark(
     on_batch: Callable[[int], None] | None = None, backend: str = "hf", vllm: dict[str, Any] | None = None,
     on_bad_sample: str = "raise", seed: int = 0, device: str = "auto",
     checks: dict[str, dict[str, Any]] | None = None, answers: Callable[[BenchmarkRun], Answers] | None = None,
-    out_suffix: str | None = None,
+    out_suffix: str | None = None, judge: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a Hugging Face Qwen-VL folder, or an already loaded ``policy``) on ``benchmark``.
 
@@ -350,6 +351,10 @@ def run_benchmark(
     :class:`Answers` that turn each batch of prepared questions into records (default: the protocol's prompt
     generated under ``backend``); with its ``modes``, several answer sets scored side by side by its own
     ``metrics``. ``out_suffix``: the default ``out`` folder's suffix (default: the model folder's name).
+
+    ``judge``: :mod:`rewards.judge`'s settings (``base_url``, ``model``, ...): the benchmark's open-ended
+    questions are kept (MMVU's) and scored by the judge model (:mod:`mmrl.benchmarks_eval.judged`); the judge
+    is reached before the model loads, and the report names its model and prompt beside the score.
     """
     from tqdm import tqdm
 
@@ -368,11 +373,15 @@ def run_benchmark(
     if on_bad_sample not in ("raise", "skip"):
         raise MmrlError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
     runs = _bench_checks(checks or {})
+    if judge is not None:
+        from mmrl.benchmarks_eval.judged import prepare_judge
+
+        judge_settings = prepare_judge(judge)
     with w.main_first():
         run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
                                  frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
                                  max_new_tokens=max_new_tokens, split=split, limit=limit, out=out,
-                                 out_suffix=out_suffix, device=device)
+                                 out_suffix=out_suffix, device=device, open_ended=judge is not None)
     policy, model_path, proto, out, data, samples = (run.policy, run.model_path, run.protocol, run.out, run.data,
                                                      run.samples)
     answerer = answers(run) if answers is not None else None
@@ -380,6 +389,8 @@ def run_benchmark(
                 "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
     if runs:
         settings["checks"] = {k: v for k, (_, v) in runs.items()}
+    if judge is not None:
+        settings["judge"] = {"base_url": judge_settings.base_url, "model": judge_settings.model}
     pred_path = out / "predictions.jsonl"
     if w.is_main:
         if answerer is None or answerer.resume:
@@ -455,7 +466,11 @@ def run_benchmark(
         preds = [final[s.id] for s in samples if s.id in final]
         failures = [{"id": p["id"], "error": p["error"]} for p in preds if p.get("error")]
         scored = [p for p in preds if not (on_bad_sample == "skip" and p.get("error"))]
-        scores = summarize(name, scored)
+        if judge is not None:
+            from mmrl.benchmarks_eval.judged import judge_open
+
+            judge_open(scored, samples, judge_settings, out)
+        scores = summarize(name, scored, judge=judge_settings.describe() if judge is not None else None)
         metrics = {
             "benchmark": name, "title": spec.title, "model": model_path, "out": str(out),
             "split": data.info.get("split"), "data_root": settings["data_root"], "n": len(scored),
@@ -597,5 +612,10 @@ def headline(metrics: dict[str, Any]) -> str:
     failed = metrics.get("media_failures") or []
     media = (f"; {len(failed)} without readable media "
              f"({'left out' if metrics.get('on_bad_sample') == 'skip' else 'counted wrong'})") if failed else ""
+    judged = ""
+    if s.get("judge"):
+        op = s["open_ended"]
+        judged = (f"; open-ended {f(op['accuracy'])} (n={op['n']}, judged {op['judged']}, failed {op['failed']}) "
+                  f"judged by {s['judge']['model']} at {s['judge']['base_url']}")
     return (f"{metrics['title']}: {f(h['value'])} ({h['metric']}: {h['convention']}); {beside}; "
-            f"unparsed {o['unparsed']} of {o['n']}{media}")
+            f"unparsed {o['unparsed']} of {o['n']}{media}{judged}")

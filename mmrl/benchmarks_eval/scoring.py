@@ -118,10 +118,16 @@ def medical_stats(preds: list[dict[str, Any]]) -> dict[str, Any]:
     return {"closed": c, "open": o, "errors": sum(1 for p in preds if p.get("error"))}
 
 
-def summarize(benchmark: str, preds: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(benchmark: str, preds: list[dict[str, Any]], judge: dict[str, Any] | None = None) -> dict[str, Any]:
     """Metrics over prediction records (as written to ``predictions.jsonl``), as ``benchmark``'s spec says:
-    its scoring, breakdowns, headline and the conventions beside it."""
+    its scoring, breakdowns, headline and the conventions beside it. ``judge`` (the judge's description, with
+    ``mmrl eval --judge``): the open-ended questions are scored apart (``open_ended``, judged), the headline stays
+    the multiple-choice one, and ``judge`` names the judge beside them."""
     spec = get_benchmark(benchmark)
+    opened: list[dict[str, Any]] = []
+    if judge is not None:
+        opened = [p for p in preds if p.get("problem_type") == "open"]
+        preds = [p for p in preds if p.get("problem_type") != "open"]
     groups = spec.breakdowns
     if spec.scoring == "closed_open":
         out: dict[str, Any] = medical_stats(preds)
@@ -149,4 +155,9 @@ def summarize(benchmark: str, preds: list[dict[str, Any]]) -> dict[str, Any]:
     out["headline"] = {"metric": metric, "value": values.get(metric), "convention": CONVENTIONS[metric],
                        "why": why}
     out["beside"] = {k: {"value": values.get(k), "convention": CONVENTIONS[k]} for k in spec.beside}
+    if judge is not None:
+        from mmrl.benchmarks_eval.judged import open_stats
+
+        out["open_ended"] = open_stats(opened)
+        out["judge"] = judge
     return out
