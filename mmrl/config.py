@@ -67,6 +67,7 @@ RANGES: dict[str, Range] = {
     # own keys when it is built (:func:`check_ranges`), so a bad value is refused when the config loads, before
     # anything else does (`config show` too), in one line naming the key, the value and the range
     "model.tiny_seed": _count(0, high=SEED_MAX),
+    "model.router_aux_loss_coef": Range(0, hint="or null: the model config's own; 0: off"),
     "model.lora.r": _count(1, hint="the rank of the adapters, e.g. 16"),
     "model.lora.alpha": Range(0, low_open=True, hint="the update is scaled by alpha / r"),
     "model.lora.dropout": Range(0, 1, high_open=True),
@@ -229,6 +230,11 @@ class ModelConfig:
     """Attention kernel passed to transformers: sdpa (PyTorch's), eager, or flash_attention_2 (GPUs, needs the
     flash-attn package: pip install 'mmrl[flash-attn]'; the Qwen2.5-VL vision tower then runs its windows in
     one variable-length call instead of one call per window)."""
+    router_aux_loss_coef: float | None = None
+    """Mixture-of-experts models (qwen3_vl_moe): weight of the router's load-balancing loss (transformers'
+    load_balancing_loss_func over every token the update's passes route) added to the policy loss and logged as
+    router_aux_loss. null: the model config's own text_config.router_aux_loss_coef (Qwen3-VL-30B-A3B: 0.001);
+    0: off. A dense model takes null or 0."""
     lora: LoraSettings | dict[str, Any] | None = None
     """LoRA through PEFT (null: off, full fine-tuning). A mapping turns it on: {r, alpha, dropout,
     target_modules}, e.g. model.lora={r: 8} or model.lora={} for the defaults. Only the adapters train; the

@@ -15,15 +15,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks import benchmarks, find_benchmark
+from mmrl.model.types import FAMILIES, dense_family, is_moe
 from mmrl_common.errors import MmrlError
 
-LMMS_MODELS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}
+# lmms-eval's model class of each family: a mixture-of-experts family is run by its dense family's class,
+# which (lmms_eval/models/simple/qwen3_vl.py) loads Qwen3VLMoeForConditionalGeneration only when the
+# checkpoint path matches r"A\d+B" (as in Qwen3-VL-30B-A3B-Instruct), else the dense class
+LMMS_MODELS = {family: dense_family(family) for family in FAMILIES}
+_LMMS_MOE_PATH = re.compile(r"A\d+B")
 
 
 def lmms_available() -> bool:
@@ -51,7 +57,11 @@ def build_command(model: str | Path, benchmark: str, *, out: str | Path, frames:
     family = json.loads(cfg_path.read_text()).get("model_type")
     if family not in LMMS_MODELS:
         raise MmrlError(f"{model}: model type '{family}' has no lmms-eval model class here")
-    args = [f"pretrained={model.resolve()}"]
+    if is_moe(family) and not _LMMS_MOE_PATH.search(str(model.absolute())):
+        raise MmrlError(f"{model}: a {family} model, which lmms-eval's {LMMS_MODELS[family]} class loads as a "
+                        "mixture of experts only when its path contains the active size (e.g. "
+                        "Qwen3-VL-30B-A3B-Instruct); copy or link the folder to such a name (e.g. my-model-A3B)")
+    args = [f"pretrained={model.absolute()}"]  # not resolved: a link keeps the name lmms-eval reads
     if frames:
         args.append(f"max_num_frames={frames}")
     if max_pixels:

@@ -5,7 +5,8 @@ directory for one of the real Qwen-VL architectures, small enough to train and g
 
 * ``config.json`` + ``model.safetensors`` + ``generation_config.json``: a
   ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration`` /
-  ``Qwen3VLForConditionalGeneration`` with random weights (seeded; same seed => byte-identical weights),
+  ``Qwen3VLForConditionalGeneration`` / ``Qwen3VLMoeForConditionalGeneration`` (every decoder layer a sparse
+  mixture of experts, 4 experts of which each token takes 2 by default) with random weights (seeded; same seed => byte-identical weights),
   float32, a 2-layer text model and a depth-2 vision tower by default (about 1-2M parameters).
 * a byte-level BPE tokenizer (``Qwen2Tokenizer`` class, same pre-tokenizer as Qwen) trained here on a small
   built-in corpus (toy-world words, digits, punctuation, ``<think>``/``<answer>`` tags, option letters),
@@ -36,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from mmrl import __version__ as MMRL_VERSION
+from mmrl.model.types import FAMILIES, dense_family, is_moe
 from mmrl_common.errors import ConfigError, MmrlError
 from mmrl_common.paths import cache_dir
-
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 # Bump whenever the files this module writes change for the same settings (invalidates ensure_tiny caches).
 BUILDER_VERSION = 1
@@ -83,6 +83,7 @@ SPECIAL_TOKENS: dict[str, tuple[tuple[str, bool], ...]] = {
     "qwen2_5_vl": _QWEN2_VL_SPECIALS + _QWEN2_5_EXTRA,
     "qwen3_vl": _QWEN2_VL_SPECIALS + _QWEN2_5_EXTRA + _QWEN3_EXTRA,
 }
+SPECIAL_TOKENS.update({moe: SPECIAL_TOKENS[dense_family(moe)] for moe in FAMILIES if is_moe(moe)})
 
 _DEFAULT_SYSTEM = {
     "qwen2_vl": "You are a helpful assistant.",
@@ -96,6 +97,10 @@ _MERGE = 2
 _TEMPORAL_PATCH = 2
 _ROPE_THETA = {"qwen2_vl": 1_000_000.0, "qwen2_5_vl": 1_000_000.0, "qwen3_vl": 5_000_000.0}
 _MAX_POSITIONS = {"qwen2_vl": 32768, "qwen2_5_vl": 128000, "qwen3_vl": 262144}
+# Mixture-of-experts defaults of a tiny model (Qwen3-VL-30B-A3B: 128 experts, 8 per token, 768 wide, every
+# layer sparse, router_aux_loss_coef 0.001 in its config)
+_MOE_DEFAULTS = {"experts": 4, "experts_per_token": 2, "moe_intermediate_size": 64}
+_ROUTER_AUX_LOSS_COEF = 0.001
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +126,10 @@ class TinySize:
     tie_word_embeddings: bool = False
     rope_theta: int = 0
     """Base of the language model's (M-)RoPE (0 = the family's: 1e6, Qwen3-VL 5e6)."""
+    # Mixture-of-experts families only (0 = the tiny default: 4 experts, 2 per token, 64 wide)
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
 
 
 _SIZE_HELP: dict[str, str] = {
@@ -140,13 +149,16 @@ _SIZE_HELP: dict[str, str] = {
     "video_max_pixels": "video processor max pixels; per frame for Qwen2/2.5-VL, per clip for Qwen3-VL",
     "tie_word_embeddings": "tie lm_head to the input embeddings",
     "rope_theta": "base of the text model's M-RoPE (0 = family default: 1e6, Qwen3-VL 5e6)",
+    "experts": "MoE families: experts per layer (0 = 4)",
+    "experts_per_token": "MoE families: experts each token is routed to (0 = 2)",
+    "moe_intermediate_size": "MoE families: MLP size of each expert (0 = 64)",
 }
 
 
 def _default_pixels(family: str) -> dict[str, int]:
     """Small CPU-friendly budgets; ``factor`` = patch * merge (28 or 32 pixels per merged token side)."""
-    f = _PATCH[family] * _MERGE
-    if family == "qwen3_vl":
+    f = _PATCH[dense_family(family)] * _MERGE
+    if dense_family(family) == "qwen3_vl":
         # Qwen3VLVideoProcessor compares frames*h*w with the budget: up to 16 frames of 16 tokens each.
         return {
             "image_min_pixels": 4 * f * f,
@@ -196,8 +208,19 @@ def resolve_size(family: str, **size: Any) -> TinySize:
         )
     if s.vocab_size < 300:
         raise ConfigError(f"vocab_size {s.vocab_size} is too small: the byte alphabet alone has 256 tokens")
+    moe = {k: getattr(s, k) for k in _MOE_DEFAULTS}
+    if not is_moe(family):
+        given = sorted(k for k, v in moe.items() if v)
+        if given:
+            raise ConfigError(f"tiny-model size option(s) {given} are for mixture-of-experts families "
+                              f"({', '.join(f for f in FAMILIES if is_moe(f))}), not {family}")
+    else:
+        moe = {k: v or _MOE_DEFAULTS[k] for k, v in moe.items()}
+        if moe["experts_per_token"] > moe["experts"]:
+            raise ConfigError(f"tiny-model size option experts_per_token {moe['experts_per_token']} is larger "
+                              f"than experts {moe['experts']}")
     pixels = _default_pixels(family)
-    fixed = {k: (getattr(s, k) or v) for k, v in pixels.items()}
+    fixed = {**moe, **{k: (getattr(s, k) or v) for k, v in pixels.items()}}
     for kind in ("image", "video"):
         lo, hi = fixed[f"{kind}_min_pixels"], fixed[f"{kind}_max_pixels"]
         if lo > hi:
@@ -378,7 +401,7 @@ def chat_template(family: str) -> str:
     ``return_assistant_tokens_mask`` works.
     """
     check_family(family)
-    system = _DEFAULT_SYSTEM[family]
+    system = _DEFAULT_SYSTEM[dense_family(family)]
     default_system = (
         "{% if messages | length == 0 or messages[0]['role'] != 'system' %}"
         "<|im_start|>system\n" + system + "<|im_end|>\n"
@@ -430,7 +453,7 @@ def mrope_section(family: str, head_dim: int) -> list[int]:
     The tiny split keeps those proportions; the sum is always ``head_dim // 2``.
     """
     half = head_dim // 2
-    share = 24 / 64 if family in ("qwen2_vl", "qwen2_5_vl") else 20 / 64
+    share = 24 / 64 if dense_family(family) in ("qwen2_vl", "qwen2_5_vl") else 20 / 64
     hw = max(1, round(half * share))
     if half - 2 * hw < 1:
         hw = (half - 1) // 2
@@ -455,17 +478,18 @@ def special_token_ids(family: str, tokenizer: Any) -> dict[str, int]:
 def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
     """The model config of the real family class, with tiny sizes and token ids taken from ``tokenizer``."""
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
 
     ids = special_token_ids(family, tokenizer)
+    dense = dense_family(family)
     vocab = len(tokenizer)
     head_dim = size.hidden_size // size.heads
     rope: dict[str, Any] = {
         "rope_type": "default",
-        "rope_theta": float(size.rope_theta) if size.rope_theta else _ROPE_THETA[family],
+        "rope_theta": float(size.rope_theta) if size.rope_theta else _ROPE_THETA[dense],
         "mrope_section": mrope_section(family, head_dim),
     }
-    if family == "qwen3_vl":
+    if dense == "qwen3_vl":
         rope["mrope_interleaved"] = True
     text: dict[str, Any] = {
         "vocab_size": vocab,
@@ -474,7 +498,7 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "num_hidden_layers": size.layers,
         "num_attention_heads": size.heads,
         "num_key_value_heads": size.kv_heads,
-        "max_position_embeddings": _MAX_POSITIONS[family],
+        "max_position_embeddings": _MAX_POSITIONS[dense],
         "rope_parameters": rope,
         "rms_norm_eps": 1e-6,
         "bos_token_id": ids["<|endoftext|>"],
@@ -490,7 +514,7 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "tie_word_embeddings": size.tie_word_embeddings,
         "dtype": torch.float32,
     }
-    patch = _PATCH[family]
+    patch = _PATCH[dense]
     # fields every family's vision config shares; the Qwen2.5/Qwen3 towers also share the width fields
     grid = {"depth": size.vision_depth, "num_heads": size.vision_heads, "patch_size": patch,
             "spatial_merge_size": _MERGE, "temporal_patch_size": _TEMPORAL_PATCH}
@@ -522,6 +546,12 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "deepstack_visual_indexes": _deepstack_indexes(size.vision_depth),
         "hidden_act": "gelu_pytorch_tanh",
     }
+    if is_moe(family):  # every decoder layer sparse, as in Qwen3-VL-30B-A3B (decoder_sparse_step 1)
+        text.update({"num_experts": size.experts, "num_experts_per_tok": size.experts_per_token,
+                     "moe_intermediate_size": size.moe_intermediate_size, "decoder_sparse_step": 1,
+                     "mlp_only_layers": [], "router_aux_loss_coef": _ROUTER_AUX_LOSS_COEF,
+                     "output_router_logits": False})
+        return Qwen3VLMoeConfig(text_config=text, vision_config=vision, **common)
     return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
 
 
@@ -536,11 +566,11 @@ def build_processor(family: str, size: TinySize, tokenizer: Any) -> Any:
         Qwen3VLVideoProcessor,
     )
 
-    patch = _PATCH[family]
+    patch = _PATCH[dense_family(family)]
     geometry = {"patch_size": patch, "temporal_patch_size": _TEMPORAL_PATCH, "merge_size": _MERGE}
     image_size = {"shortest_edge": size.image_min_pixels, "longest_edge": size.image_max_pixels}
     video_size = {"shortest_edge": size.video_min_pixels, "longest_edge": size.video_max_pixels}
-    if family == "qwen3_vl":
+    if dense_family(family) == "qwen3_vl":  # the MoE model takes Qwen3-VL's processor (as the real one does)
         half = [0.5, 0.5, 0.5]
         image_processor = Qwen2VLImageProcessor(size=image_size, image_mean=half, image_std=half, **geometry)
         video_processor = Qwen3VLVideoProcessor(
@@ -567,12 +597,14 @@ def build_model(family: str, config: Any, seed: int, *, dtype: Any = None, devic
         Qwen2_5_VLForConditionalGeneration,
         Qwen2VLForConditionalGeneration,
         Qwen3VLForConditionalGeneration,
+        Qwen3VLMoeForConditionalGeneration,
     )
 
     cls = {
         "qwen2_vl": Qwen2VLForConditionalGeneration,
         "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": Qwen3VLForConditionalGeneration,
+        "qwen3_vl_moe": Qwen3VLMoeForConditionalGeneration,
     }[family]
     dtype = dtype or torch.float32
     cuda = torch.device(device).type == "cuda"
@@ -613,7 +645,9 @@ def settings(family: str, seed: int = 0, **size: Any) -> dict[str, Any]:
         "family": family,
         "seed": seed,
         # rope_theta came later: at its default it stays out, so every earlier model keeps its key
-        "size": {k: v for k, v in dataclasses.asdict(resolved).items() if k != "rope_theta" or v},
+        # so do the MoE sizes of the dense families (always 0 there)
+        "size": {k: v for k, v in dataclasses.asdict(resolved).items()
+                 if v or k not in ("rope_theta", *_MOE_DEFAULTS)},
         "mmrl": MMRL_VERSION,
         "builder": BUILDER_VERSION,
         "transformers": transformers.__version__,

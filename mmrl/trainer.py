@@ -52,7 +52,7 @@ from mmrl.grpo.shaping import ShapingInput
 from mmrl.health import health_plugin
 from mmrl.media import MediaPreparer
 from mmrl.memory import StagePeaks
-from mmrl.model import Policy, RankBinding, TokenSeq
+from mmrl.model import Policy, RankBinding, TokenSeq, router_loss
 from mmrl.model.lora import AdapterReference, has_lora
 from mmrl.optim import LrSchedule, lr_scheduler, make_updater, refresh_lr, set_peak_lr
 from mmrl.plugins import StepContext, build_plugins
@@ -138,6 +138,8 @@ class GRPOTrainer:
                                       "peak_lr": None}
         self.pool = list(range(len(self.train_samples)))
         self.sampler = self._make_sampler()
+        # a mixture-of-experts policy's router load-balancing loss, added to the policy loss (0: off)
+        self.router_aux_coef = router_loss.resolve_coef(cfg.model.router_aux_loss_coef, policy.model)
         if not any(p.requires_grad for p in policy.model.parameters()):
             raise MmrlError("nothing to train: model.freeze_vision, freeze_merger and freeze_llm are all on")
         t = cfg.train
@@ -725,8 +727,10 @@ class GRPOTrainer:
             self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
             return True
         seqs, width = batch.micro_batch(idx)
-        logp, ent, _ = self.policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
-                                                    with_entropy=True, entropy_grad=bool(g.entropy_coef))
+        routers = router_loss.RouterLogits(self.policy.model) if self.router_aux_coef > 0 else None
+        with routers or contextlib.nullcontext():
+            logp, ent, _ = self.policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
+                                                        with_entropy=True, entropy_grad=bool(g.entropy_coef))
         dev = logp.device
 
         def tok(name: str) -> torch.Tensor | None:
@@ -752,6 +756,10 @@ class GRPOTrainer:
             logp, tok("old_logprobs"), adv, mask, g, ref_logp=tok("ref_logprobs"), entropies=ent,
             global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=loss_weights,
             kl_weights=tok("kl_weights") if batch.ref_logprobs is not None else None)
+        if routers is not None:  # this micro-batch's share of the mini-batch's mean, as its policy loss is
+            aux = routers.loss()
+            loss = loss + self.router_aux_coef * aux.to(loss.dtype) * (float(mask.sum()) / max(1.0, counts.tokens))
+            st["router_aux_loss"] = aux.detach()
         if not self.world.all_true(bool(torch.isfinite(loss))):
             return False
         self.updater.backward(loss)

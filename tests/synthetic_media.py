@@ -16,7 +16,7 @@ from video.sampling import SampledVideo
 
 
 def patch_of(family: str) -> int:
-    return 16 if family == "qwen3_vl" else 14
+    return 16 if family.startswith("qwen3") else 14
 
 
 def video(family: str, key: str, frames: int = 8, side: int = 4, fps: float = 2.0, seed: int = 0) -> MediaInput:

@@ -54,7 +54,7 @@ def pattern_image(seed: int, w: int, h: int) -> Image.Image:
 
 
 def patch_of(family: str) -> int:
-    return 16 if family == "qwen3_vl" else 14
+    return 16 if family.startswith("qwen3") else 14
 
 
 def video_item(path: Path, family: str, key: str, fps: float = 2.0) -> MediaInput:

@@ -128,16 +128,21 @@ def test_text_after_a_long_video_resumes_after_its_largest_position(policy_of, f
     assert delta.tolist() == [[RESUME[family] - 32]]
 
 
-def test_qwen3_vl_video_frame_groups_each_resume_after_their_largest_position(policy_of) -> None:
-    """Qwen3-VL: one block per temporal patch (a timestamp before each), each 2 x 2 tokens, so each
-    advances the text positions by 2 (what transformers does too)."""
-    policy = policy_of("qwen3_vl")
-    seq = prompt(policy, [long_video("qwen3_vl", "v")], "What happens?").extend(answer(policy, 5), trained=True)
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_qwen3_vl_video_frame_groups_each_resume_after_their_largest_position(policy_of, family: str) -> None:
+    """Qwen3-VL (and Qwen3-VL MoE, which positions as Qwen3-VL): one block per temporal patch (a timestamp
+    before each), each 2 x 2 tokens, so each advances the text positions by 2 (what transformers does too)."""
+    policy = policy_of(family)
+    seq = prompt(policy, [long_video(family, "v")], "What happens?").extend(answer(policy, 5), trained=True)
     assert policy.media["v"].grid_thw.tolist() == [8, 4, 4]
     blocks = runs(seq.ids, policy.video_token_id)
     assert [e - s for s, e in blocks] == [4] * 8
     got = positions_of(policy, [seq])[:, 0]
     assert torch.equal(own_forward_positions(policy, seq), got)
+    batch = policy.pad([seq], left=False)  # transformers' own (class) rule agrees for Qwen3-VL videos
+    hf, _ = type(policy.base).get_rope_index(policy.base, batch["input_ids"], mm_token_type_ids=batch[
+        "mm_token_type_ids"], attention_mask=batch["attention_mask"], **inputs.grid_kwargs(policy, [seq]))
+    assert torch.equal(hf[:, 0], got)
     shift = 0  # positions lost so far: each block of 4 tokens takes 2 positions
     for s, e in blocks:
         start = s - shift
@@ -192,7 +197,8 @@ def test_greedy_generation_decodes_at_the_rule_positions_and_matches_training(po
     # hand-derived position of the first generated token: prompt length minus the positions the video saves
     # (32 tokens; Qwen2-VL 8 positions, Qwen2.5-VL 15; Qwen3-VL 8 blocks x 2; the 8-frame video: 4 temporal
     # steps, so 4 / 7 / 4 x 2 positions for 16 tokens)
-    saved = {"qwen2_vl": (32 - 8, 16 - 4), "qwen2_5_vl": (32 - 15, 16 - 7), "qwen3_vl": (32 - 16, 16 - 8)}[family]
+    saved = {"qwen2_vl": (32 - 8, 16 - 4), "qwen2_5_vl": (32 - 15, 16 - 7), "qwen3_vl": (32 - 16, 16 - 8),
+             "qwen3_vl_moe": (32 - 16, 16 - 8)}[family]
     first = [len(p) - d for p, d in zip(prompts, saved)]
     probe = RopeProbe(policy)
     try:

@@ -13,6 +13,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from mmrl import cli
+from mmrl.model.types import dense_family
 from mmrl.tiny_models import (
     FAMILIES,
     INFO_FILE,
@@ -29,11 +30,13 @@ EXPECTED_CLASS = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
 EXPECTED_PROCESSOR = {
     "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLVideoProcessor"),
     "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor"),
     "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
+    "qwen3_vl_moe": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),  # the MoE checkpoints ship Qwen3-VL's
 }
 
 
@@ -110,7 +113,7 @@ def test_build_reload_and_config(family: str, built: dict[str, Path], loaded: di
     section = cfg.text_config.rope_parameters["mrope_section"]
     assert sum(section) == head_dim // 2 and len(section) == 3 and min(section) >= 1
     vision = cfg.vision_config
-    patch = 16 if family == "qwen3_vl" else 14
+    patch = 16 if dense_family(family) == "qwen3_vl" else 14
     assert (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size) == (patch, 2, 2)
     assert processor.image_processor.patch_size == processor.video_processor.patch_size == patch
     assert processor.image_processor.merge_size == processor.video_processor.merge_size == 2
@@ -118,7 +121,7 @@ def test_build_reload_and_config(family: str, built: dict[str, Path], loaded: di
         assert vision.fullatt_block_indexes and max(vision.fullatt_block_indexes) < vision.depth
         assert len(vision.fullatt_block_indexes) < vision.depth  # some blocks use window attention
         assert vision.out_hidden_size == cfg.text_config.hidden_size
-    if family == "qwen3_vl":
+    if dense_family(family) == "qwen3_vl":
         assert cfg.text_config.rope_parameters["mrope_interleaved"] is True
         assert vision.deepstack_visual_indexes and max(vision.deepstack_visual_indexes) < vision.depth
         assert vision.out_hidden_size == cfg.text_config.hidden_size
@@ -146,7 +149,7 @@ def test_tokenizer_special_tokens(family: str, loaded: dict[str, tuple]) -> None
     assert 1000 <= base <= 2100  # trained BPE vocabulary, byte alphabet included
     for content, _ in specials:
         assert tok(content, add_special_tokens=False).input_ids == [tok.convert_tokens_to_ids(content)]
-    if family == "qwen3_vl":
+    if dense_family(family) == "qwen3_vl":
         assert tok("<think>", add_special_tokens=False).input_ids == [tok.convert_tokens_to_ids("<think>")]
     text = "Options: A. red B. green\n<think>The circle moves left.</think><answer>A</answer> 12.5 s, ünï 😀"
     enc = tok(text, add_special_tokens=False).input_ids
@@ -170,7 +173,7 @@ def test_chat_template_renders_expected_strings(loaded: dict[str, tuple]) -> Non
     for family in FAMILIES:
         processor = loaded[family][1]
         rendered = processor.apply_chat_template(messages, add_generation_prompt=True)
-        assert rendered == (body if family == "qwen3_vl" else system + body), family
+        assert rendered == (body if dense_family(family) == "qwen3_vl" else system + body), family
 
     processor = loaded["qwen2_5_vl"][1]
     conversation = [
@@ -248,7 +251,7 @@ def test_generate_from_video(family: str, loaded: dict[str, tuple]) -> None:
     n_pad = int((ids == model.config.video_token_id).sum())
     assert n_pad == int(grid.prod()) // 4 == 16
     text = processor.tokenizer.decode(ids)
-    if family == "qwen3_vl":
+    if dense_family(family) == "qwen3_vl":
         # One "<t seconds><|vision_start|>...<|vision_end|>" block per temporal patch, inside the template's
         # own <|vision_start|> ... <|vision_end|>; t = mean time of the two frames of the patch.
         for stamp in ("<0.1 seconds>", "<0.6 seconds>", "<1.1 seconds>", "<1.6 seconds>"):

@@ -32,6 +32,8 @@ import torch
 
 from mmrl_common.errors import ConfigError, MmrlError
 
+from . import router_loss
+
 ADAPTER_DIR = "adapter"  # the adapters inside a merged export (final/, sft-model/)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -89,8 +91,11 @@ def apply_lora(policy: Any, settings: Any) -> dict[str, Any]:
     modules = [n for n, m in model.named_modules() if _is_lora_layer(m)]
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
+    # a mixture-of-experts layer holds its experts as fused 3-D parameters and routes through its own module,
+    # neither an nn.Linear that a target name could match: only its attention projections get adapters
     return {"modules": len(modules), "trainable": trainable, "total": total,
-            "vision_modules": sum(".visual." in f".{n}." for n in modules)}
+            "vision_modules": sum(".visual." in f".{n}." for n in modules),
+            "frozen_experts": router_loss.router_class(model) is not None}
 
 
 def describe(info: dict[str, Any], settings: Any) -> str:
@@ -98,7 +103,9 @@ def describe(info: dict[str, Any], settings: Any) -> str:
     where = "the language model" if not info["vision_modules"] else "the language model and the vision tower"
     return (f"LoRA (PEFT): r={settings.r} alpha={settings.alpha:g} dropout={settings.dropout:g} on "
             f"{info['modules']} modules of {where}; trainable {info['trainable'] / 1e6:.3f}M of "
-            f"{info['total'] / 1e6:.2f}M parameters ({100 * info['trainable'] / max(1, info['total']):.2f}%)")
+            f"{info['total'] / 1e6:.2f}M parameters ({100 * info['trainable'] / max(1, info['total']):.2f}%)"
+            + ("; the mixture-of-experts layers (routers, fused expert weights) stay frozen"
+               if info.get("frozen_experts") else ""))
 
 
 def _is_lora_layer(module: torch.nn.Module) -> bool:

@@ -28,15 +28,16 @@ import torch
 
 from mmrl_common.errors import MmrlError
 
-TEXT, IMAGE, VIDEO = 0, 1, 2
-_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+from .types import FAMILIES, IMAGE, TEXT, VIDEO, dense_family
 
 
 def _family(base: torch.nn.Module) -> str:
+    """The family whose rule positions ``base``'s tokens: a mixture-of-experts model's dense family (Qwen3-VL
+    MoE has Qwen3-VL's vision tower and M-RoPE)."""
     family = getattr(base.config, "model_type", None)
-    if family not in _FAMILIES:
-        raise MmrlError(f"M-RoPE positions: model type {family!r} is not one of {', '.join(_FAMILIES)}")
-    return family
+    if family not in FAMILIES:
+        raise MmrlError(f"M-RoPE positions: model type {family!r} is not one of {', '.join(FAMILIES)}")
+    return dense_family(family)
 
 
 def _blocks(family: str, kind: int, grids: torch.Tensor | None,

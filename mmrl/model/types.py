@@ -10,7 +10,20 @@ import torch
 
 from .options import PolicyOptions, RankBinding
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# The model families mmrl trains (a Hugging Face config's ``model_type``): the one list every module reads.
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+# Mixture-of-experts families, by the dense family whose tokenizer, processor, vision tower and M-RoPE rule
+# they share (Qwen3-VL-30B-A3B's language model routes each token to experts; the rest is Qwen3-VL's).
+MOE_FAMILIES: dict[str, str] = {"qwen3_vl_moe": "qwen3_vl"}
+
+
+def dense_family(family: str) -> str:
+    """The family whose processor, vision tower and position rule ``family`` uses (itself for a dense one)."""
+    return MOE_FAMILIES.get(family, family)
+
+
+def is_moe(family: str) -> bool:
+    return family in MOE_FAMILIES
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
 

@@ -136,7 +136,9 @@ def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = 
     # None: transformers' own rule for a model that from_pretrained did not load
     model.__dict__["_weight_conversions"] = get_model_conversion_mapping(model) if legacy else None
     try:
-        reverted = revert_weight_conversion(model, {k: torch.tensor([i]) for i, k in enumerate(names)})
+        # each name carries its index in a one-element tensor, 3-D so that the operations some families revert
+        # (Qwen3-VL MoE: a transpose of the fused expert weights) apply to it
+        reverted = revert_weight_conversion(model, {k: torch.full((1, 1, 1), i) for i, k in enumerate(names)})
     finally:
         model.__dict__["_weight_conversions"] = recorded
     out = {names[int(t.reshape(-1)[0])]: saved for saved, t in reverted.items() if t.numel() == 1}
