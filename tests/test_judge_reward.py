@@ -25,6 +25,7 @@ class JudgeServer:
 
     def __init__(self, fail: tuple[int, ...] = (), reply: str | None = None):
         self.requests: list[dict] = []
+        self.headers: list[dict] = []
         self.fail, self.reply = set(fail), reply
         self.lock = threading.Lock()
         owner = self
@@ -51,6 +52,7 @@ class JudgeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with owner.lock:
                     owner.requests.append(body)
+                    owner.headers.append(dict(self.headers))
                     n = len(owner.requests)
                 if self.path != "/v1/chat/completions":
                     self.send(404, {"error": "not found"})
@@ -140,6 +142,19 @@ def test_a_500_is_retried_and_a_reply_without_a_score_is_named_and_not_zero(caps
     assert got == [None, None] and metrics["judge/failed"] == 2
     err = capsys.readouterr().err
     assert "'s0', 's1'" in err and "no 'Score: N'" in err and srv.base_url in err
+
+
+def test_the_api_key_comes_from_the_named_variable_and_extra_body_joins_the_request(monkeypatch):
+    monkeypatch.setenv("MMRL_TEST_JUDGE_KEY", "sk-test")
+    with JudgeServer() as srv:
+        got, _ = judge(["ab"], ["open"], base_url=srv.base_url, model=MODEL, api_key_env="MMRL_TEST_JUDGE_KEY",
+                       extra_body={"top_p": 0.5, "structured_outputs": {"regex": "Score: [01]"}}, system="Be strict.",
+                       cache=False)
+    assert got == [1.0]
+    assert srv.headers[0]["Authorization"] == "Bearer sk-test"
+    body = srv.requests[0]
+    assert body["top_p"] == 0.5 and body["structured_outputs"] == {"regex": "Score: [01]"}
+    assert body["messages"][0] == {"role": "system", "content": "Be strict."}
 
 
 def test_a_model_the_endpoint_does_not_serve_is_refused_before_the_run():
