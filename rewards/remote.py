@@ -60,8 +60,11 @@ _LOCK = threading.Lock()
 
 
 def set_run_dir(run_dir: Path | None) -> None:
-    """The run folder whose ``reward_cache/`` service rewards read and write (None: memory only)."""
-    _RUN_DIR[0] = None if run_dir is None else Path(run_dir)
+    """The run folder whose ``reward_cache/`` service rewards read and write (None: memory only); the answers
+    held in memory are dropped, so a run (a resumed one too) reads its folder's cache from disk."""
+    with _LOCK:
+        _RUN_DIR[0] = None if run_dir is None else Path(run_dir)
+        _CACHES.clear()
 
 
 # --------------------------------------------------------------------------------------------------------
