@@ -285,3 +285,18 @@ def test_lvb_subtitles_in_both_formats_on_the_clip_clock(roots, tmp_path) -> Non
         assert all(0 <= a < b <= 2.0 for a, b, _ in lvb_subtitles(x))
     none = [x for x in data.samples if not x.meta["subtitle_path"]]
     assert none and all(lvb_subtitles(x) == [] for x in none)
+
+
+def test_mmvu_open_questions_get_the_official_direct_output_prompt() -> None:
+    """An open-ended MMVU question is asked with main.py's direct-output instruction for open-ended questions
+    (yale-nlp/MMVU utils/constant.py OPEN_ENDED_DO_PROMPT: "... Directly output the final short answer."), no
+    options; a multiple-choice one keeps the letter instruction."""
+    from data_pipelines.benchmarks.mmvu import official_prompt
+    from data_pipelines.schema import Sample
+
+    open_q = Sample(id="o1", problem_type="open", question="Which technique is shown? ", answer="etching")
+    _, text, _ = official_prompt(open_q)
+    assert text.startswith("Question:Which technique is shown?\n") and "A:" not in text
+    assert text.endswith("Do not generate any intermediate reasoning process. Directly output the final short answer.")
+    mc = Sample(id="m1", problem_type="multiple_choice", question="Which?", answer="A", options=["x", "y"])
+    assert official_prompt(mc)[1].endswith("Answer directly with the option letter from the given choices.")

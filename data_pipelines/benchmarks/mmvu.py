@@ -186,7 +186,8 @@ DIRECT = ("Do not generate any intermediate reasoning process. Answer directly w
           "from the given choices.")
 
 
-DIRECT_OPEN = "Do not generate any intermediate reasoning process. Directly output the final answer."
+# yale-nlp/MMVU utils/constant.py OPEN_ENDED_DO_PROMPT (main.py --prompt direct-output, open-ended questions)
+DIRECT_OPEN = "Do not generate any intermediate reasoning process. Directly output the final short answer."
 
 
 def official_prompt(sample: Sample, subtitles: str | None = None) -> tuple[str | None, str, str]:
