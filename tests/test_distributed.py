@@ -381,3 +381,40 @@ def test_a_command_that_succeeds_leaves_the_process_group(tmp_path: Path) -> Non
                           env={**os.environ, "TQDM_DISABLE": "1"}, check=True)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("after")]
     assert lines == ["after a failed command: 2 True", "after a command that succeeded: 0 False"]
+
+
+@pytest.mark.parametrize("aux", ["null", "0"], ids=["router-aux-loss-on", "router-aux-loss-off"])
+@pytest.mark.slow
+def test_zero3_on_a_mixture_of_experts_model_equals_one_process(aux: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Qwen3-VL MoE (issue 50) on two ZeRO-3 ranks: each rank routes its own tokens to a different subset of
+    experts, while ZeRO-3 gathers the fused expert weights and the router as whole modules at each call (and
+    loads the folder's expert weights into their partitions untransposed). With the router's auxiliary loss on
+    (the model config's coefficient) or off, every step's loss and gradient norm are the single-process run's; with it off the final weights are too (with it on, its tiny gradients reach every
+    weight and Adam, dividing by their magnitude, turns round-off into lr-sized steps: see the LoRA test)."""
+    moe = ["model.tiny_family=qwen3_vl_moe", "data.media.video_min_pixels=4096", "data.media.video_max_pixels=4096",
+           "train.steps=2", "train.save_every=0", f"model.router_aux_loss_coef={aux}",
+           # one micro-batch per prompt on either side: the load-balancing loss is a mean over the tokens of a
+           # forward pass (as in transformers and Megatron), so it depends on how rows are grouped into passes
+           "train.micro_batch_size=4"]
+    train(tmp_path / "one", env, 1, *moe)
+    train(tmp_path / "two", env, 2, "train.deepspeed=zero3", *moe)
+    one, two = rl_rows(tmp_path / "one"), rl_rows(tmp_path / "two")
+    assert [r["step"] for r in two] == [1, 2]
+    for a, b in zip(one, two):
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6), a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7), a["step"]
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), a["step"]
+        if aux == "null":
+            # not equal to the digit: the ranks' passes are made alike (both shared-prefix passes, padded
+            # suffixes), and the routers see the padding positions of a padded pass too
+            assert a["router_aux_loss"] > 0 and b["router_aux_loss"] > 0
+        else:
+            assert "router_aux_loss" not in a and "router_aux_loss" not in b
+    w1, w2 = model_weights(tmp_path / "one" / "final"), model_weights(tmp_path / "two" / "final")
+    assert set(w1) == set(w2) and any(".mlp.experts." in k for k in w1)
+    start = model_weights(next((Path(env["MMRL_CACHE"]) / "models").glob("qwen3_vl_moe-*")))
+    moved = [k for k in w1 if not torch.equal(start[k], w1[k])]  # equal because trained, not because untouched
+    assert any(".mlp.experts." in k for k in moved) and any(".mlp.gate." in k for k in moved)
+    if aux == "0":
+        gaps = {k: float((w1[k] - w2[k]).abs().max()) for k in w1 if w1[k].shape == w2[k].shape}
+        assert len(gaps) == len(w1) and max(gaps.values()) < 1e-4, sorted(gaps.items(), key=lambda kv: -kv[1])[:3]

@@ -3,9 +3,11 @@ checkpoints (their base model found and the adapters merged in)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +83,47 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
                         f"mmrl trains {', '.join(FAMILIES)}")
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     processor = AutoProcessor.from_pretrained(path)
-    model = AutoModelForImageTextToText.from_pretrained(
-        path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    with _partitioned_shapes_in_conversions():
+        model = AutoModelForImageTextToText.from_pretrained(
+            path, dtype=torch_dtype, attn_implementation=attn_implementation)
     if not hasattr(next(model.parameters()), "ds_id"):  # ZeRO-3 partitions already sit on their device
         model = model.to(resolve_device(device))
     return Policy(model, processor, load_args={"path": str(path), "dtype": dtype,
                                                "attn_implementation": attn_implementation, "device": device})
+
+
+@contextlib.contextmanager
+def _partitioned_shapes_in_conversions() -> Iterator[None]:
+    """While a model loads: the weight conversion that transposes Qwen3-VL MoE's fused expert weights (the
+    published checkpoints hold them transposed) compares the file's tensor with the parameter's full shape.
+
+    transformers 5.23's ``Transpose(check_dims=True)`` transposes unless the tensor already has the shape of
+    ``model.get_parameter(name)``; under ZeRO-3 that is the empty partition, shape ``(0,)``, so it transposed
+    tensors that were in the model's layout already (every folder mmrl or ``save_pretrained`` writes): a size
+    mismatch that stopped ZeRO-3 runs of a MoE model on several ranks, or, for square expert weights, weights
+    loaded transposed without a word. A partitioned parameter keeps its full shape in ``ds_shape``."""
+    from transformers.core_model_loading import Transpose
+
+    original = Transpose.convert
+
+    def convert(self: Any, input_dict: dict[str, Any], source_patterns: list[str], target_patterns: list[str],
+                **kwargs: Any) -> dict[str, torch.Tensor]:
+        model, name = kwargs.get("model"), kwargs.get("full_layer_name")
+        full = getattr(model.get_parameter(name), "ds_shape", None) if self.check_dims and model and name else None
+        if full is None:
+            return original(self, input_dict, source_patterns, target_patterns, **kwargs)
+        tensors = next(iter(input_dict.values()))
+        tensor = tensors[0] if isinstance(tensors, list) else tensors
+        target = self.get_target_pattern(input_dict, source_patterns, target_patterns)
+        if tuple(tensor.shape) == tuple(full):
+            return {target: tensor}
+        return {target: torch.transpose(tensor, dim0=self.dim0, dim1=self.dim1).contiguous()}
+
+    Transpose.convert = convert
+    try:
+        yield
+    finally:
+        Transpose.convert = original
 
 
 def adapter_base(folder: Path) -> Path:
