@@ -550,7 +550,10 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         text.update({"num_experts": size.experts, "num_experts_per_tok": size.experts_per_token,
                      "moe_intermediate_size": size.moe_intermediate_size, "decoder_sparse_step": 1,
                      "mlp_only_layers": [], "router_aux_loss_coef": _ROUTER_AUX_LOSS_COEF,
-                     "output_router_logits": False})
+                     "output_router_logits": False,
+                     # as the released config.json: transformers' router always renormalises the top-k weights
+                     # (its config class has no such field) and vLLM 0.32 reads it
+                     "norm_topk_prob": True})
         return Qwen3VLMoeConfig(text_config=text, vision_config=vision, **common)
     return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
 

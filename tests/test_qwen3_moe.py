@@ -63,6 +63,7 @@ def test_make_tiny_cli_builds_a_mixture_of_experts_model(tmp_path: Path, capsys:
     assert cfg.model_type == MOE and type(cfg).__name__ == "Qwen3VLMoeConfig"
     assert (text.num_experts, text.num_experts_per_tok, text.decoder_sparse_step, text.mlp_only_layers) == (6, 3, 1, [])
     assert text.moe_intermediate_size > 0 and text.router_aux_loss_coef > 0 and text.output_router_logits is False
+    assert text.norm_topk_prob is True  # as the released config.json (vLLM's Qwen3-VL MoE reads it)
     model = AutoModelForImageTextToText.from_pretrained(out)
     assert type(model).__name__ == "Qwen3VLMoeForConditionalGeneration"
     for layer in model.model.language_model.layers:  # every decoder layer is sparse: router + fused experts
