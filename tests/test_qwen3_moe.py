@@ -166,9 +166,10 @@ MOE_RUN = [f"model.tiny_family={MOE}", "data.media.video_min_pixels=4096",
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["image-qa", "video-qa"])
 def test_mmrl_train_with_hf_rollouts_on_a_moe_model(module_cache, tmp_path: Path, task: str) -> None:  # noqa: F811
+    from tiny_runs import TINY_RUN
+
     from mmrl.config import load_run_config
     from mmrl.run import train
-    from tiny_runs import TINY_RUN
 
     media = ["data.toy_tasks=[color_image]"] if task == "image-qa" else []  # TINY_RUN's toy task is videos
     cfg = load_run_config(task, overrides=[*TINY_RUN, *MOE_RUN, *media])

@@ -13,7 +13,7 @@ Hooks are removed on exit, so a recomputation in the backward pass (gradient che
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -51,12 +51,12 @@ class RouterLogits:
     def _record(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
         self.logits.append(output[0] if isinstance(output, tuple) else output)
 
-    def __enter__(self) -> RouterLogits:
+    def __enter__(self) -> Self:
         self.logits = []
         self._handles = [m.register_forward_hook(self._record) for m in self.routers]
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
