@@ -301,9 +301,10 @@ def test_plugin_setting_errors():
 def test_tiny_run_logs_buckets_and_trains_with_the_weights(tmp_path, module_cache):  # noqa: F811
     from mmrl.checkpoint import latest_checkpoint, load_trainer_state
 
-    # the paper recipe: both KL parts and branching on (2 roots + 2 branches a group here), 3 rows a controller call
+    # the paper's recipe (ares-paper): both KL parts and branching on (2 roots + 2 branches a group here), 3 rows a
+    # controller call
     rows = run_rl(tmp_path, "rollout.max_new_tokens=6", "plugins.ares.branch_roots=2", "plugins.ares.kl_update_every=2",
-                  "plugins.ares.kl_call_rows=3", "grpo.dynamic_sampling=false", task="ares")
+                  "plugins.ares.kl_call_rows=3", "grpo.dynamic_sampling=false", task="ares-paper")
     for r in rows:
         # the loss's mean per-token KL weight is the one the plug-in set (seq beta x token rho)
         assert r["kl_weight_mean"] == pytest.approx(r["ares/kl_weight_token_mean"], rel=1e-5)

@@ -354,7 +354,8 @@ out: {out}
 """)
     assert main(["compare", str(spec), "--quiet"]) == 0
     md = (out / "compare.md").read_text()
-    rows = [line for line in md.splitlines() if line.startswith("| eval_after_rl.accuracy |")]
+    per_arm = md.split("Paired differences")[0]  # the per-arm table (the paired one follows it)
+    rows = [line for line in per_arm.splitlines() if line.startswith("| eval_after_rl.accuracy |")]
     assert [row.split(" | ")[1] for row in rows] == ["grpo (base)", "rloo"]
     assert all(row.split(" | ")[2] == "1" for row in rows)  # one finished seed each
     assert "| eval_after_rl.by_task.color |" in md and "failed" not in md
