@@ -15,20 +15,13 @@ import pytest
 
 from data_pipelines.diversity import edit_diversity, levenshtein, normalized_edit_distance
 from mmrl.methods.vas import VarianceAwareSampler
+from perf.libraries import dp_levenshtein
 from rewards.video_r1_metrics import ocr_score, word_edit_distance, word_error_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def oracle(a, b) -> int:
-    """The textbook Levenshtein DP (insert, delete, substitute: 1 each), the code before rapidfuzz."""
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i]
-        for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return prev[-1]
+oracle = dp_levenshtein  # the textbook DP (insert, delete, substitute: 1 each) mmrl used before rapidfuzz
 
 
 def random_pairs(seed: int, n: int, alphabet: list, max_len: int):
