@@ -57,17 +57,30 @@ def _group(pgid: int) -> list[int]:
     return members
 
 
+def _trainers(pid: int) -> list[int]:
+    """The ``mmrl train`` children of ``pid`` (not any helper process an import may start and end)."""
+    found = []
+    for child in _children(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in argv:
+            found.append(child)
+    return found
+
+
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, int]:
     """A compare of two queued tiny runs, once its first ``mmrl train`` child has started."""
     env = {**os.environ, "MMRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     compare = subprocess.Popen([sys.executable, "-m", "mmrl", "compare", str(_spec(tmp_path)), "--quiet"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not _children(compare.pid):
+    deadline = time.monotonic() + 120
+    while not _trainers(compare.pid):
         assert compare.poll() is None, compare.communicate()
-        assert time.monotonic() < deadline, "no child started"
+        assert time.monotonic() < deadline, "no mmrl train child started"
         time.sleep(0.1)
-    child = _children(compare.pid)[0]
+    child = _trainers(compare.pid)[0]
     time.sleep(1.0)  # the child is inside mmrl train's start-up
     return compare, child
 
