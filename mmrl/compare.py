@@ -33,6 +33,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -795,15 +796,17 @@ def _eval_sizes(runs: list[RunData]) -> list[int]:
 
 
 def _table_rows(spec: Spec, runs: list[RunData], numbers: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    rows = [f"| metric | arm | seeds | mean | sd | 95% interval | Δ mean vs {spec.base} | intervals |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [(f"| metric | arm | seeds | mean | sd | 95% interval | min / median / max | Δ mean vs {spec.base} | "
+            "intervals |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for metric, arms in numbers.items():
         for arm, s in arms.items():
             ci = "–" if s["ci95"] is None else f"[{_f(s['ci95'][0])}, {_f(s['ci95'][1])}]"
             seeds = str(s["n"]) if s["n"] == len(spec.seeds) else f"{s['n']} of {len(spec.seeds)}"
             note = {True: "overlap", False: "**no overlap**", None: _no_test(spec, arms, arm)}
+            values = sorted(s["values"].values())
+            spread = " / ".join(map(_f, (values[0], statistics.median(values), values[-1]))) if values else "–"
             rows.append(f"| {_cell(metric)} | {arm}{' (base)' if arm == spec.base else ''} | {seeds} | "
-                        f"{_f(s['mean'])} | {_f(s['sd'])} | {ci} | {_f(s['diff_to_base'], sign=True)} | "
+                        f"{_f(s['mean'])} | {_f(s['sd'])} | {ci} | {spread} | {_f(s['diff_to_base'], sign=True)} | "
                         f"{note[s['intervals_overlap']]} |")
     for r in runs:  # runs that did not finish are rows of the table too
         if r.status == "finished":

@@ -93,3 +93,12 @@ def test_compare_md_shows_the_paired_differences_beside_the_intervals(report) ->
         f"[{want['lo']:+.3f}, {want['hi']:+.3f}] | 1 higher, 1 lower, 1 tied | includes 0 |")
     assert "every seed the same difference" in rows[("| last:reward", "same − grpo")]
     assert "paired" in md and "t(0.975, n − 1)" in md
+
+
+def test_compare_md_gives_each_arms_min_median_and_max(report) -> None:
+    _, _, md = report
+    rows = {tuple(c.strip() for c in line.split(" | ")[:2]): line.split(" | ") for line in md.splitlines()
+            if line.startswith("| eval_after_rl.accuracy | ")}
+    for arm, values in (("grpo (base)", GRPO), ("method", METHOD), ("same", SAME)):
+        assert rows[("| eval_after_rl.accuracy", arm)][6] == (
+            f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}")

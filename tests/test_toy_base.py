@@ -84,6 +84,36 @@ def test_processes_that_need_the_base_at_once_build_it_once(tmp_path: Path,
     assert (paths[0] / toy_base.INFO_FILE).is_file()
 
 
+def test_the_demo_starts_from_the_base_shipped_with_mmrl_on_every_machine(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make demo` builds no base: every machine starts from the same weights (issue 49: a build differs with the
+    CPU), ahead of an earlier cached build of the same recipe."""
+    from mmrl import toy_base
+    from mmrl.config import load_run_config
+    from mmrl.run import resolve_model
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    cfg = load_run_config("video-qa")
+    recipe = toy_base.BaseRecipe(family=cfg.model.tiny_family, seed=cfg.model.tiny_seed,
+                                 world=tuple(cfg.data.toy_world.items()), **cfg.model.toy_base)
+    built = toy_base.base_dir(recipe)  # an earlier build of the same recipe on this machine
+    built.mkdir(parents=True)
+    (built / toy_base.INFO_FILE).write_text("{}")
+
+    def no_build(*_a: object, **_k: object) -> None:
+        raise AssertionError("the demo's base was built, not taken from mmrl/assets")
+
+    monkeypatch.setattr(toy_base, "make_toy_base", no_build)
+    path = resolve_model(cfg)
+    assert path.parent == toy_base.SHIPPED and path != built
+    info = json.loads((path / toy_base.INFO_FILE).read_text())
+    assert info["key"] == toy_base.base_key(recipe) and info["recipe"]["steps"] == cfg.model.toy_base["steps"]
+    from safetensors import safe_open
+
+    with safe_open(path / "model.safetensors", "pt") as weights:
+        assert sum(weights.get_tensor(k).numel() for k in weights.keys()) == info["parameters"]  # noqa: SIM118 (safe_open has keys(), no __iter__)
+
+
 @pytest.mark.slow
 def test_half_of_the_requests_list_the_words_to_pick_from(tmp_path: Path) -> None:
     from data_pipelines.toy.pretrain import VOCABULARIES
