@@ -286,6 +286,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     after = (summary.get("eval_after_rl") or {}).get("accuracy")
     if before is not None and after is not None:
         print(f"accuracy before RL {before:.3f} -> after RL {after:.3f} ({after - before:+.3f})")
+        from mmrl.demo_range import verdict
+
+        if line := verdict(cfg, before, after):
+            print(line)
     return 0
 
 
