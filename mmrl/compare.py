@@ -814,7 +814,7 @@ def _table_rows(spec: Spec, runs: list[RunData], numbers: dict[str, dict[str, di
         what = f"failed (exit {r.exit})" if r.status == "failed" else r.status
         why = r.error or ("no exit status and no error line: killed, or still running" if r.exit is None else "")
         where = "" if r.status == "not run" else f"log `{r.dir / LOG}`" + (f": {_cell(why)}" if why else "")
-        rows.append(f"| **run {what}** | {r.arm} | seed {r.seed} | | | | | {where} |")
+        rows.append(f"| **run {what}** | {r.arm} | seed {r.seed} | | | | | | {where} |")
     return rows
 
 

