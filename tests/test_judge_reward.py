@@ -185,22 +185,11 @@ def test_a_stopped_judge_stops_train_before_the_run_folder_is_written(tmp_path, 
 
 @pytest.mark.slow
 def test_train_with_a_judge_retries_and_a_resume_asks_nothing_cached(tmp_path, capsys, module_cache):  # noqa: F811
-    from mmrl.config import load_run_config
-    from mmrl.run import train
-
     run = tmp_path / "run"
     with JudgeServer(fail=(3,)) as srv:
         rewards = (f"rewards=[{{name: format}}, {{name: judge, kwargs: {{base_url: '{srv.base_url}', model: {MODEL}, "
                    "backoff_s: 0.01, concurrency: 2}}]")
-        tiny_runs.STOP_AT[:] = [2]  # the session ends after step 2, before its checkpoint: checkpoint-1 is the last
-        try:
-            with pytest.raises(tiny_runs.StopRun):
-                train(load_run_config("video-qa", overrides=[*TINY_RUN, rewards, "train.save_every=1",
-                                                             "plugins={test-stop-at: {}}"]),
-                      run_dir=run, show_progress=False)
-        finally:
-            tiny_runs.STOP_AT[:] = []
-        rows = rl_rows(run)
+        rows = tiny_runs.stop_after(run, 2, rewards)  # step 2's replies asked, its row and checkpoint not written
         assert [r["step"] for r in rows] == [1]
         assert rows[0]["reward_metric/judge/failed"] == 0 and rows[0]["reward_metric/judge/asked"] >= 2
         asked = len(srv.requests)

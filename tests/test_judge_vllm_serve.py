@@ -67,21 +67,10 @@ def judge_url(module_cache, tmp_path_factory: pytest.TempPathFactory):  # noqa: 
 
 def test_two_steps_judged_by_a_vllm_server_and_a_resume_asks_nothing_cached(
         judge_url: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from mmrl.config import load_run_config
-    from mmrl.run import train
-
     run = tmp_path / "run"
     rewards = (f"rewards=[{{name: format}}, {{name: judge, kwargs: {{base_url: '{judge_url}', model: {MODEL}, "
                "max_tokens: 8, concurrency: 2, extra_body: {structured_outputs: {regex: 'Score: [01]'}}}}]")
-    tiny_runs.STOP_AT[:] = [2]  # the session ends after step 2, before its checkpoint: checkpoint-1 is the last
-    try:
-        with pytest.raises(tiny_runs.StopRun):
-            train(load_run_config("video-qa", overrides=[*TINY_RUN, rewards, "train.save_every=1",
-                                                         "plugins={test-stop-at: {}}"]),
-                  run_dir=run, show_progress=False)
-    finally:
-        tiny_runs.STOP_AT[:] = []
-    first = rl_rows(run)
+    first = tiny_runs.stop_after(run, 2, rewards)  # step 2's replies asked, its row and checkpoint not written
     assert [r["step"] for r in first] == [1]
     assert first[0]["reward_metric/judge/failed"] == 0 and first[0]["reward_metric/judge/asked"] >= 1
     assert 0.0 <= first[0]["reward/judge"] <= 1.0

@@ -167,20 +167,10 @@ def test_a_stopped_server_stops_train_before_the_model_loads(tmp_path, capsys, m
 
 @pytest.mark.slow
 def test_train_with_a_reward_server_retries_and_a_resume_asks_nothing_cached(tmp_path, capsys, module_cache):  # noqa: F811
-    from mmrl.config import load_run_config
-    from mmrl.run import train
-
     run = tmp_path / "run"
     with RewardServer(fail=(2,)) as srv:
         rewards = f"rewards=[{{name: format}}, {{name: http, kwargs: {{url: '{srv.url}', batch_size: 3, backoff_s: 0.01}}}}]"
-        overrides = [*TINY_RUN, rewards, "train.save_every=1", "plugins={test-stop-at: {}}"]
-        tiny_runs.STOP_AT[:] = [2]  # the session ends after step 2, before its checkpoint: checkpoint-1 is the last
-        try:
-            with pytest.raises(tiny_runs.StopRun):
-                train(load_run_config("video-qa", overrides=overrides), run_dir=run, show_progress=False)
-        finally:
-            tiny_runs.STOP_AT[:] = []
-        rows = rl_rows(run)  # step 2 ran (its rewards asked) but the session ended before its row and checkpoint
+        rows = tiny_runs.stop_after(run, 2, rewards)  # step 2's rewards asked, its row and checkpoint not written
         assert [r["step"] for r in rows] == [1]
         assert rows[0]["reward_metric/http/failed"] == 0  # the planted 500 (the second request) was retried
         assert rows[0]["reward_metric/http/asked"] >= 3 and "reward/http" in rows[0]

@@ -94,3 +94,21 @@ def _register_stop_plugin() -> None:
 
 
 _register_stop_plugin()
+
+
+def stop_after(run: Path, step: int, *overrides: str, task: str = "video-qa") -> list[dict]:
+    """Train in ``run`` with :data:`TINY_RUN` plus ``overrides`` and a checkpoint every step, ending the session
+    after ``step``'s work but before its metrics row and checkpoint (the ``test-stop-at`` plug-in): a run that
+    ``--resume`` redoes from checkpoint-``step - 1``. Returns the RL rows it wrote."""
+    from mmrl.config import load_run_config
+    from mmrl.run import train
+
+    STOP_AT[:] = [step]
+    try:
+        with pytest.raises(StopRun):
+            train(load_run_config(task, overrides=[*TINY_RUN, *overrides, "train.save_every=1",
+                                                   "plugins={test-stop-at: {}}"]),
+                  run_dir=run, show_progress=False)
+    finally:
+        STOP_AT[:] = []
+    return rl_rows(run)
