@@ -19,7 +19,7 @@ FREE = ("out", "train.seed", "train.cpu_threads", "train.save_every", "train.kee
 #: on 2026-11-26, seed 0 on another on 2026-11-27; one thread). configs/compare/demo.yaml measures the ten runs
 #: (5 seeds x 1 and 2 threads) that should replace them.
 MEASURED = {"runs": 4, "what": "seeds 0-2 on one 2-core machine, seed 0 on another, 1 CPU thread", "min": 0.183,
-            "median": 0.215, "max": 0.237, "spec": "README, make demo"}
+            "median": 0.215, "max": 0.237}
 
 
 def range_text() -> str:

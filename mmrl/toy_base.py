@@ -14,8 +14,8 @@ make-toy-base`` builds it by hand, and a run with ``model.init: toy_base`` build
 
 The demo's base (the ``video-qa`` recipe's) ships with mmrl (``mmrl/assets/toy-base/``, built once by
 :func:`make_toy_base`, 4 MB): a build is not the same on every machine (another CPU's kernels round
-differently over 600 steps: the same recipe's base scored 0.443, 0.460 and 0.480 before RL on three machines),
-and the demo's gain depends on where it starts. A shipped base whose key is the recipe's is used as it is,
+differently over 600 steps), and the demo's gain depends on where it starts. (Its before-RL score still moves
+with the CPU: the same weights scored 0.443 on one machine and 0.480 on two others, near-tie greedy answers.) A shipped base whose key is the recipe's is used as it is,
 ahead of any cached build of the same key; ``mmrl models make-toy-base --out DIR`` still builds one.
 """
 
