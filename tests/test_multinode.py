@@ -70,16 +70,13 @@ def run_args(shared: dict[str, Path], out: Path, *extra: str) -> list[str]:
 
 
 def _default_ops_dir() -> str:
-    """Where torch builds extensions without ``TORCH_EXTENSIONS_DIR`` (``torch.utils.cpp_extension``'s
-    ``_get_build_directory``: the cache root, then ``py<version>_<accelerator>``): the ranks of the other tests
-    compile DeepSpeed's ops there, so the nodes here find them built (the bare root was another folder, and the
-    shared-memory op was compiled twice per test session, a minute or more each)."""
-    from torch.utils.cpp_extension import get_default_build_root
+    """Where torch builds extensions without ``TORCH_EXTENSIONS_DIR`` (torch's own rule, not a copy of it: the
+    cache root, then ``py<version>_<accelerator>``): the ranks of the other tests compile DeepSpeed's ops there,
+    so the nodes here find them built (the bare root was another folder, and the shared-memory op was compiled
+    twice per test session, a minute or more each)."""
+    from torch.utils.cpp_extension import _get_build_directory
 
-    accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip else
-                   f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu")
-    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-    return str(Path(get_default_build_root()) / f"{python}_{accelerator}")
+    return str(Path(_get_build_directory("", verbose=False)))  # the folder an extension named "" would go in
 
 
 def node_env(root: Path, node: int | str) -> dict[str, str]:
