@@ -126,6 +126,7 @@ def test_several_ranks_all_stop_when_rank_0_is_refused(tmp_path: Path) -> None:
         except Exception as exc:
             said = f"{type(exc).__name__}: {exc}"
         print(json.dumps(said), flush=True)
+        dist.destroy_process_group()  # left to the interpreter's exit, gloo's threads can abort the process
     """)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
