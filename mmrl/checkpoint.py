@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from mmrl.file_digest import DIGEST_BLOCK, block_hashes, hash_threads
-from mmrl.model.weights import published_names, save_pretrained
+from mmrl.model.weights import from_published_layout, published_names, save_pretrained
 
 
 def rng_state() -> dict[str, Any]:
@@ -401,6 +401,7 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
         back = {saved: name for legacy in (True, False)  # the published names win where both give one
                 for name, saved in published_names(model, names, legacy=legacy).items()}
         state = {back.get(k, k): v for k, v in state.items()}
+    state = from_published_layout(model, state)
     own_state = model.state_dict()
     wrong = [k for k, v in state.items() if k in own_state and tuple(v.shape) != tuple(own_state[k].shape)]
     if wrong:

@@ -544,7 +544,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe-settings", action="store_true",
                    help="with --model: keep the recipe's (toy-sized) values instead of the real-model preset "
                         "(configs/presets/real-model.yaml: lr 1e-6, bf16, 2 fps up to 32 frames, Qwen's pixel "
-                        "budgets, 768 new tokens, think/answer) and the folder's own mmrl_eval.json")
+                        "budgets, 768 new tokens, think/answer, KL 0.001) and the folder's own mmrl_eval.json")
     p.set_defaults(func=cmd_train)
 
 

@@ -98,8 +98,11 @@ _TEMPORAL_PATCH = 2
 _ROPE_THETA = {"qwen2_vl": 1_000_000.0, "qwen2_5_vl": 1_000_000.0, "qwen3_vl": 5_000_000.0}
 _MAX_POSITIONS = {"qwen2_vl": 32768, "qwen2_5_vl": 128000, "qwen3_vl": 262144}
 # Mixture-of-experts defaults of a tiny model (Qwen3-VL-30B-A3B: 128 experts, 8 per token, 768 wide, every
-# layer sparse, router_aux_loss_coef 0.001 in its config)
-_MOE_DEFAULTS = {"experts": 4, "experts_per_token": 2, "moe_intermediate_size": 64}
+# layer sparse, router_aux_loss_coef 0.001 in its config). Each expert 96 wide, so that no fused expert tensor is
+# square at the default hidden size 128 (gate_up 192 x 128, down 128 x 96): a square one reads the same in both
+# layouts, and transformers' loader, which tells the published layout from its own by the shape, cannot tell them
+# apart (mmrl.model.weights.TRANSPOSED_IN_CHECKPOINTS)
+_MOE_DEFAULTS = {"experts": 4, "experts_per_token": 2, "moe_intermediate_size": 96}
 _ROUTER_AUX_LOSS_COEF = 0.001
 
 
@@ -126,7 +129,7 @@ class TinySize:
     tie_word_embeddings: bool = False
     rope_theta: int = 0
     """Base of the language model's (M-)RoPE (0 = the family's: 1e6, Qwen3-VL 5e6)."""
-    # Mixture-of-experts families only (0 = the tiny default: 4 experts, 2 per token, 64 wide)
+    # Mixture-of-experts families only (0 = the tiny default: 4 experts, 2 per token, 96 wide)
     experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
@@ -151,7 +154,7 @@ _SIZE_HELP: dict[str, str] = {
     "rope_theta": "base of the text model's M-RoPE (0 = family default: 1e6, Qwen3-VL 5e6)",
     "experts": "MoE families: experts per layer (0 = 4)",
     "experts_per_token": "MoE families: experts each token is routed to (0 = 2)",
-    "moe_intermediate_size": "MoE families: MLP size of each expert (0 = 64)",
+    "moe_intermediate_size": "MoE families: MLP size of each expert (0 = 96)",
 }
 
 
@@ -679,6 +682,8 @@ def _write_files(family: str, seed: int, size: TinySize, target: Path, *, dtype:
                  device: Any = "cpu", config_overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     from transformers import GenerationConfig
 
+    from mmrl.model.weights import save_pretrained
+
     started = time.perf_counter()
     tokenizer = build_tokenizer(family, size.vocab_size)
     config = build_config(family, size, tokenizer)
@@ -692,7 +697,7 @@ def _write_files(family: str, seed: int, size: TinySize, target: Path, *, dtype:
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
         pad_token_id=ids["<|endoftext|>"],
     )
-    model.save_pretrained(target)
+    save_pretrained(target, model)  # the family's published names and layout (what vLLM loads)
     processor = build_processor(family, size, tokenizer)
     processor.save_pretrained(target)
     info = {

@@ -75,6 +75,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress
     from data_pipelines.toy.pretrain import make_pretrain, pointer_drill
     from mmrl.checkpoint import seed_everything
     from mmrl.model import load_policy
+    from mmrl.model.weights import save_pretrained
     from mmrl.sft import run_sft
     from mmrl.tiny_models import make_tiny
 
@@ -108,7 +109,7 @@ def make_toy_base(out: str | Path, recipe: BaseRecipe | None = None, *, progress
         last = run_sft(pretrain_config(recipe), policy, samples, show_progress=progress, keep_encoded=True,
                        desc="toy base pre-training")
         out.mkdir(parents=True, exist_ok=True)
-        policy.model.save_pretrained(out, safe_serialization=True)
+        save_pretrained(out, policy.model)  # the family's published names and layout (what vLLM loads)
         policy.processor.save_pretrained(out)
         info = {"recipe": {**dataclasses.asdict(recipe), "size": dict(recipe.size), "world": dict(recipe.world)}, "key": base_key(recipe),
                 "parameters": sum(p.numel() for p in policy.model.parameters()), "descriptions": len(samples),

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from mmrl.model import Generation, MediaInput, Policy, TokenSeq
+from mmrl.model.types import dense_family
 from mmrl_common.errors import ConfigError, MmrlError
 
 _BAN = -100.0  # vLLM's strongest logit bias: exp(-100) never wins a draw or an argmax
@@ -224,7 +225,7 @@ def derived_limits(cfg: Any, policy: Policy, samples: Sequence[Any] | None = Non
     # Qwen3-VL keeps the folder's image settings: on vLLM 0.32 an explicit image size made its processor
     # tokenise a toy image to 59 tokens where the trainer's made 66 (the expansion check caught it); its memory
     # profile is still the run's (limit_mm_per_prompt's width and height below)
-    if low and high and low <= image_top and policy.family != "qwen3_vl":
+    if low and high and low <= image_top and dense_family(policy.family) != "qwen3_vl":
         mm_kwargs["images_kwargs"] = {"size": {"shortest_edge": int(low), "longest_edge": int(image_top)}}
     iw, ih = _shape_with_most_tokens(image_top, factor)
     vw, vh = _shape_with_most_tokens(video_px, factor)
@@ -348,7 +349,7 @@ class VLLMBackend:
                                   f"platform ({current_platform.device_name}; it needs CUDA); turn it off")
         engine_seed = int(self.engine_args["seed"])
         cuda = torch.cuda.is_available()
-        if policy.family == "qwen3_vl":
+        if dense_family(policy.family) == "qwen3_vl":
             _let_qwen3_vl_pass_video_placeholders()
         devices = [torch.cuda.current_device()] if cuda else []
         with torch.random.fork_rng(devices=devices), _numpy_and_python_rng_kept():
@@ -610,16 +611,18 @@ class VLLMBackend:
         """Stream ``model``'s weights (default: the policy's) into the engine now, one module at a time
         (:func:`mmrl.model.weights.stream_weights`: gathered under ZeRO-3, LoRA merged on the device; every rank
         calls it together), then clear its encoder and prefix caches (computed with the old weights)."""
-        from mmrl.model.weights import stream_weights
+        from mmrl.model.weights import published_layout, stream_weights
 
         t0 = time.perf_counter()
         model = self.policy.model if model is None else model
         gather = self.policy.binding.gather_params
         copy = gather is not None  # gathered tensors are released when the stream moves on: vLLM keeps copies
+        layout = published_layout(model)  # vLLM reads Qwen3-VL MoE's fused experts transposed, as published
 
         def weights() -> Iterator[tuple[str, torch.Tensor]]:
             for name, t in stream_weights(model, gather=gather):
-                yield name, (t.clone() if copy else t)
+                out = layout(name, t)
+                yield name, (t.clone() if copy and out is t else out)
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
         self.llm.llm_engine.reset_encoder_cache()

@@ -102,6 +102,53 @@ def test_dense_cache_keys_are_unchanged_by_the_moe_sizes() -> None:
         assert ("experts" in keys) == (family == MOE), family
 
 
+# ------------------------------------------------------------------------------------------------ folder layout
+def _experts(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items() if ".experts." in k}
+
+
+def test_folders_hold_the_fused_experts_in_the_published_layout_and_load_back(moe_dir: Path, tmp_path: Path) -> None:
+    """The fused expert weights are written as Qwen3-VL-30B-A3B's checkpoints hold them, the layout vLLM reads
+    (gate_up_proj experts x hidden x 2·width, down_proj experts x width x hidden; transformers keeps the transposes
+    in memory): by make-tiny and by mmrl's own writer (checkpoints, final/), and both transformers and mmrl's
+    checkpoint loader read them back to the same weights. A folder in transformers' own layout (what mmrl wrote
+    before) still loads."""
+    from transformers import AutoModelForImageTextToText
+
+    from mmrl.checkpoint import load_weights
+    from mmrl.model.weights import save_pretrained
+
+    text = json.loads((moe_dir / "config.json").read_text())["text_config"]
+    hidden, width, experts = text["hidden_size"], text["moe_intermediate_size"], text["num_local_experts"]
+    assert hidden not in (width, 2 * width)  # no square tensor: the two layouts differ in shape
+    saved = _experts(moe_dir)
+    assert saved and {tuple(v.shape) for k, v in saved.items() if k.endswith("gate_up_proj")} == {(experts, hidden, 2 * width)}
+    assert {tuple(v.shape) for k, v in saved.items() if k.endswith("down_proj")} == {(experts, width, hidden)}
+    model = AutoModelForImageTextToText.from_pretrained(moe_dir)
+    own = model.state_dict()
+    for k, v in saved.items():
+        assert torch.equal(own[k], v.transpose(1, 2))
+
+    # mmrl's writer: the same tensors as the folder it was loaded from
+    out = save_pretrained(tmp_path / "written", model)
+    assert {k: v.shape for k, v in _experts(out).items()} == {k: v.shape for k, v in saved.items()}
+    assert all(torch.equal(_experts(out)[k], v) for k, v in saved.items())
+
+    # mmrl's checkpoint loader (a resume) into a model whose experts were changed; and a folder in the old layout
+    legacy = tmp_path / "legacy"
+    model.save_pretrained(legacy)  # transformers' save: the model's own layout (what mmrl wrote before)
+    assert {tuple(v.shape) for k, v in _experts(legacy).items() if k.endswith("gate_up_proj")} == {(experts, 2 * width, hidden)}
+    for folder in (out, legacy):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".experts." in name:
+                    p.zero_()
+        load_weights(model, folder)
+        assert all(torch.equal(model.state_dict()[k], v.transpose(1, 2)) for k, v in saved.items()), folder
+
+
 # ------------------------------------------------------------------------------------------------ positions
 def _hf_positions(policy: Policy, seqs: list) -> torch.Tensor:
     """Transformers' own (class) get_rope_index of the MoE model, not the rule mmrl installs on the instance."""

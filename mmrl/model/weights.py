@@ -106,15 +106,59 @@ def adapter_names(name: str) -> bool:
     return ".lora_" in name
 
 
+# Tensors that a family's published checkpoints hold transposed against transformers' module, by the name's end.
+# Qwen3-VL MoE's fused experts: Qwen3-VL-30B-A3B's safetensors hold gate_up_proj as (experts, hidden, 2 x expert
+# width) and down_proj as (experts, expert width, hidden); vLLM reads that layout (its qwen3_vl_moe.py builds the
+# experts with ``is_fused_checkpoint_transposed=True`` and transposes every fused tensor it is given), while
+# transformers 5 keeps (experts, out, in) and transposes on load (conversion_mapping.py, "qwen3_vl_moe").
+TRANSPOSED_IN_CHECKPOINTS: dict[str, tuple[str, ...]] = {
+    "qwen3_vl_moe": (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"),
+}
+
+
+def transposed_in_checkpoints(model: torch.nn.Module) -> tuple[str, ...]:
+    """The name ends of ``model``'s tensors that its published checkpoints hold transposed (dims 1 and 2)."""
+    return TRANSPOSED_IN_CHECKPOINTS.get(getattr(getattr(model, "config", None), "model_type", ""), ())
+
+
+def published_layout(model: torch.nn.Module) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """``(name, tensor) -> tensor`` in the layout of the family's published checkpoints (what vLLM loads): the
+    identity but for :data:`TRANSPOSED_IN_CHECKPOINTS` (a contiguous transposed copy)."""
+    ends = transposed_in_checkpoints(model)
+
+    def layout(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.transpose(1, 2).contiguous() if ends and name.endswith(ends) else tensor
+    return layout
+
+
+def from_published_layout(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's own names) with the tensors that a folder holds in the published layout turned
+    back to the model's. A tensor already in the model's shape is kept: folders mmrl wrote before it wrote the
+    published layout. A square one is ambiguous and read as published, as mmrl writes it now."""
+    ends = transposed_in_checkpoints(model)
+    if not ends:
+        return state
+    own = model.state_dict()
+    out = dict(state)
+    for name, t in state.items():
+        if name.endswith(ends) and name in own and t.dim() == 3:
+            shape = tuple(own[name].shape)
+            if tuple(t.shape) != shape or shape[1] == shape[2]:
+                out[name] = t.transpose(1, 2).contiguous()
+    return out
+
+
 def save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> Path:
-    """The model's config and weights as a Hugging Face folder, the tensors under the names of the model
-    family's published checkpoints (:func:`published_names`), however the model was loaded: every model folder
-    mmrl writes (checkpoints, ``final/``, ``sft-model/``, LoRA merged exports) is written here. ``state``: the
-    tensors by the model's own parameter names (ZeRO-3 gathered, LoRA merged); None: the model's own."""
+    """The model's config and weights as a Hugging Face folder, the tensors under the names and in the layout of
+    the model family's published checkpoints (:func:`published_names`, :func:`published_layout`), however the
+    model was loaded: every model folder mmrl writes (tiny models, checkpoints, ``final/``, ``sft-model/``, LoRA
+    merged exports) is written here, so transformers and vLLM both load it. ``state``: the tensors by the
+    model's own parameter names (ZeRO-3 gathered, LoRA merged); None: the model's own."""
     state = model.state_dict() if state is None else state
     names = published_names(model, list(state))
-    model.save_pretrained(folder, state_dict={names[k]: v for k, v in state.items()}, save_original_format=False,
-                          safe_serialization=True)
+    layout = published_layout(model)
+    model.save_pretrained(folder, state_dict={names[k]: layout(k, v) for k, v in state.items()},
+                          save_original_format=False, safe_serialization=True)
     return folder
 
 
@@ -149,4 +193,5 @@ def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = 
     return out
 
 
-__all__ = ["Gather", "adapter_names", "collect_on_main", "published_names", "save_pretrained", "stream_weights"]
+__all__ = ["Gather", "adapter_names", "collect_on_main", "from_published_layout", "published_layout", "published_names",
+           "save_pretrained", "stream_weights", "transposed_in_checkpoints"]
