@@ -31,7 +31,7 @@ def test_the_demo_gets_a_verdict_on_its_gain(overrides: list[str]) -> None:
 
 
 def test_a_run_that_is_not_the_demo_gets_no_verdict_on_the_range() -> None:
-    changed = demo_range.verdict(load_run_config("video-qa", overrides=["train.steps=10", "grpo.kl_coef=0.0"]),
+    changed = demo_range.verdict(load_run_config("video-qa", overrides=["train.steps=10", "grpo.kl_coef=0.01"]),
                                  0.4, 0.1)
     assert "this run changed grpo.kl_coef, train.steps" in changed and "BELOW" not in changed
     assert demo_range.verdict(load_run_config("image-qa"), 0.4, 0.1) is None
