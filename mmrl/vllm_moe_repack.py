@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
+from mmrl.model.weights import TRANSPOSED_IN_CHECKPOINTS
 from mmrl_common.errors import MmrlError
 
-PROBE_END = ".mlp.experts.gate_up_proj"  # the policy's tensor that becomes vLLM's w13_weight of a MoE layer
+# the policy's fused gate_up_proj, the tensor that becomes vLLM's w13_weight of a MoE layer
+PROBE_END = TRANSPOSED_IN_CHECKPOINTS["qwen3_vl_moe"][0]
 
 
 def _moe_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Any]]:
