@@ -397,6 +397,13 @@ class VLLMConfig:
     sleep_level: Literal[1, 2] = 1
     """1: the weights move to host memory and the KV cache is dropped; 2: both dropped (the weights are pushed
     again at waking anyway, so 2 saves host memory)."""
+    offload_optimizer: bool | Literal["auto"] = "auto"
+    """The fp32 master weights and AdamW moments (12 bytes a parameter; a 3B: 45 GB) move to host memory
+    (pinned) while the engine is awake and come back for the update, bit for bit, so a one-GPU full fine-tune
+    has room for the engine beside its bf16 weights. auto: on for a full fine-tune (no LoRA) with mmrl's own
+    AdamW and enable_sleep_mode on a GPU (without sleep mode the engine never gives its memory back and the
+    move gains nothing); true: whenever rollout.backend=vllm (CPUs too); false: never. Costs two copies of
+    that state a step over the host link. Not with train.deepspeed (its train.offload moves its own state)."""
     kv_cache_gb: int = 1
     """The KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE when not set already); GPUs use gpu_memory_utilization."""
     max_media_per_prompt: int | None = None
@@ -657,6 +664,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         from rewards.registry import resolve_reward
 
+        if self.rollout.vllm.offload_optimizer is True and self.train.deepspeed:
+            raise ConfigError(offload_under_deepspeed(self.train.deepspeed))
+
         check_ranges(self.grpo, "grpo")  # GRPOConfig refuses these itself; a GRPOConfig built elsewhere too
         for i, spec in enumerate(self.rewards):
             if isinstance(spec, RewardSpec):
@@ -664,6 +674,13 @@ class RunConfig:
         for i, spec in enumerate(self.rewards):  # a typo fails when the config loads (config show too)
             if isinstance(spec, RewardSpec) and isinstance(spec.name, str):
                 resolve_reward(spec.name, where=f"rewards[{i}]")
+
+
+def offload_under_deepspeed(deepspeed: str) -> str:
+    """Why ``rollout.vllm.offload_optimizer=true`` is refused with ``train.deepspeed``."""
+    return (f"rollout.vllm.offload_optimizer=true with train.deepspeed={deepspeed}: DeepSpeed owns the optimizer "
+            "state and moves it itself; use train.offload=optimizer (DeepSpeed's CPU offload, for the whole run) "
+            "instead, or leave rollout.vllm.offload_optimizer at auto (off under DeepSpeed)")
 
 
 def task_names() -> list[str]:

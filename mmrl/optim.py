@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,12 @@ class Updater:
         """The KL reference model as this updater keeps it (ZeRO-3: sharded like the policy)."""
         return model
 
+    def state_in_host_memory(self) -> contextlib.AbstractContextManager:
+        """Inside, the optimizer's own state is out of device memory (``rollout.vllm.offload_optimizer``):
+        :meth:`LocalUpdater.state_in_host_memory`. DeepSpeed keeps its state where ``train.offload`` says."""
+        raise ConfigError(f"rollout.vllm.offload_optimizer: {type(self).__name__} holds no state of mmrl's own "
+                          "AdamW to move; under train.deepspeed use train.offload=optimizer (DeepSpeed's CPU offload)")
+
 
 class LocalUpdater(Updater):
     def __init__(self, model: torch.nn.Module, train: Any, world: World):
@@ -202,6 +209,7 @@ class LocalUpdater(Updater):
             self.optimizer = adamw(self.master, train, dev)
         else:
             self.optimizer = adamw(self.params, train, dev)
+        self.host = HostCopies()  # the masters and moments while away (rollout.vllm.offload_optimizer)
         if world.active:  # every rank starts from rank 0's weights
             for p in self.params:
                 if torch.distributed.get_backend() == "gloo" or p.is_cuda:
@@ -214,6 +222,7 @@ class LocalUpdater(Updater):
         loss.backward()
 
     def step(self) -> float | None:
+        self._here("an optimizer step")
         if self.world.active:
             _sum_over_ranks(self.params)
         if self.master is None:
@@ -262,12 +271,14 @@ class LocalUpdater(Updater):
         freed before the next), so a checkpoint adds no second copy of the masters on the GPU (a clone of
         every master there was 4 bytes a parameter, 15 GB for a 3B model, on top of the optimizer's peak
         memory) and, on the CPU, no copy at all. Write it out before the next optimizer step changes them."""
+        self._here("a checkpoint")
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict()}
         if self.master is not None:  # fp32 master weights by parameter name
             state["master"] = {n: m.detach() for (n, _), m in zip(self.named, self.master)}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._here("loading a checkpoint")
         opt = state.get("optimizer", state)  # older checkpoints: the bare optimizer state
         self.optimizer.load_state_dict(opt)
         if self.master is not None and "master" in state:
@@ -275,6 +286,130 @@ class LocalUpdater(Updater):
                 for (name, p), m in zip(self.named, self.master):
                     m.copy_(state["master"][name])
                     p.copy_(m)
+
+    # ------------------------------------------------------------------ the state out of device memory
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What :meth:`state_in_host_memory` moves: the fp32 master weights (under bf16) and every tensor of
+        the optimizer's state (AdamW's moments and step counts, once the first step made them). Not the
+        model's own weights: the rollout engine's weight push and the rewards read them."""
+        tensors = list(self.master or [])
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                tensors += [v for v in self.optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+        return tensors
+
+    @property
+    def state_away(self) -> bool:
+        """The state is in host memory now (inside :meth:`state_in_host_memory`)."""
+        return self.host.away
+
+    @contextlib.contextmanager
+    def state_in_host_memory(self) -> Iterator[int]:
+        """The fp32 masters and the optimizer's state in host memory for the block (pinned where CUDA is), their
+        device storage freed, and back, bit for bit, on leaving: the rollout engine wakes into the room
+        (``rollout.vllm.offload_optimizer``; EasyR1 keeps its actor's optimizer state off the GPU outside the
+        update, ``offload_fsdp_optimizer`` / ``load_fsdp_optimizer`` in ``verl/utils/fsdp_utils.py`` around
+        ``update_actor`` in ``verl/workers/fsdp_workers.py``). The tensors stay the same objects (their
+        storages are emptied and refilled, see :class:`HostCopies`), so the optimizer and anything else holding
+        them find them unchanged. Yields the bytes moved each way. Inside, the state is not readable: an
+        optimizer step, a checkpoint or a load is refused (:class:`MmrlError`)."""
+        moved = self.host.offload(self.state_tensors())
+        try:
+            yield moved
+        finally:
+            self.host.restore()
+
+    def _here(self, what: str) -> None:
+        if self.host.away:
+            raise MmrlError(f"{what} while the optimizer state is in host memory (a rollout session with "
+                            "rollout.vllm.offload_optimizer): it comes back when the session ends; do this "
+                            "after the session")
+
+
+class HostCopies:
+    """Tensors' bytes moved out of their storage into host buffers and back (:meth:`offload`,
+    :meth:`restore`): each storage is copied whole into a byte buffer (pinned when the storage is on a GPU,
+    so the copies run at the bus's speed and may overlap), then shrunk to nothing with
+    ``untyped_storage().resize_(0)`` (FSDP frees its unsharded parameters the same way): the device memory is
+    really given back, and on a CPU (where "device" and host are the same memory) the originals are freed
+    all the same, so the CPU tests measure what a GPU run does. :meth:`restore` grows each storage back to its
+    size and copies the bytes in: the same tensor objects, bit-equal contents. While away a tensor must not be
+    read (its storage holds nothing; the caller refuses its own uses). The pinned buffers are kept for the next
+    offload (pinning host memory is slow: the next offload of the same sizes reuses them); a CPU's are dropped
+    once restored."""
+
+    def __init__(self) -> None:
+        self._away: list[tuple[torch.UntypedStorage, torch.Tensor]] | None = None
+        self._kept: list[torch.Tensor] = []  # pinned buffers of the last offload, reused by the next
+        self.moves = 0  # offloads made
+        self.bytes_moved = 0  # over every offload, one way (the same bytes come back)
+        self.seconds = 0.0  # copying, both ways
+
+    @property
+    def away(self) -> bool:
+        return self._away is not None
+
+    def offload(self, tensors: list[torch.Tensor]) -> int:
+        """Move ``tensors``' storages (each once) into host buffers and free them; the bytes moved."""
+        if self._away is not None:
+            raise MmrlError("the optimizer state is already in host memory")
+        t0 = time.perf_counter()
+        storages = _distinct_storages(tensors)
+        cuda = any(s.device.type == "cuda" for s in storages)
+        away = []
+        for i, s in enumerate(storages):
+            n = s.nbytes()
+            kept = self._kept[i] if i < len(self._kept) else None
+            buf = kept if kept is not None and kept.numel() == n else torch.empty(
+                n, dtype=torch.uint8, pin_memory=s.device.type == "cuda")
+            buf.copy_(_bytes_of(s), non_blocking=s.device.type == "cuda")
+            away.append((s, buf))
+        if cuda:
+            torch.cuda.synchronize()  # every copy landed before the device memory is let go
+        for s, _ in away:
+            s.resize_(0)
+        if cuda:
+            torch.cuda.empty_cache()  # to the driver: the engine allocates outside torch's cache
+        self._away = away
+        self._kept = [buf for _, buf in away] if cuda else []
+        moved = sum(buf.numel() for _, buf in away)
+        self.moves += 1
+        self.bytes_moved += moved
+        self.seconds += time.perf_counter() - t0
+        return moved
+
+    def restore(self) -> None:
+        """Grow every storage back and copy its bytes in (a no-op when nothing is away)."""
+        if self._away is None:
+            return
+        t0 = time.perf_counter()
+        cuda = False
+        for s, buf in self._away:
+            s.resize_(buf.numel())
+            cuda = cuda or s.device.type == "cuda"
+            _bytes_of(s).copy_(buf, non_blocking=s.device.type == "cuda")
+        if cuda:
+            torch.cuda.synchronize()  # the buffers may be written again by the next offload
+        self._away = None
+        self.seconds += time.perf_counter() - t0
+
+
+def _distinct_storages(tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
+    """The storages under ``tensors``, each once (views share one), empty ones left out."""
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        s = t.untyped_storage()
+        if s.nbytes() == 0 or s.data_ptr() in seen:
+            continue
+        seen.add(s.data_ptr())
+        out.append(s)
+    return out
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole of ``storage``."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 MASTER_CHUNK_ELEMENTS = 1 << 22  # gradient elements cast to fp32 and stepped at a time (16 MB in fp32)
@@ -542,3 +677,25 @@ def make_updater(model: torch.nn.Module, train: Any, world: World, *, bf16: bool
     if train.deepspeed:
         return DeepSpeedUpdater(model, train, world, bf16=bf16)
     return LocalUpdater(model, train, world)
+
+
+def offload_in_rollouts(setting: bool | str, *, backend: str, deepspeed: str | None, device: torch.device,
+                        lora: bool, sleep_mode: bool) -> bool:
+    """Whether the optimizer state leaves device memory during rollout sessions
+    (``rollout.vllm.offload_optimizer``; :meth:`LocalUpdater.state_in_host_memory`). ``true``: with the vLLM
+    backend, on any device (on a CPU the move is real too: the tests check it there); ``false``: never;
+    ``auto``: a full fine-tune (LoRA's adapter state is small) with mmrl's own AdamW (not DeepSpeed, whose
+    ``train.offload`` moves its own state) and ``rollout.backend=vllm`` with sleep mode on a GPU: the engine
+    gives its memory back during the update and takes it again for the rollouts, where 12 bytes a parameter
+    of masters and moments would leave it no room (a 3B: 45 GB). Without sleep mode the engine keeps its
+    memory through the update, which must fit beside it anyway: moving the state out would cost copies and
+    give the engine nothing. With the HF backend (generation on the training model) nothing moves."""
+    if backend != "vllm" or setting is False:
+        return False
+    if setting is True:
+        if deepspeed:
+            from mmrl.config import offload_under_deepspeed
+
+            raise ConfigError(offload_under_deepspeed(deepspeed))
+        return True
+    return not deepspeed and not lora and device.type == "cuda" and sleep_mode

@@ -54,7 +54,7 @@ from mmrl.media import MediaPreparer
 from mmrl.memory import StagePeaks
 from mmrl.model import Policy, RankBinding, TokenSeq, router_loss
 from mmrl.model.lora import AdapterReference, has_lora
-from mmrl.optim import LrSchedule, lr_scheduler, make_updater, refresh_lr, set_peak_lr
+from mmrl.optim import LrSchedule, lr_scheduler, make_updater, offload_in_rollouts, refresh_lr, set_peak_lr
 from mmrl.plugins import StepContext, build_plugins
 from mmrl.prompts import encode_prompt
 from mmrl.rollout import (
@@ -155,6 +155,13 @@ class GRPOTrainer:
         # backward, gradient sum over ranks, clipping and the AdamW step (fp32 master weights under bf16)
         self.updater = make_updater(policy.model, t, self.world, bf16=cfg.model.dtype == "bf16")
         self.optimizer = self.updater.optimizer
+        # rollout.vllm.offload_optimizer: the fp32 masters and AdamW moments in host memory while the vLLM engine
+        # is awake (every rollout session: the step's rollouts and rewards, evaluations), back for the update
+        self.offload_in_rollouts = offload_in_rollouts(
+            cfg.rollout.vllm.offload_optimizer, backend=cfg.rollout.backend, deepspeed=t.deepspeed,
+            device=policy.device, lora=has_lora(policy.model), sleep_mode=cfg.rollout.vllm.enable_sleep_mode)
+        if self.offload_in_rollouts:
+            self.backend.around_sessions(self.updater.state_in_host_memory)
         # DeepSpeed over several ranks: ZeRO-3 gathers each module's weights at each of its calls, so every rank
         # must make the same module calls in every pass, forward and backward; ZeRO-2 reduces gradients as they
         # appear, so every rank must produce gradients for the same parameters. The policy's RankBinding makes
@@ -326,6 +333,8 @@ class GRPOTrainer:
         self._draws = 0
         vision0 = self.policy.media.vision_calls
         sync0 = float(getattr(self.backend, "sync_seconds", 0.0))
+        host = getattr(self.updater, "host", None)  # the optimizer state's trips (rollout.vllm.offload_optimizer)
+        moved0 = (host.bytes_moved, host.seconds) if self.offload_in_rollouts else (0, 0.0)
         self._mem = StagePeaks(self.policy.device)
         self._mem.start("rollout")
         with self.rollout_session():
@@ -339,6 +348,9 @@ class GRPOTrainer:
         stats["time/rollout_s"] = time.perf_counter() - t0
         # the weight push to a separate engine (vLLM) happens as the rollout session opens: its share
         stats["time/sync_s"] = float(getattr(self.backend, "sync_seconds", 0.0)) - sync0
+        if self.offload_in_rollouts:  # GB moved to host memory (and back) this step, and the copies' time
+            stats["offload/gb"] = (host.bytes_moved - moved0[0]) / 1e9
+            stats["time/offload_s"] = host.seconds - moved0[1]
         if batch is not None:
             t1 = time.perf_counter()
             self._mem.call("reference", self.reference_pass, batch)

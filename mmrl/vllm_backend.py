@@ -48,7 +48,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,7 @@ def settings_from_config(cfg: Any, policy: Policy | None = None, samples: Sequen
     from mmrl.config_io import to_dict
 
     settings = {**to_dict(cfg.rollout.vllm), "seed": cfg.train.seed}
+    settings.pop("offload_optimizer")  # the trainer's (GRPOTrainer: VLLMBackend.around_sessions), not the engine's
     user_mm = settings.pop("mm_processor_kwargs") or {}
     count = settings.pop("max_media_per_prompt")
     if policy is None:
@@ -377,6 +378,7 @@ class VLLMBackend:
                 torch.cuda.manual_seed(engine_seed)
                 self._rng["cuda"] = torch.cuda.get_rng_state()
         self._depth = 0  # rollout sessions entered (re-entrant)
+        self._around: list[Callable[[], contextlib.AbstractContextManager]] = []  # around_sessions
         self._seed_uses: dict[int, int] = {}  # calls made with each SamplingParams.seed (this session)
         self.asleep = False
         # the engine loaded the folder's weights; the policy may have moved on since (a cold start, a loaded
@@ -391,25 +393,38 @@ class VLLMBackend:
             self.asleep = True
 
     # ------------------------------------------------------------------------------------ sessions
+    def around_sessions(self, hook: Callable[[], contextlib.AbstractContextManager]) -> None:
+        """Enter ``hook()`` before the engine wakes for each (outermost) rollout session and leave it after the
+        engine sleeps again at its end, or after a failed wake: the trainer moves the optimizer's state to host
+        memory for the engine's time awake (``rollout.vllm.offload_optimizer``)."""
+        self._around.append(hook)
+
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
-        """A rollout session: on entering (the outermost one) the engine wakes (weights), gets the policy's
-        weights when they changed since the last push (every rank enters together: under ZeRO-3 the push
-        gathers), and wakes its KV cache; on leaving it sleeps again (sleep mode). Re-entrant."""
+        """A rollout session: on entering (the outermost one) the :meth:`around_sessions` hooks are entered, the
+        engine wakes (weights), gets the policy's weights when they changed since the last push (every rank
+        enters together: under ZeRO-3 the push gathers), and wakes its KV cache; on leaving it sleeps again
+        (sleep mode) and the hooks are left. Re-entrant."""
+        around = contextlib.ExitStack()
         if self._depth == 0:
-            self._enter()
+            with contextlib.ExitStack() as entering:
+                for hook in self._around:
+                    entering.enter_context(hook())
+                self._enter()
+                around = entering.pop_all()  # left at the end of the session (a failed wake left them above)
         self._depth += 1
         try:
             yield
         finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self._seed_uses.clear()
-            if self._depth == 0 and self.sleep_level:
-                self.llm.sleep(level=self.sleep_level)
-                self.asleep = True
-                if self.sleep_level >= 2:  # the weights were dropped: the next session pushes them all
-                    self.stale = True
+            with around:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._seed_uses.clear()
+                if self._depth == 0 and self.sleep_level:
+                    self.llm.sleep(level=self.sleep_level)
+                    self.asleep = True
+                    if self.sleep_level >= 2:  # the weights were dropped: the next session pushes them all
+                        self.stale = True
 
     def _enter(self) -> None:
         if self.llm is None:
