@@ -226,10 +226,12 @@ class ModelConfig:
     with a trainable one the passes without gradient share one encoding per model and weights. Exact."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, about a third more compute)."""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    """Attention kernel passed to transformers: sdpa (PyTorch's), eager, or flash_attention_2 (GPUs, needs the
-    flash-attn package: pip install 'mmrl[flash-attn]'; the Qwen2.5-VL vision tower then runs its windows in
-    one variable-length call instead of one call per window)."""
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "varlen"] = "sdpa"
+    """Attention kernel: sdpa (PyTorch's), eager, flash_attention_2 (GPUs, needs the flash-attn package: pip
+    install 'mmrl[flash-attn]'), or varlen (mmrl.model.varlen: no extra package; the vision tower's windows and
+    the packed log-prob rows in one variable-length attention call per layer, through torch's varlen_attn on a
+    GPU and one padded sdpa call elsewhere; sdpa makes one call per vision window, 7,232 a forward at 4,096
+    vision tokens, and attends over a packed row's whole width). The same results as sdpa within round-off."""
     router_aux_loss_coef: float | None = None
     """Mixture-of-experts models (qwen3_vl_moe): weight of the router's load-balancing loss (transformers'
     load_balancing_loss_func over every token the update's passes route) added to the policy loss and logged as

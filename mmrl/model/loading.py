@@ -15,6 +15,7 @@ import torch
 
 from mmrl_common.errors import MmrlError
 
+from . import varlen
 from .policy import Policy
 from .types import FAMILIES
 
@@ -85,7 +86,10 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     processor = AutoProcessor.from_pretrained(path)
     with _partitioned_shapes_in_conversions():
         model = AutoModelForImageTextToText.from_pretrained(
-            path, dtype=torch_dtype, attn_implementation=attn_implementation)
+            path, dtype=torch_dtype, attn_implementation="sdpa" if attn_implementation == varlen.CONFIG_VALUE
+            else attn_implementation)
+    if attn_implementation == varlen.CONFIG_VALUE:
+        varlen.apply(model)
     if not hasattr(next(model.parameters()), "ds_id"):  # ZeRO-3 partitions already sit on their device
         model = model.to(resolve_device(device))
     return Policy(model, processor, load_args={"path": str(path), "dtype": dtype,

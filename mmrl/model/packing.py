@@ -5,7 +5,8 @@ between them. Every sequence keeps its own positions (for the Qwen-VL models the
 of the padded batch, which equal the ones the model computes for the sequence alone) and attends only to its
 own earlier tokens. How the attention is confined to each sequence depends on the attention implementation:
 
-* **flash attention** (``flash_attention_2``/``_3``, GPU): all sequences in **one** row and no mask; the
+* **flash attention** (``flash_attention_2``/``_3``, GPU, or mmrl's variable-length attention,
+  :mod:`mmrl.model.varlen`, on any device): all sequences in **one** row and no mask; the
   decoder layers receive ``cu_seq_lens_q/k`` and ``max_length_q/k`` (transformers'
   ``FlashAttentionKwargs``), so ``_flash_attention_forward`` runs ``flash_attn_varlen_func`` over the
   sequences directly. The text position row (the first of four, the layout transformers' Qwen-VL text models
@@ -36,7 +37,9 @@ from typing import Any
 
 import torch
 
-FLASH = ("flash_attention_2", "flash_attention_3")
+from . import varlen
+
+FLASH = ("flash_attention_2", "flash_attention_3", varlen.NAME)
 MASKED = ("sdpa", "eager")
 
 

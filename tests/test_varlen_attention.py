@@ -1,0 +1,194 @@
+"""Variable-length attention (``model.attn_implementation=varlen``, :mod:`mmrl.model.varlen`), issue 58:
+
+* the attention function itself: many segments of one packed tensor in one call give what sdpa gives on each
+  segment alone (causal and not, grouped key heads, continuations whose keys are a prefix plus their own with
+  causality from the end of the keys), values and gradients;
+* real tiny models of every family, images and videos: log-probs, entropies and every parameter's gradient
+  equal the sdpa path's (padded, the reference every other packing test uses) within fp32 round-off, on the
+  plain and shared-prefix paths, with activation checkpointing; and the passes make one attention call per
+  vision block and per decoder layer and pass (sdpa: one per vision window);
+* generation (left-padded prompts, a KV cache) draws the same greedy tokens as sdpa.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from synthetic_media import image, prompt, video
+from test_packing import group, loss_of
+
+from mmrl.model import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy, varlen
+from mmrl.tiny_models import make_tiny
+
+
+# ------------------------------------------------------------------------------------------------ the function
+class _Module(torch.nn.Module):
+    def __init__(self, causal: bool, groups: int) -> None:
+        super().__init__()
+        self.is_causal = causal
+        self.num_key_value_groups = groups
+
+
+def _reference(q, k, v, lens_q, lens_k, causal: bool, scale: float) -> torch.Tensor:
+    """Each segment alone through torch's sdpa with an explicit mask (causality from the end of its keys)."""
+    rep = q.shape[1] // k.shape[1]
+    outs, sq, sk = [], 0, 0
+    for lq, lk in zip(lens_q, lens_k):
+        qs, ks, vs = q[:, :, sq:sq + lq], k[:, :, sk:sk + lk], v[:, :, sk:sk + lk]
+        ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
+        mask = None
+        if causal:
+            mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale).transpose(1, 2))
+        sq, sk = sq + lq, sk + lk
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("prefix", [False, True])
+def test_segments_in_one_call_equal_each_segment_alone(causal: bool, prefix: bool) -> None:
+    torch.manual_seed(0)
+    lens_q = [5, 1, 9, 3, 9]
+    lens_k = [n + (7 if prefix else 0) for n in lens_q]  # a continuation sees a prefix and itself
+    heads, kv_heads, dim = 4, 2, 8
+    q = torch.randn(1, heads, sum(lens_q), dim, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, kv_heads, sum(lens_k), dim, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, kv_heads, sum(lens_k), dim, dtype=torch.float64, requires_grad=True)
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    module = _Module(causal, heads // kv_heads)
+    out, _ = varlen.attention(module, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu(lens_q), cu_seq_lens_k=cu(lens_k),
+                              max_length_q=max(lens_q), max_length_k=max(lens_k))
+    ref = _reference(q, k, v, lens_q, lens_k, causal, 0.3)
+    assert out.shape == ref.shape == (1, sum(lens_q), heads, dim)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(ref)
+    got = torch.autograd.grad((out * w).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+
+
+def test_padded_calls_follow_the_key_padding_mask() -> None:
+    """Without segments (generation, padded batches): a 2-D key padding mask and causality from the end of the
+    keys (a cache of 4 tokens, 3 new queries), as each row alone."""
+    torch.manual_seed(1)
+    q = torch.randn(2, 4, 3, 8, dtype=torch.float64)
+    k = torch.randn(2, 2, 7, 8, dtype=torch.float64)
+    v = torch.randn(2, 2, 7, 8, dtype=torch.float64)
+    keys = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)  # row 1 left-padded by 2
+    out, _ = varlen.attention(_Module(True, 2), q, k, v, keys, scaling=0.25)
+    for b, pad in enumerate((0, 2)):
+        ref = _reference(q[b:b + 1], k[b:b + 1, :, pad:], v[b:b + 1, :, pad:], [3], [7 - pad], True, 0.25)
+        torch.testing.assert_close(out[b:b + 1], ref)
+
+
+# ------------------------------------------------------------------------------------------------ real models
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root: Path = tmp_path_factory.mktemp("varlen-models")
+    return {family: make_tiny(family, root / family, seed=0) for family in FAMILIES}
+
+
+@functools.cache
+def _loaded(folder: Path, attn: str) -> Policy:
+    policy = load_policy(folder, device="cpu", attn_implementation=attn)
+    policy.set_trainable()
+    policy.model.train()
+    return policy
+
+
+class AttentionCalls:
+    """Attention kernel calls (torch's sdpa function) while active."""
+
+    def __enter__(self) -> AttentionCalls:
+        self.n, self._orig = 0, F.scaled_dot_product_attention
+
+        def counted(*a: Any, **kw: Any) -> torch.Tensor:
+            self.n += 1
+            return self._orig(*a, **kw)
+
+        F.scaled_dot_product_attention = counted
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        F.scaled_dot_product_attention = self._orig
+
+
+def batch_of(policy: Policy, family: str, kind: str) -> list[TokenSeq]:
+    """A group over a large video or image (many vision windows) with ragged answers, and a small prompt's group."""
+    big = video(family, "big", frames=4, side=16, seed=1) if kind == "video" else image(family, "big", w=8, h=8, seed=1)
+    small = image(family, "small", w=2, h=2, seed=2)
+    return (group(policy, prompt(policy, [big], "What happens here?"), [3, 9, 1], seed=0)
+            + group(policy, prompt(policy, [small], "Colour?"), [6, 2], seed=10))
+
+
+def forward_backward(policy: Policy, seqs: list[TokenSeq], *, shared: bool, padded: bool = False):
+    policy.configure(padding_free=not padded)
+    policy.model.zero_grad(set_to_none=True)
+    try:
+        with AttentionCalls() as calls:
+            logp, ent, mask = policy.forward_logprobs(seqs, temperature=0.9, with_entropy=True, entropy_grad=True,
+                                                      shared_prefix=shared)
+            fwd = calls.n
+            loss_of(logp, ent, mask).backward()
+    finally:
+        policy.configure(padding_free=True)
+    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+    return logp.detach(), ent.detach(), grads, fwd
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) -> None:
+    ref_policy, policy = _loaded(folders[family], "sdpa"), _loaded(folders[family], "varlen")
+    for p in (ref_policy, policy):
+        p.media.clear()
+    ref_logp, ref_ent, ref_grads, sdpa_calls = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
+                                                                shared=False, padded=True)
+    seqs = batch_of(policy, family, kind)
+    vision_blocks = len(policy.base.visual.blocks)
+    layers = len(policy.base.language_model.layers)
+    for shared in (False, True):
+        for checkpointing in (False, True):
+            checkpointing_switch(policy.model, checkpointing)
+            try:
+                logp, ent, grads, calls = forward_backward(policy, seqs, shared=shared)
+            finally:
+                checkpointing_switch(policy.model, False)
+            torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5 * float(ref_logp.abs().max()))
+            torch.testing.assert_close(ent, ref_ent, rtol=1e-5, atol=1e-5 * float(ref_ent.abs().max()))
+            assert grads.keys() == ref_grads.keys()
+            assert any(n.startswith("model.visual.") for n in grads) and "lm_head.weight" in grads
+            for name, g in ref_grads.items():
+                err = float((grads[name] - g).abs().max())
+                assert err <= 2e-5 * float(g.abs().max()) + 1e-9, f"shared={shared} {name}: max error {err}"
+            # one call per vision block and per decoder layer of each language-model pass (two with the prefix)
+            assert calls == vision_blocks + layers * (2 if shared else 1), (shared, calls)
+    if family == "qwen2_5_vl":  # sdpa: one call per window in the windowed blocks
+        assert sdpa_calls > 2 * (vision_blocks + layers)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generation_equals_sdpa(folders: dict[str, Path], family: str) -> None:
+    """Left-padded prompts of different lengths, decoded greedily with a KV cache: the same tokens."""
+    out = {}
+    for attn in ("sdpa", "varlen"):
+        policy = _loaded(folders[family], attn)
+        policy.media.clear()
+        seqs = [prompt(policy, [image(family, "a", w=4, h=4, seed=3)], "Describe the picture in detail."),
+                prompt(policy, [], "Hi")]
+        policy.model.eval()
+        try:
+            with policy.inference():
+                gens = policy.generate(seqs, max_new_tokens=6, do_sample=False)
+        finally:
+            policy.model.train()
+        out[attn] = [(g[0].token_ids, g[0].logprobs) for g in gens]
+    for (ids_s, lp_s), (ids_v, lp_v) in zip(out["sdpa"], out["varlen"]):
+        assert ids_s == ids_v
+        torch.testing.assert_close(torch.tensor(lp_v), torch.tensor(lp_s), rtol=1e-4, atol=1e-4)
