@@ -286,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
     parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "libraries", "memory",
-                                           "trl", "scaling"], default=None)
+                                           "trl", "scaling", "update"], default=None)
     parser.add_argument("--lib-before-prompts", type=int, default=10,
                         help="with libraries: prompts of the 1,000-prompt pool the old edit-distance DP is timed on "
                              "(scaled to the pool; 1000 measures all of it: about 20 minutes)")
+    parser.add_argument("--update-reps", type=int, default=2,
+                        help="timed updates of each arm in the update section, alternating after a warm-up (median)")
     parser.add_argument("--scaling-ranks", type=int, default=2, help="gloo ranks of the weak-scaling case")
     parser.add_argument("--trl-steps", type=int, default=3, help="steps per alternating block in the TRL comparison")
     parser.add_argument("--trl-rounds", type=int, default=4,
@@ -310,6 +312,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure at --memory-seqs even where the unchunked modes may not fit (the estimate "
                              "of five full-vocabulary tensors is an upper bound)")
     args = parser.parse_args(argv)
+    if args.only in (None, "update"):
+        from perf.update_speed import measure, print_update
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-update-") as tmp:
+            print_update(measure(Path(tmp), reps=args.update_reps))
+        sys.stdout.flush()
+    if args.only == "update":
+        return 0
     if args.only in (None, "scaling"):
         from perf.scaling import bench_scaling, print_scaling
 

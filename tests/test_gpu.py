@@ -155,3 +155,55 @@ def test_prefill_once_on_the_gpu(dtype: str, tmp_path: Path) -> None:
         assert r["gap_to_training"] <= 1e-3, r
     else:
         assert r["gap_to_training"] <= 0.1, r
+
+
+def test_varlen_attention_uses_torchs_kernel_and_equals_sdpa_on_the_gpu(tmp_path: Path) -> None:
+    """model.attn_implementation=varlen on a GPU: the segments go through torch's varlen_attn (not the padded
+    fallback), and equal sdpa on each segment alone in bf16 (self-attention windows, causal rows, and
+    continuations whose keys are a prefix plus their own, causal from the end of the keys: the alignment
+    flash attention uses); a tiny model's log-probs and gradients equal the sdpa path's."""
+    import torch.nn.functional as F
+
+    from mmrl.model import varlen
+
+    assert varlen._torch_varlen() is not None, f"torch {torch.__version__} has no torch.nn.attention.varlen"
+
+    class Module(torch.nn.Module):
+        is_causal, num_key_value_groups = True, 2
+
+    torch.manual_seed(0)
+    for causal, extra in ((False, 0), (True, 0), (True, 150)):
+        lens_q = [129, 1, 300, 64, 200]
+        lens_k = [n + extra for n in lens_q]
+        q = torch.randn(1, 8, sum(lens_q), 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 4, sum(lens_k), 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(1, 4, sum(lens_k), 64, device="cuda", dtype=torch.bfloat16)
+        cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",  # noqa: E731
+                                       dtype=torch.int32)
+        assert varlen._use_torch_varlen(q)
+        out, _ = varlen.attention(Module(), q, k, v, None, scaling=0.125, is_causal=causal, cu_seq_lens_q=cu(lens_q),
+                                  cu_seq_lens_k=cu(lens_k), max_length_q=max(lens_q), max_length_k=max(lens_k))
+        sq = sk = 0
+        for lq, lk in zip(lens_q, lens_k):
+            mask = (torch.arange(lk, device="cuda")[None] <= torch.arange(lq, device="cuda")[:, None] + lk - lq) \
+                if causal else None
+            ref = F.scaled_dot_product_attention(
+                q[:, :, sq:sq + lq].float(), k[:, :, sk:sk + lk].repeat_interleave(2, 1).float(),
+                v[:, :, sk:sk + lk].repeat_interleave(2, 1).float(), attn_mask=mask, scale=0.125).transpose(1, 2)
+            torch.testing.assert_close(out[:, sq:sq + lq].float(), ref, rtol=2e-2, atol=2e-2)
+            sq, sk = sq + lq, sk + lk
+    folder = make_tiny("qwen2_5_vl", tmp_path / "m", seed=0)
+    results = {}
+    for attn in ("sdpa", "varlen"):
+        policy = load_policy(folder, dtype="bf16", attn_implementation=attn, device="cuda")
+        policy.set_trainable()
+        fam = policy.family
+        p = prompt(policy, [video(fam, "v", frames=4, side=16)], "What happens?")
+        g = torch.Generator().manual_seed(0)
+        seqs = [p.extend(torch.randint(100, 1000, (n,), generator=g).tolist(), trained=True) for n in (3, 9, 5)]
+        logp, _, mask = policy.forward_logprobs(seqs, temperature=1.0)
+        (logp * mask).sum().backward()
+        results[attn] = (logp.float().detach(), policy.model.lm_head.weight.grad.float(),
+                         policy.base.visual.blocks[0].attn.qkv.weight.grad.float())
+    for a, b in zip(results["sdpa"], results["varlen"]):
+        torch.testing.assert_close(b, a, rtol=5e-2, atol=5e-2 * float(a.abs().max()))

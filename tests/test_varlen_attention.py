@@ -51,9 +51,9 @@ def _reference(q, k, v, lens_q, lens_k, causal: bool, scale: float) -> torch.Ten
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("prefix", [False, True])
-def test_segments_in_one_call_equal_each_segment_alone(causal: bool, prefix: bool) -> None:
+@pytest.mark.parametrize("lens_q", [[5, 1, 9, 3, 9], [6, 6, 6], [11]], ids=["ragged", "uniform", "one"])
+def test_segments_in_one_call_equal_each_segment_alone(causal: bool, prefix: bool, lens_q: list[int]) -> None:
     torch.manual_seed(0)
-    lens_q = [5, 1, 9, 3, 9]
     lens_k = [n + (7 if prefix else 0) for n in lens_q]  # a continuation sees a prefix and itself
     heads, kv_heads, dim = 4, 2, 8
     q = torch.randn(1, heads, sum(lens_q), dim, dtype=torch.float64, requires_grad=True)

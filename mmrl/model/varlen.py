@@ -20,9 +20,10 @@ hub kernel), that computes every segment of such a call at once:
   flash kernels behind sdpa, no extra package), through it (packed, no padding);
 * elsewhere (the CPU, older torch), through **one** padded call of transformers' own sdpa function: the segments
   laid out as rows of a batch padded to the longest segment, with a boolean mask of each row's valid keys (and
-  causality, aligned to the end of the keys as flash attention aligns it). The padding costs at most the longest
-  segment per segment; a block-diagonal mask over the whole packed row (what sdpa needs otherwise) costs the
-  packed length per token.
+  causality, aligned to the end of the keys as flash attention aligns it); where every segment is as long as
+  the longest (a video's windows and frames, a lone sequence) the batch is a view of the packed tensor and sdpa
+  needs no mask. The padding costs at most the longest segment per segment; a block-diagonal mask over the
+  whole packed row (what sdpa needs otherwise) costs the packed length per token.
 
 Calls without segment lengths (generation with a KV cache, padded batches, the shared-prefix path's second pass)
 take the flash-attention mask convention: the model hands a 2-D padding mask or none (transformers'
@@ -111,6 +112,10 @@ class _Layout:
         mask = mask | (~self.valid_q[:, :, None] & valid_k[:, None, :])
         self.mask = mask[:, None]  # (n, 1, max_q, max_k)
         self.flat_q = self.valid_q.reshape(-1).nonzero().squeeze(-1)
+        # every segment as long as the longest, keys as queries (a video's windows and frames, one sequence):
+        # no padding, so the tensors are views and sdpa needs no mask (its causal flag, where causal, is exact)
+        self.uniform = bool((len_q == max_q).all() and (len_k == len_q).all() and max_q == max_k)
+        self.n = int(len_q.numel())
 
 
 _LAST: list[Any] = [None, None]  # (the key the layout was built for, the layout)
@@ -152,6 +157,10 @@ def _segments(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                           scale=scaling, **kw)
         return out.unsqueeze(0)
     lay = _layout(cu_q, cu_k, int(max_q), int(max_k), causal)
+    if lay.uniform:
+        q, k, v = (t[0].unflatten(1, (lay.n, int(max_q))).transpose(0, 1) for t in (query, key, value))
+        out = _sdpa(module, q, k, v, None, scaling, dropout, causal)  # (n, max_q, heads, dim)
+        return out.reshape(1, -1, *out.shape[2:])
     q = query[0][:, lay.index_q].transpose(0, 1)  # (n, heads, max_q, dim)
     k = key[0][:, lay.index_k].transpose(0, 1)
     v = value[0][:, lay.index_k].transpose(0, 1)
