@@ -281,6 +281,12 @@ class LocalUpdater(Updater):
         self._here("loading a checkpoint")
         opt = state.get("optimizer", state)  # older checkpoints: the bare optimizer state
         self.optimizer.load_state_dict(opt)
+        # tensors the optimizer kept as torch.load made them (no cast or move needed) sit in storage that cannot
+        # be resized, which state_in_host_memory frees and refills: the optimizer gets copies of its own
+        for per_param in self.optimizer.state.values():
+            for key, value in per_param.items():
+                if isinstance(value, torch.Tensor) and not value.untyped_storage().resizable():
+                    per_param[key] = value.clone()
         if self.master is not None and "master" in state:
             with torch.no_grad():
                 for (name, p), m in zip(self.named, self.master):
@@ -355,6 +361,10 @@ class HostCopies:
             raise MmrlError("the optimizer state is already in host memory")
         t0 = time.perf_counter()
         storages = _distinct_storages(tensors)
+        fixed = [s for s in storages if not s.resizable()]
+        if fixed:  # checked before anything is freed: a half-done move would leave tensors without contents
+            raise MmrlError(f"{len(fixed)} of the optimizer's tensors sit in storage that cannot be resized (e.g. "
+                            "made by torch.load): they cannot leave device memory in place")
         cuda = any(s.device.type == "cuda" for s in storages)
         away = []
         for i, s in enumerate(storages):

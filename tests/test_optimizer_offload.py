@@ -99,6 +99,37 @@ def test_a_failure_inside_brings_the_state_back() -> None:
     assert set(snapshot) == {"optimizer", "master"}
 
 
+def test_a_loaded_checkpoints_state_moves_too(tmp_path: Path) -> None:
+    """A resumed run's optimizer state comes from ``torch.load``, whose storage cannot be resized: the updater
+    owns copies of it, so it moves like a fresh run's and trains on exactly as the run that wrote it."""
+    net, twin = model(torch.bfloat16), model(torch.bfloat16)
+    updater = LocalUpdater(net, TRAIN, World())
+    train_step(net, updater, 1)
+    torch.save(updater.state_dict(), tmp_path / "state.pt")
+    loaded = torch.load(tmp_path / "state.pt", weights_only=True, map_location="cpu")
+    assert not any(v.untyped_storage().resizable() for s in loaded["optimizer"]["state"].values() for v in s.values())
+    resumed = LocalUpdater(twin, TRAIN, World())
+    resumed.load_state_dict(loaded)
+    with resumed.state_in_host_memory():
+        assert all(t.untyped_storage().nbytes() == 0 for t in resumed.state_tensors())
+    train_step(net, updater, 2)
+    train_step(twin, resumed, 2)
+    for t, u in zip(updater.state_tensors(), resumed.state_tensors()):
+        assert torch.equal(as_bytes(t), as_bytes(u))
+
+
+def test_a_tensor_that_cannot_move_stops_the_move_before_anything_is_freed() -> None:
+    net = model(torch.bfloat16)
+    updater = LocalUpdater(net, TRAIN, World())
+    train_step(net, updater, 1)
+    state = next(iter(updater.optimizer.state.values()))
+    state["exp_avg"] = torch.from_numpy(state["exp_avg"].numpy().copy())  # numpy's memory: not resizable
+    with pytest.raises(MmrlError, match="cannot be resized"), updater.state_in_host_memory():
+        pass
+    assert not updater.state_away
+    assert all(t.untyped_storage().nbytes() > 0 for t in updater.state_tensors())
+
+
 def test_when_the_state_moves() -> None:
     """auto: a full fine-tune on a GPU with the vLLM backend and its sleep mode, mmrl's own AdamW; true: with
     the vLLM backend anywhere; never with the HF backend."""
