@@ -642,12 +642,13 @@ class GRPOTrainer:
         g = self.cfg.grpo
         minis = self._minibatches(batch)
         self.policy.model.train()
-        sums: dict[str, float] = {}
         norms: list[float] = []
-        self._fresh, self._gap = True, [0.0, 0.0]  # the rollout/training log-prob gap: |diff| sum, tokens
+        # the step's statistics stay on the device until the update ends (_UpdateSums: one read for them all)
+        self._fresh, self._sums = True, _UpdateSums()
         n_updates = g.ppo_epochs * len(minis)
         work: list[int] = []  # the tokens this rank trained in each optimizer step (dummy passes: none)
         lr_used = self.optimizer.param_groups[0]["lr"]
+        each = self._check_each_micro_batch()
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
                 work.append(0)
@@ -655,12 +656,15 @@ class GRPOTrainer:
                 counts = global_counts([batch.tokens("loss_mask", idx, batch.micro_batch(idx)[1])
                                         for idx in self._chunks(mini)])
                 self.updater.zero_grad()
+                self._sums.new_step()
                 finite = True
                 for idx, dummy in self._own_chunks(batch, mini):
                     work[-1] += 0 if dummy else sum(len(batch.seqs[i]) for i in idx)
-                    finite = self._micro_step(batch, idx, counts, sums, n_updates, dummy=dummy)
+                    finite = self._micro_step(batch, idx, counts, self._sums, n_updates, dummy=dummy, check=each)
                     if not finite:
                         break
+                if not each:  # the optimizer step's one check: every micro-batch's loss finite, on every rank
+                    finite = self.world.all_true(self._sums.all_finite())
                 lrs = [group["lr"] for group in self.optimizer.param_groups]
                 lr_used = lrs[0]
                 lr_ok = all(math.isfinite(lr) and lr >= 0 for lr in lrs)  # one a plug-in set: never stepped
@@ -676,12 +680,13 @@ class GRPOTrainer:
                     tqdm.write(f"step {self.step + 1}: {why}; optimizer step skipped ({self.skipped_updates} so far)")
                 self.recent_updates = [*self.recent_updates, grad_norm is None][-SKIP_WINDOW:]
                 self.updater.zero_grad()
+        sums, gap_sum, gap_tokens = self._sums.read()
         stats: dict[str, Any] = dict(self.world.sum_stats(sums))
         if batch.rollout_logprobs is not None:  # mean |training - rollout| log-prob per token
-            gap = self.world.sum_stats({"sum": self._gap[0], "tokens": self._gap[1]})
+            gap = self.world.sum_stats({"sum": gap_sum, "tokens": gap_tokens})
             stats["rollout_logprob_gap"] = gap["sum"] / max(1.0, gap["tokens"])
             if self.world.active:  # each rank's own engine: the worst rank's mean
-                stats["rollout_logprob_gap/worst_rank"] = max(self.world.gather(self._gap[0] / max(1.0, self._gap[1])))
+                stats["rollout_logprob_gap/worst_rank"] = max(self.world.gather(gap_sum / max(1.0, gap_tokens)))
         stats["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
         stats["optimizer_steps"] = len(norms)
         stats["lr"] = lr_used  # the rate of the step's last optimizer step
@@ -725,16 +730,32 @@ class GRPOTrainer:
         return (f"{ckpt.name} holds the last good weights: continue from it with `mmrl train --out {self.run_dir} "
                 "--resume train.lr=...`, or start a new run.")
 
-    def _micro_step(self, batch: RolloutBatch, idx: list[int], counts: Any, sums: dict[str, float],
-                    n_updates: int, *, dummy: bool = False) -> bool:
-        """Forward and backward of one micro-batch; False (on every rank alike) when a loss is not finite.
-        A ``dummy`` pass only keeps the ranks' collectives in step: its loss is zero."""
+    def _check_each_micro_batch(self) -> bool:
+        """Whether the update checks each micro-batch's loss before its backward (a host sync and, under
+        torchrun, an all-reduce a micro-batch) instead of once per optimizer step. DeepSpeed only: its engine
+        reduces each backward's gradients into ZeRO's own partitions, which ``engine.zero_grad`` (parameters'
+        ``.grad``) does not clear and only its ``step`` resets (deepspeed/runtime/zero/stage_1_and_2.py:
+        ``step`` clears them on overflow, ``micro_step_id`` counts backwards until then), so a NaN that went
+        through backward and a skipped step would reach the next optimizer step. The local updater's gradients
+        are the parameters' own, set to None by ``zero_grad`` after a skipped step."""
+        return bool(getattr(self.cfg.train, "deepspeed", None))
+
+    def _micro_step(self, batch: RolloutBatch, idx: list[int], counts: Any, sums: _UpdateSums,
+                    n_updates: int, *, dummy: bool = False, check: bool = False) -> bool:
+        """Forward and backward of one micro-batch, with no host round-trip of its own: its loss's finiteness
+        joins ``sums.ok``, a flag on the device that :meth:`update` reads once per optimizer step (a non-finite
+        loss still goes through backward; the step is then skipped and its gradients dropped), and its
+        statistics join ``sums`` as device tensors, counted only while every loss of the optimizer step so far
+        is finite (as when a non-finite micro-batch ended the step's loop). ``check`` (DeepSpeed,
+        :meth:`_check_each_micro_batch`): the loss is checked here, on every rank alike, and False returned
+        before its backward when it is not finite. A ``dummy`` pass only keeps the ranks' collectives in step:
+        its loss is zero."""
         g = self.cfg.grpo
         self._mem.start("update")
         if dummy:
             logp, _, _ = self.policy.forward_logprobs([self._dummy_seq()], temperature=self.cfg.rollout.temperature,
                                                       with_entropy=True, entropy_grad=bool(g.entropy_coef))
-            if not self.world.all_true(True):
+            if check and not self.world.all_true(True):
                 return False
             self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
             return True
@@ -768,25 +789,24 @@ class GRPOTrainer:
             logp, tok("old_logprobs"), adv, mask, g, ref_logp=tok("ref_logprobs"), entropies=ent,
             global_tokens=counts.tokens, global_seqs=counts.seqs, loss_weights=loss_weights,
             kl_weights=tok("kl_weights") if batch.ref_logprobs is not None else None)
+        # this micro-batch's share of the mini-batch's tokens, in fp64 on the device (no host round-trip)
+        tokens = mask.detach().sum().double()
+        share = tokens / max(1.0, counts.tokens)
         if routers is not None:  # this micro-batch's share of the mini-batch's mean, as its policy loss is
             aux = routers.loss()
-            loss = loss + self.router_aux_coef * aux.to(loss.dtype) * (float(mask.sum()) / max(1.0, counts.tokens))
+            loss = loss + self.router_aux_coef * aux.to(loss.dtype) * share.to(loss.dtype)
             st["router_aux_loss"] = aux.detach()
-        if not self.world.all_true(bool(torch.isfinite(loss))):
+        if check and not self.world.all_true(bool(torch.isfinite(loss))):
             return False
+        sums.join(torch.isfinite(loss.detach()))
         self.updater.backward(loss)
         self._mem.stop("update")  # forward and backward: the micro-batch's peak
-        share = float(mask.sum()) / max(1.0, counts.tokens)
         if gap is not None and self._fresh:  # before any optimizer step of this batch: the rollout's weights
-            self._gap[0] += float(gap) * float(mask.sum())
-            self._gap[1] += float(mask.sum())
-        for k, v in st.items():
-            if k == "n_tokens":
-                continue
-            # loss terms are already this micro-batch's share of the step's loss: they add up; the other
-            # statistics are micro-batch means: weighted by the micro-batch's tokens
-            part = float(v) if k in LOSS_TERMS else float(v) * share
-            sums[k] = sums.get(k, 0.0) + part / n_updates
+            sums.add_gap(gap.detach().double() * tokens, tokens)
+        # loss terms are already this micro-batch's share of the step's loss: they add up; the other statistics
+        # are micro-batch means: weighted by the micro-batch's tokens
+        sums.add({k: (v.detach().double() if k in LOSS_TERMS else v.detach().double() * share) / n_updates
+                  for k, v in st.items() if k != "n_tokens"})
         return True
 
     # ------------------------------------------------------------------------------------ logging
@@ -999,6 +1019,57 @@ class GRPOTrainer:
                 self.stopped_by = stop
                 break
         bar.close()
+
+
+class _UpdateSums:
+    """One update's statistics, kept on the device as fp64 tensors and read once when the update ends
+    (:meth:`read`), instead of a host round-trip per statistic and micro-batch. ``ok`` is the current optimizer
+    step's flag (every loss so far finite); a micro-batch's values are added only while it holds, so the sums
+    are those of the micro-batches before the step's first non-finite loss. The additions are in the order and
+    precision the host's float sums had (fp64), so the values are the same to the last bit."""
+
+    def __init__(self) -> None:
+        self.ok: torch.Tensor | None = None
+        self.sums: dict[str, torch.Tensor] = {}
+        self.seen: dict[str, torch.Tensor] = {}  # whether a key got a value (kept only then, as before)
+        self.gap: list[torch.Tensor] = []  # the rollout/training log-prob gap: |diff| sum, tokens
+
+    def new_step(self) -> None:
+        """An optimizer step begins: no loss of it seen yet."""
+        self.ok = None
+
+    def join(self, finite: torch.Tensor) -> None:
+        self.ok = finite if self.ok is None else self.ok & finite
+
+    def all_finite(self) -> bool:
+        """The optimizer step's one host read: every loss of its micro-batches finite (no loss: True)."""
+        return True if self.ok is None else bool(self.ok)
+
+    def _masked(self, value: torch.Tensor) -> torch.Tensor:
+        return value if self.ok is None else torch.where(self.ok, value, torch.zeros_like(value))
+
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        for k, v in values.items():
+            self.sums[k] = self._masked(v) if k not in self.sums else self.sums[k] + self._masked(v.to(self.sums[k].device))
+            ok = self.ok if self.ok is not None else torch.ones((), dtype=torch.bool, device=v.device)
+            self.seen[k] = ok if k not in self.seen else self.seen[k] | ok.to(self.seen[k].device)
+
+    def add_gap(self, diff_sum: torch.Tensor, tokens: torch.Tensor) -> None:
+        parts = [self._masked(diff_sum), self._masked(tokens)]
+        self.gap = parts if not self.gap else [a + b.to(a.device) for a, b in zip(self.gap, parts)]
+
+    def read(self) -> tuple[dict[str, float], float, float]:
+        """``(sums, gap sum, gap tokens)`` as Python floats: one transfer for all of them."""
+        keys = list(self.sums)
+        values = [self.sums[k] for k in keys] + [self.seen[k].double() for k in keys] + self.gap
+        if not values:
+            return {}, 0.0, 0.0
+        dev = values[0].device
+        flat = torch.stack([v.to(dev) for v in values]).tolist()
+        n = len(keys)
+        sums = {k: flat[i] for i, k in enumerate(keys) if flat[n + i]}
+        gap_sum, gap_tokens = (flat[2 * n], flat[2 * n + 1]) if self.gap else (0.0, 0.0)
+        return sums, gap_sum, gap_tokens
 
 
 def balance_stats(work: list[list[int]]) -> dict[str, float]:

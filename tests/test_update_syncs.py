@@ -1,0 +1,127 @@
+"""The update reads the device once per optimizer step, not per micro-batch (issue 58): its statistics stay on the
+device until the update ends and the non-finite-loss check is one flag per optimizer step.
+
+* the logged statistics (loss terms, clip fractions, KL, entropy, the rollout/training log-prob gap) are, to the
+  last bit, the per-micro-batch host sums the update made before: each micro-batch's values read as Python
+  floats, weighted by its share of the mini-batch's tokens, summed in order;
+* a NaN loss in one micro-batch skips that optimizer step: the weights stay as they were, no gradient is left
+  behind, and the next optimizer step trains from clean gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_runs import TINY_RUN, module_cache  # noqa: F401 (module_cache is a fixture)
+
+from mmrl.config import load_run_config
+from mmrl.run import load_split
+
+pytestmark = pytest.mark.usefixtures("module_cache")
+
+
+def make_trainer(tmp_path: Path, *overrides: str):
+    from mmrl.model import load_policy
+    from mmrl.run import resolve_model
+    from mmrl.trainer import GRPOTrainer
+
+    cfg = load_run_config("video-qa", overrides=[*TINY_RUN, *overrides])
+    samples, _ = load_split(cfg, "train", show_progress=False)
+    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device="cpu")
+    return GRPOTrainer(cfg, policy, samples, run_dir=tmp_path / "run", show_progress=False)
+
+
+def scored_batch(trainer):
+    batch = trainer.rollout_round(2)
+    trainer.reference_pass(batch)
+    trainer.compute_advantages(batch)
+    trainer.shape_tokens(batch)
+    return batch
+
+
+def test_update_statistics_equal_the_per_micro_batch_host_sums(tmp_path: Path, monkeypatch) -> None:
+    import mmrl.trainer as trainer_module
+
+    # two optimizer steps (mini-batches of 4 rows, off-policy: clip fractions move), micro-batches of 3 rows,
+    # a KL term and an entropy bonus, the rollout's own log-probs (the gap)
+    trainer = make_trainer(tmp_path, "grpo.kl_coef=0.05", "grpo.entropy_coef=0.01", "grpo.ppo_mini_batch_size=4",
+                           "rollout.record_logprobs=true", "train.lr=1e-3", "rollout.temperature=1.5",
+                           "grpo.clip_low=0.0001", "grpo.clip_high=0.0001")  # a narrow clip: the fractions move
+    batch = scored_batch(trainer)
+    assert batch.rollout_logprobs is not None and batch.old_logprobs is not None
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)  # the random model's rewards may all be equal
+    # what each micro-step saw: its rows, whether the weights were still the rollout's, and the loss's inputs
+    seen: list[dict] = []
+    micro_step, policy_loss = trainer._micro_step, trainer_module.compute_policy_loss
+
+    def record_micro_step(batch, idx, *args, **kwargs):
+        seen.append({"idx": list(idx), "fresh": trainer._fresh, "dummy": kwargs.get("dummy", False)})
+        return micro_step(batch, idx, *args, **kwargs)
+
+    def record_loss(logp, *args, **kwargs):
+        loss, st = policy_loss(logp, *args, **kwargs)
+        seen[-1].update(logp=logp.detach().clone(), mask=args[2].detach().clone(), tokens=kwargs["global_tokens"],
+                        stats={k: v.detach().clone() for k, v in st.items()})
+        return loss, st
+
+    monkeypatch.setattr(trainer, "_micro_step", record_micro_step)
+    monkeypatch.setattr(trainer_module, "compute_policy_loss", record_loss)
+    stats = trainer.update(batch)
+    assert stats["optimizer_steps"] == 2 and len(seen) == 4  # 2 mini-batches x ([3 rows], [1 row])
+
+    # the update's former arithmetic: each value read to the host, summed in micro-batch order
+    n_updates, sums, gap = 2, {}, [0.0, 0.0]
+    for s in seen:
+        mask, logp = s["mask"], s["logp"]
+        share = float(mask.sum()) / max(1.0, s["tokens"])
+        if s["fresh"]:
+            rollout = batch.tokens("rollout_logprobs", s["idx"], logp.shape[1])
+            diff = (logp - rollout).masked_fill(mask == 0, 0.0)
+            gap[0] += float(diff.abs().sum() / mask.sum().clamp(min=1)) * float(mask.sum())
+            gap[1] += float(mask.sum())
+        for k, v in s["stats"].items():
+            if k != "n_tokens":
+                part = float(v) if k in trainer_module.LOSS_TERMS else float(v) * share
+                sums[k] = sums.get(k, 0.0) + part / n_updates
+    assert {"loss", "pg_loss", "kl_loss", "kl", "entropy"} <= set(sums)
+    assert any(k.startswith("pg/clip") for k in sums), sorted(sums)
+    assert any(k.startswith("pg/clip") and sums[k] > 0 for k in sums)  # the second step's ratios moved
+    assert {k: stats[k] for k in sums} == sums  # bit for bit
+    assert gap[1] > 0 and stats["rollout_logprob_gap"] == gap[0] / gap[1]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_nan_in_one_micro_batch_skips_the_step_and_leaves_nothing_behind(tmp_path: Path, dtype: str) -> None:
+    trainer = make_trainer(tmp_path, f"model.dtype={dtype}", "train.lr=1e-3", "grpo.kl_coef=0.01")
+    batch = scored_batch(trainer)
+    assert trainer._chunks(range(len(batch)), batch) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    good = batch.advantages.clone()
+    batch.advantages = good.clone()
+    batch.advantages[3] = float("nan")  # the second micro-batch's loss is NaN (a reward gave NaN, say)
+    batch.advantages[0] = 1.0  # a first micro-batch with a gradient, which the skipped step must drop
+    model = trainer.policy.model
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    passes = []
+    micro_step = trainer._micro_step
+    trainer._micro_step = lambda *a, **k: passes.append(a[1]) or micro_step(*a, **k)
+    stats = trainer.update(batch)
+    assert stats["skipped_updates"] == 1 and stats["optimizer_steps"] == 0
+    assert len(passes) == 3  # the check is once per optimizer step: every micro-batch ran
+    assert math.isfinite(stats["loss"])  # the statistics stop before the NaN micro-batch, as the loop did
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    masters = getattr(trainer.updater, "master", None)
+    assert (masters is not None) == (dtype == "bf16")
+    assert all(m.grad is None and torch.isfinite(m).all() for m in masters or [])
+
+    # the next optimizer step trains from clean gradients: finite, and the weights move
+    batch.advantages = good
+    batch.advantages[0] = 1.0
+    stats = trainer.update(batch)
+    assert stats["skipped_updates"] == 1 and stats["optimizer_steps"] == 1 and math.isfinite(stats["grad_norm"])
+    after = model.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
