@@ -53,12 +53,14 @@ bench: setup
 # The acceptance run on a machine with one GPU (perf/gpu_check/; README "What ran on a GPU"): the environment, the
 # GPU tests, the README's one-GPU 3B command at its real settings with per-stage memory peaks (a larger card held
 # to an H100's memory), a profiled update micro-batch with counted FLOPs, DeepSpeed ZeRO-2/3 in one process with
-# exact resume; each stage in its own process with a timeout, the results written after each one to
-# perf/results/gpu_check-<device>-<date>.{json,md}. Exit status 1: a stage failed or timed out; 2: a budget was
-# exceeded (3: both). It needs no network and no `make setup`: it runs on the machine's own Python with torch
-# (GPU_PYTHON), the repository on PYTHONPATH, and the wheels in gpu-wheels/ (`make gpu-wheels`, run where pip
-# reaches an index, then carried) installed into .gpu-site/ without an index. Without CUDA it fails; its CPU
-# mode (python -m perf.gpu_check --mode cpu) runs inside `make test` (tests/test_gpu_check.py).
+# exact resume; each stage in its own process group with a timeout cut to the call's budget (540 s from the
+# start of `make gpu-check`, the wheels' install included: a lent machine's command has 10 minutes), the results
+# written after each one to perf/results/gpu_check-<device>-<date>.{json,md}. Exit status 1: a stage failed, timed
+# out or did not fit the call; 2: a budget was exceeded (3: both). It needs no network and no `make setup`: it
+# runs on the machine's own Python with torch (GPU_PYTHON), the repository on PYTHONPATH, and the wheels in
+# gpu-wheels/ (`make gpu-wheels`, run where pip reaches an index, then carried) installed into .gpu-site/ without
+# an index. Without CUDA it fails; its CPU mode (python -m perf.gpu_check --mode cpu) runs inside `make test`
+# (tests/test_gpu_check.py; tests/test_gpu_image.py runs it with the image's packages and the wheels alone).
 GPU_PYTHON ?= python3
 GPU_WHEELS ?= gpu-wheels
 GPU_SITE ?= .gpu-site
@@ -70,23 +72,26 @@ $(GPU_SITE_STAMP): $(wildcard $(GPU_WHEELS)/*.whl)
 	$(if $^,$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $(GPU_SITE) $^)
 	touch $@
 
-gpu-check: $(GPU_SITE_STAMP)
+# GPU_CHECK_STARTED: the call's budget counts from here, the wheels' install included
+gpu-check:
+	export GPU_CHECK_STARTED=$$(date +%s) && $(MAKE) --no-print-directory $(GPU_SITE_STAMP) && \
 	PYTHONPATH="$(CURDIR):$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m perf.gpu_check --mode gpu $(GPU_CHECK_ARGS)
 
-# What gpu-check needs beyond a GPU image's own torch, torchvision, tokenizers, huggingface-hub, numpy and pyyaml
-# (Python GPU_WHEELS_PY on x86-64 Linux): the versions of constraints.txt of transformers and the video stack
-# mmrl imports, and DeepSpeed with what it imports (DeepSpeed publishes a source archive only: built here into a
-# pure-Python wheel). About 54 MB, into gpu-wheels/ (git-ignored).
+# What gpu-check needs beyond the lent machine's image (perf/gpu_check/image.py: the image's packages, the wheels,
+# and what stays behind and why; tests/test_gpu_image.py derives them from what the training path imports): for
+# Python GPU_WHEELS_PY on x86-64 Linux, constraints.txt's versions, and DeepSpeed (a source archive only: built
+# here into a pure-Python wheel). About 58 MB into gpu-wheels/ (git-ignored); it says what a call carrying them
+# sends against the 64 MiB a call may, and fails above it.
 GPU_WHEELS_PY ?= 3.12
-GPU_WHEEL_PKGS ?= transformers==5.23.0 qwen-vl-utils==0.0.14 av==18.1.0 hjson==3.1.0 pydantic==2.14.3 \
-	pydantic_core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0
+GPU_WHEEL_PKGS ?= $(shell $(PYTHON) -m perf.gpu_check.image wheels)
+GPU_BUILT_PKGS ?= $(shell $(PYTHON) -m perf.gpu_check.image built)
 gpu-wheels: setup
-	mkdir -p $(GPU_WHEELS)
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PY) --implementation cp \
-		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		-d $(GPU_WHEELS) $(GPU_WHEEL_PKGS)
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) deepspeed==0.19.8
-	@du -sh $(GPU_WHEELS)
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_PKGS)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) $(GPU_BUILT_PKGS)
+	$(PY) -m perf.gpu_check.image carry $(GPU_WHEELS)
 
 lint: setup
 	$(VENV)/bin/ruff check mmrl mmrl_common vision video rewards data_pipelines tests perf

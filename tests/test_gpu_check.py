@@ -153,3 +153,210 @@ def test_the_profile_check_catches_a_processor_that_shrinks_the_sampled_frames(t
 
     assert sampled_vision_tokens(media, published) == 2 * 16 * 16 == tokens(published)
     assert tokens(small) < sampled_vision_tokens(media, small)
+
+
+# ---------------------------------------------------------------------------------------- a call on a lent machine
+def _children(pid: int) -> list[tuple[int, str]]:
+    """The processes whose parent is ``pid``: (pid, command line)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append((int(proc.name), cmd))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(cond, seconds: float) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return cond()
+
+
+def _start_runner_mid_train(work: Path, out: Path) -> tuple[subprocess.Popen, int]:
+    """The runner in the CPU mode (its own session, as a lent machine's command), once its train stage has
+    started: the runner and the stage's process id."""
+    env = {**os.environ, "MMRL_CACHE": str(work / "cache"), "OMP_NUM_THREADS": "1"}
+    runner = subprocess.Popen([sys.executable, "-m", "perf.gpu_check", "--mode", "cpu", "--stages", "train", "--work",
+                               str(work), "--out", str(out), "--name", "k"], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = work / "stages" / "train" / "output.log"
+
+    def stage() -> list[int]:
+        return [p for p, cmd in _children(runner.pid) if "perf.gpu_check.stages train" in cmd]
+
+    # the stage has begun its work: it said so in its log (after it asked to die with the runner)
+    assert _wait_for(lambda: bool(stage()) and log.exists() and "stage train" in log.read_text(), 300), \
+        "the train stage did not start"
+    (pid,) = stage()
+    return runner, pid
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_call_takes_its_stage_with_it(work: Path, tmp_path: Path, how: str) -> None:
+    """A runner killed outright (SIGKILL: none of its own clean-up runs) or stopped (SIGTERM, as a command's
+    time limit does) mid-stage leaves no stage process behind (it would hold the GPU's memory in the next
+    call); a stopped runner also records the stage as stopped."""
+    import signal
+
+    runner, stage = _start_runner_mid_train(work, tmp_path)
+    assert _alive(stage)
+    os.kill(runner.pid, getattr(signal, how))
+    rc = runner.wait(timeout=120)
+    assert _wait_for(lambda: not _alive(stage), 60), f"stage {stage} outlived its runner ({how})"
+    if how == "SIGTERM":
+        assert rc == 128 + signal.SIGTERM
+        data = json.loads((tmp_path / "k.json").read_text())
+        assert data["stages"]["train"]["status"] == "stopped" and "SIGTERM" in data["stages"]["train"]["error"]
+        assert data["exit_status"] == 128 + signal.SIGTERM
+    else:
+        assert rc == -signal.SIGKILL
+
+
+def test_a_stage_dies_with_the_process_that_started_it_even_when_it_prints_nothing(tmp_path: Path) -> None:
+    """``die_with_parent`` (every stage, and the ``mmrl`` runs a stage starts, call it first): a process whose
+    parent is SIGKILLed ends although it is silent (a stage writing to its dead runner's pipe would fail anyway;
+    one in a long GPU step writes nothing for minutes)."""
+    import signal
+
+    pid_file = tmp_path / "child.pid"
+    child = ("import os, time; from perf.gpu_check.stages import die_with_parent; die_with_parent(); "
+             f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
+    parent = ("import os, subprocess, sys, time; "
+              f"subprocess.Popen([sys.executable, '-c', {child!r}], env={{**os.environ, "
+              "'GPU_CHECK_PARENT_PID': str(os.getpid())}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+              "time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=REPO, start_new_session=True)
+    try:
+        assert _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 120)
+        grandchild = int(pid_file.read_text())
+        assert _alive(grandchild)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert _wait_for(lambda: not _alive(grandchild), 60), "the silent child outlived its parent"
+    finally:
+        proc.kill()
+        if pid_file.exists() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_stage_gets_what_is_left_of_the_calls_budget() -> None:
+    from perf.gpu_check.runner import MIN_STAGE_S, STOP_S, stage_timeout
+
+    assert stage_timeout(1500, 0.0, None, 100.0) == 1500  # no budget: the stage's own
+    assert stage_timeout(1500, 0.0, 540, 100.0) == 540 - 100 - STOP_S  # cut to the call's end, less the stop
+    assert stage_timeout(60, 0.0, 540, 100.0) == 60  # its own when shorter
+    assert stage_timeout(1500, 0.0, 540, 540 - STOP_S - MIN_STAGE_S + 1) is None  # too little left: not started
+
+
+def test_a_spent_budget_starts_no_stage_and_says_so(tmp_path: Path) -> None:
+    """A call whose budget is spent before a stage (here at once: GPU_CHECK_STARTED, set by `make gpu-check`
+    before the wheels' install, is that long ago) starts none, records why and fails."""
+    import time
+
+    env = {**os.environ, "GPU_CHECK_STARTED": str(time.time() - 500)}
+    done = subprocess.run([sys.executable, "-m", "perf.gpu_check", "--mode", "cpu", "--call-budget", "540",
+                           "--stages", "environment,train", "--work", str(tmp_path / "w"), "--out", str(tmp_path),
+                           "--name", "b"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == FAILED, done.stdout + done.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["call_budget_s"] == 540
+    assert data["stages"]["environment"]["status"] == "not run" and "budget" in data["stages"]["environment"]["error"]
+    assert data["stages"]["train"]["status"] == "not run"
+    assert not (tmp_path / "w" / "stages").exists()  # no stage process was started
+
+
+def test_the_second_call_keeps_the_first_calls_stages_from_the_file_given(work: Path, tmp_path: Path) -> None:
+    """Call 2 reads call 1's results from the path it is given (the JSON that came back from the machine, copied
+    anywhere), writes under that file's name in --out, judges the budgets on both calls' stages."""
+    first = tmp_path / "came-back" / "gpu_check-some-gpu-2026-12-01.json"
+    first.parent.mkdir()
+    first.write_text(json.dumps({"stages": {"train": {"status": "ok", "result": {"peak_gb": 70.0,
+                                                                                 "peak_reserved_gb": 81.0}}}}))
+    env = {**os.environ, "MMRL_CACHE": str(work / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "perf.gpu_check", "--mode", "cpu", "--stages", "environment",
+                           "--merge", str(first), "--no-default-budgets", "--budget", "train.peak_gb<=80",
+                           "--budget", "train.peak_reserved_gb<=80", "--work", str(work), "--out",
+                           str(tmp_path / "results")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == BUDGET_EXCEEDED, (done.stdout + done.stderr)[-3000:]
+    data = json.loads((tmp_path / "results" / first.name).read_text())
+    assert data["merged_from"] == str(first)
+    assert data["stages"]["environment"]["status"] == "ok" and not data["stages"]["environment"].get(
+        "from_earlier_call")
+    assert data["stages"]["train"]["from_earlier_call"] and data["stages"]["train"]["result"]["peak_gb"] == 70.0
+    budgets = {b["bound"]: b["ok"] for b in data["budgets"]}
+    assert budgets == {"train.peak_gb<=80": True, "train.peak_reserved_gb<=80": False}
+    assert run(["--merge", str(tmp_path / "nothing.json"), "--work", str(tmp_path)]) == 2  # refused before a stage
+
+
+# ---------------------------------------------------------------------------------------------- the run's memory
+def test_the_whole_runs_peak_is_the_largest_window_and_the_checkpoint_is_reported() -> None:
+    """Every window resets the device's peak counter, so the whole run's peak is the windows' largest: the
+    committed GPU run's logged windows (its update and optimizer step) give it, not the checkpoint's window
+    that the device's counter held at the end; host memory is no GPU window."""
+    from perf.gpu_check.stages import memory_peaks
+
+    committed = json.loads((REPO / "perf" / "results" / "gpu_check-nvidia-h200-2026-11-27.json").read_text())
+    logged = {k: v for k, v in committed["stages"]["train"]["result"].items() if k.startswith("memory/")}
+    rows = [logged, {"memory/save_gb": committed["stages"]["train"]["result"]["peak_gb"],
+                     "memory/save_host_gb": 1000.0}]
+    peaks = memory_peaks(rows)
+    allocated = {k: v for k, v in logged.items() if not k.endswith(("_reserved_gb", "_host_gb"))}
+    reserved = {k: v for k, v in logged.items() if k.endswith("_reserved_gb")}
+    assert peaks["peak_gb"] == max(allocated.values()) > peaks["memory/save_gb"]
+    assert peaks["peak_window"] == max((k for k in allocated if k != "memory/peak_gb"), key=allocated.get)
+    assert peaks["peak_reserved_gb"] == max(reserved.values())
+    assert peaks["peak_reserved_window"] == max(reserved, key=reserved.get)
+    # a step's largest window over several steps
+    two = memory_peaks([{"memory/update_gb": 1.0}, {"memory/update_gb": 3.0}, {"memory/save_gb": 2.0}])
+    assert (two["peak_gb"], two["peak_window"], two["memory/save_gb"]) == (3.0, "memory/update_gb", 2.0)
+
+
+def test_the_allocation_history_summary_finds_the_most_allocated_moment_and_what_was_live() -> None:
+    """``--memory-history``'s summary on a made-up allocator history: the moment the most was allocated, what
+    was live then, credited to the innermost frame in mmrl's code; a block live since before the first
+    recorded event is counted too, and said to be from before."""
+    from perf.gpu_check.stages import GB, peak_allocations
+
+    def frames(*where: str) -> list[dict]:
+        return [{"filename": f"/x/{w.split(':')[0]}", "line": int(w.split(":")[1]), "name": "f"} for w in where]
+
+    master = frames("torch/optim/adamw.py:10", "mmrl/optim.py:50")
+    grad = frames("torch/autograd/graph.py:5", "mmrl/trainer.py:700")
+    act = frames("torch/nn/functional.py:3", "mmrl/model/policy.py:90")
+    events = [{"action": "alloc", "addr": 1, "size": 4 * GB, "frames": master},
+              {"action": "alloc", "addr": 2, "size": 2 * GB, "frames": grad},
+              {"action": "alloc", "addr": 3, "size": 1 * GB, "frames": act},  # the peak: 9 GB live
+              {"action": "free_requested", "addr": 3, "size": 1 * GB, "frames": act},
+              {"action": "free_completed", "addr": 3, "size": 1 * GB, "frames": act},
+              {"action": "free_completed", "addr": 2, "size": 2 * GB, "frames": grad}]
+    snapshot = {"segments": [{"device": 0, "blocks": [
+        {"address": 1, "size": 4 * GB, "state": "active_allocated", "frames": master},
+        {"address": 9, "size": 2 * GB, "state": "active_allocated", "frames": []},  # from before the history
+        {"address": 7, "size": 5 * GB, "state": "inactive", "frames": []}]}],  # cached, not allocated
+        "device_traces": [events]}
+    out = peak_allocations(snapshot)
+    assert out["peak_allocated_gb"] == 9.0 and out["peak_after_event"] == 3 and out["blocks"] == 4
+    top = {row["where"]: row["gb"] for row in out["top"]}
+    assert top == {"mmrl/optim.py:50 f": 4.0, "mmrl/trainer.py:700 f": 2.0, "mmrl/model/policy.py:90 f": 1.0,
+                   "(allocated before the recorded events)": 2.0}
+    assert out["top"][0]["innermost"] == "torch/optim/adamw.py:10 f"

@@ -96,10 +96,22 @@ def _train(rec: dict[str, Any] | None) -> list[str]:
              f"{_f(r.get('generated_tok_s'), '.0f')} | {_pct(r.get('update_mfu_6nt'))} |"), ""]
     mem = {k: v for k, v in r.items() if k.startswith("memory/")}
     lines += ["| memory (GB, 10^9 bytes) | peak |", "| --- | --- |",
-              f"| the whole run (CUDA: allocated tensors; CPU: resident set) | {_f(r.get('peak_gb'))} |",
-              f"| the whole run, reserved by the allocator | {_f(r.get('peak_reserved_gb'))} |"]
-    lines += [f"| `{k}` (largest step) | {_f(v)} |" for k, v in sorted(mem.items())]
-    return lines + [""]
+              (f"| the whole run: the most allocated in any window (CUDA: tensors; CPU: resident set), in "
+               f"`{r.get('peak_window', '–')}` | {_f(r.get('peak_gb'))} |"),
+              (f"| the whole run: the most reserved by the allocator in any window (what the card must hold), in "
+               f"`{r.get('peak_reserved_window', '–')}` | {_f(r.get('peak_reserved_gb'))} |")]
+    lines += [f"| `{k}` (largest step or checkpoint) | {_f(v)} |" for k, v in sorted(mem.items())]
+    lines.append("")
+    hist = r.get("memory_history")
+    if hist:
+        lines += [(f"Allocator history (`--memory-history`, {hist.get('events'):,} events): the most allocated, "
+                   f"{_f(hist.get('peak_allocated_gb'))} GB in {hist.get('blocks')} blocks, after event "
+                   f"{hist.get('peak_after_event')}; live then, by where it was allocated (the innermost frame in "
+                   "mmrl's code):"), "", "| allocated at | innermost frame | GB | blocks |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{row['where']}` | `{row['innermost']}` | {_f(row['gb'], '.3f')} | {row['blocks']} |"
+                  for row in hist.get("top", [])]
+        lines += [f"| the rest | | {_f(hist.get('rest_gb'), '.3f')} | |", ""]
+    return lines
 
 
 def _profile(rec: dict[str, Any] | None) -> list[str]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from perf.gpu_check import FAMILY, H100_GB, REAL_OVERRIDES, REAL_SIZES, peak_flops
+from perf.gpu_check.image import imported_distributions
 
 REPO = Path(__file__).resolve().parent.parent.parent
 GB = 1e9
@@ -196,14 +197,9 @@ def process_peak_gb() -> float:
 
 
 # ------------------------------------------------------------------------------------------------ environment
-PACKAGES = [("torch", "torch"), ("torchvision", "torchvision"), ("transformers", "transformers"),
-            ("tokenizers", "tokenizers"), ("huggingface-hub", "huggingface_hub"), ("safetensors", "safetensors"),
-            ("accelerate", "accelerate"), ("qwen-vl-utils", "qwen_vl_utils"), ("av", "av"), ("decord", "decord"),
-            ("numpy", "numpy"), ("pyyaml", "yaml"), ("pillow", "PIL"), ("deepspeed", "deepspeed"),
-            ("pydantic", "pydantic"), ("peft", "peft"), ("vllm", "vllm"), ("flash-attn", "flash_attn")]
-# what a training run imports (pyproject.toml's other dependencies serve other commands)
-NEEDED = ["torch", "torchvision", "transformers", "tokenizers", "safetensors", "qwen-vl-utils", "av", "numpy",
-          "pyyaml", "pillow"]
+# reported where installed: the extras a run may use (none is needed by the acceptance run but deepspeed, whose
+# stage says when it is missing)
+OPTIONAL = ("deepspeed", "peft", "vllm", "flash-attn")
 
 
 def requirements() -> dict[str, str]:
@@ -252,36 +248,89 @@ def matmul_tflops() -> float:
     return 2 * 8192**3 / statistics.median(times) / 1e12
 
 
-def stage_environment(spec: dict[str, Any], rec: Recorder) -> None:
+def _where(module: Any) -> str | None:
+    """The folder a module was imported from (the site folder it lives in)."""
+    origin = getattr(module, "__file__", None)
+    return str(Path(origin).parent.parent) if origin else None
+
+
+def _dist_modules() -> dict[str, list[str]]:
+    """Each installed distribution's importable top-level modules (normalised name -> modules)."""
     import importlib.metadata as md
-    import importlib.util
+
+    from perf.gpu_check.image import norm
+
+    out: dict[str, list[str]] = {}
+    for top, dists in md.packages_distributions().items():
+        if top.isidentifier() and not top.startswith("_"):
+            for dist in dists:
+                out.setdefault(norm(dist), []).append(top)
+    return out
+
+
+def _main_module(dist: str, modules: list[str]) -> str | None:
+    """The module that stands for a distribution: the one named like it (``math-verify``: ``math_verify``),
+    else the first (``pillow``: ``PIL``)."""
+    named = [m for m in modules if m.lower() == dist.replace("-", "_")]
+    return (named or sorted(modules) or [None])[0]
+
+
+def stage_environment(spec: dict[str, Any], rec: Recorder) -> None:
+    """The machine, and every dependency the training path imports: ``pyproject.toml``'s (less those
+    :data:`perf.gpu_check.image.NOT_CARRIED` leaves behind), each imported here (the ones the code imports on
+    first use too) at its minimum version, and every distribution that importing the training path
+    (:data:`perf.gpu_check.image.TRAIN_MODULES`) loaded, with where it came from."""
+    import importlib
+    import importlib.metadata as md
+
+    from perf.gpu_check.image import NOT_CARRIED, TRAIN_MODULES, imported_distributions, norm
 
     work = Path(spec["work"])
     rec.set(python=platform.python_version(), executable=sys.executable, platform=platform.platform(),
             cpus=os.cpu_count(), mode_asked=spec.get("mode"))
-    reqs = requirements()
-    packages: dict[str, Any] = {}
-    for dist, mod in PACKAGES:
-        try:
-            version = md.version(dist)
-        except md.PackageNotFoundError:
-            version = None
-        found = importlib.util.find_spec(mod) if version else None
-        packages[dist] = {"version": version, "from": str(Path(found.origin).parent.parent) if found and found.origin
-                          else None, "requires": reqs.get(dist, "")}
-    rec.set(packages=packages)
-    for dist in NEEDED:
-        v, need = packages[dist]["version"], reqs.get(dist, "")
-        rec.check(f"{dist}{need or ''} is installed", v is not None and satisfies(v, need),
-                  v or "missing: `make gpu-wheels` where pip can reach an index, then carry gpu-wheels/")
     try:
-        import importlib
-
-        for module in ("mmrl.model", "mmrl.run", "video", "vision", "data_pipelines.toy.video_tasks"):
+        for module in TRAIN_MODULES:
             importlib.import_module(module)
-        rec.check("mmrl's training modules import", True, str(REPO))
+        rec.check("mmrl's training modules import", True, ", ".join(TRAIN_MODULES))
     except Exception as exc:  # noqa: BLE001 - the message is the result
         rec.check("mmrl's training modules import", False, f"{type(exc).__name__}: {exc}")
+    reqs = {norm(name): need for name, need in requirements().items()}
+    modules = _dist_modules()
+    missing_hint = "`make gpu-wheels` where pip can reach an index, then carry gpu-wheels/"
+    dependencies: dict[str, Any] = {}
+    for dist, need in reqs.items():
+        if dist in NOT_CARRIED:
+            dependencies[dist] = {"requires": need, "not_carried": NOT_CARRIED[dist]}
+            continue
+        try:
+            version: str | None = md.version(dist)
+        except md.PackageNotFoundError:
+            version = None
+        row: dict[str, Any] = {"version": version, "requires": need}
+        error = None
+        name = _main_module(dist, modules.get(dist, []))
+        if version is not None and name:
+            try:
+                row["from"] = _where(importlib.import_module(name))
+            except Exception as exc:  # noqa: BLE001 - the message is the result
+                error = f"import {name}: {type(exc).__name__}: {exc}"
+        dependencies[dist] = row
+        ok = version is not None and satisfies(version, need) and error is None
+        rec.check(f"{dist}{need} is installed and imports", ok,
+                  error or version or f"missing: {missing_hint}")
+    imported = imported_distributions()
+    packages: dict[str, Any] = {}
+    for dist in sorted(set(imported) | set(OPTIONAL)):
+        if dist in imported:
+            found = next((sys.modules[m] for m in modules.get(dist, []) if m in sys.modules), None)
+            packages[dist] = {"version": imported[dist], "from": _where(found) if found else None,
+                              "requires": reqs.get(dist, "")}
+        else:
+            try:
+                packages[dist] = {"version": md.version(dist), "imported": False}
+            except md.PackageNotFoundError:
+                continue
+    rec.set(dependencies=dependencies, packages=packages)
     import torch
 
     cuda = torch.cuda.is_available()
@@ -358,10 +407,31 @@ def run_root(spec: dict[str, Any], rec: Recorder, params: int) -> Path:
     return work
 
 
+def memory_peaks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's memory: each window's peak (``memory/<stage>_gb``, ``_reserved_gb``, ``_host_gb``: the largest of
+    the rows, the RL steps' and the checkpoints' ``memory/save_gb``), and the whole run's: ``peak_gb``, the most
+    allocated in any window, ``peak_reserved_gb``, the most the allocator held from the driver in any window
+    (what the card must hold), each with the window that gave it. (A window's start resets the device's peak
+    counter: only the windows' own readings cover the whole run.)"""
+    out: dict[str, Any] = {}
+    for key in sorted({k for r in rows for k in r if k.startswith("memory/")}):
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+        out[key] = round(max(vals), 2) if vals else None
+    windows = {k: v for k, v in out.items() if v is not None and k != "memory/peak_gb"
+               and not k.endswith("_host_gb")}
+    for name, pick in (("peak_gb", lambda k: not k.endswith("_reserved_gb")),
+                       ("peak_reserved_gb", lambda k: k.endswith("_reserved_gb"))):
+        chosen = {k: v for k, v in windows.items() if pick(k)}
+        if chosen:
+            where = max(chosen, key=chosen.__getitem__)
+            out[name], out[f"{name.removesuffix('_gb')}_window"] = chosen[where], where
+    return out
+
+
 def summarise_run(run_dir: Path, rows: list[dict[str, Any]], params: int, spec: dict[str, Any],
-                  cfg_prompts: int, cfg_group: int) -> dict[str, Any]:
-    """Seconds per stage (the mean of the steps after the first), memory peaks per stage (the largest step),
-    tokens per second."""
+                  cfg_prompts: int, cfg_group: int, checkpoints: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Seconds per stage (the mean of the steps after the first), memory peaks per stage (the largest step or
+    checkpoint) and the whole run's (:func:`memory_peaks`), tokens per second."""
     timed = rows[1:] or rows  # the first step warms caches and allocates: left out when there are more
 
     def mean(key: str) -> float | None:
@@ -372,10 +442,7 @@ def summarise_run(run_dir: Path, rows: list[dict[str, Any]], params: int, spec: 
     for key in ("time/rollout_s", "time/reference_s", "time/update_s", "time/sync_s", "time/step_s"):
         out[key.split("/")[1]] = mean(key)
     out["first_step_s"] = rows[0].get("time/step_s") if rows else None
-    memory = sorted({k for r in rows for k in r if k.startswith("memory/")})
-    for key in memory:  # the per-stage peaks the run logs (rollout, reference, update, optimizer step, save)
-        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        out[key] = round(max(vals), 2) if vals else None
+    out.update(memory_peaks(rows + list(checkpoints)))
     out["response_length"] = mean("response_length")
     trained, update = mean("tokens/trained"), out["update_s"]
     out["trained_tokens_per_step"] = trained
@@ -389,6 +456,105 @@ def summarise_run(run_dir: Path, rows: list[dict[str, Any]], params: int, spec: 
         rl = json.loads(state.read_text()).get("stages", {}).get("rl", {})
         out["save_s"] = (rl.get("checkpoint_seconds") or [None])[-1]
     return out
+
+
+# the allocator's trace of the train stage (`--memory-history`): how many events it keeps (the last ones)
+HISTORY_ENTRIES = 2_000_000
+# the project's own folders: an allocation is credited to the innermost of its frames in one of them
+OWN_CODE = ("/mmrl/", "/perf/", "/rewards/", "/vision/", "/video/", "/data_pipelines/")
+
+
+def memory_history_start(spec: dict[str, Any]) -> bool:
+    """With ``--memory-history`` on a GPU: record every CUDA allocation and free, with its Python stack
+    (``torch.cuda.memory._record_memory_history``), for :func:`peak_allocations`."""
+    import torch
+
+    if not spec.get("memory_history") or not gpu_mode(spec):
+        return False
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                             max_entries=HISTORY_ENTRIES)
+    say(f"recording the allocator's history (the last {HISTORY_ENTRIES:,} events)")
+    return True
+
+
+def memory_history_stop(folder: Path) -> dict[str, Any]:
+    """The recorded history's summary (:func:`peak_allocations`); recording stops."""
+    import torch
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    summary = peak_allocations(snapshot, device=torch.cuda.current_device())
+    (folder / "memory_peak.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _site(frames: list[dict[str, Any]] | None) -> tuple[str, str]:
+    """Where an allocation was made: the innermost frame in the project's code, and the innermost of all."""
+    if not frames:
+        return "(allocated before the recorded events)", ""
+
+    def name(f: dict[str, Any]) -> str:
+        path = str(f.get("filename", "?"))
+        for marker in OWN_CODE + ("/torch/", "/transformers/", "/deepspeed/"):
+            if marker in path:
+                path = marker.strip("/") + "/" + path.split(marker, 1)[1]
+                break
+        return f"{path}:{f.get('line')} {f.get('name')}"
+
+    own = next((f for f in frames if any(m in str(f.get("filename", "")) for m in OWN_CODE)), None)
+    return (name(own) if own else "(no frame in mmrl's code)"), name(frames[0])
+
+
+def peak_allocations(snapshot: dict[str, Any], device: int = 0, top: int = 20) -> dict[str, Any]:
+    """The moment the recorded history held the most allocated bytes, and what was live then, grouped by where
+    it was allocated (the innermost frame in mmrl's code, and the innermost frame): the GB, the blocks.
+
+    ``snapshot`` is ``torch.cuda.memory._snapshot()``'s: ``segments`` (the blocks live at the end, with the
+    frames of their allocation) and ``device_traces`` (the allocator's events, oldest first, the last
+    ``max_entries`` of them). The events are replayed backwards from the end state, so a history that lost its
+    oldest events still gives every moment it kept exactly; blocks allocated before its first event are
+    credited to "(allocated before the recorded events)"."""
+    events = [e for e in (snapshot.get("device_traces") or [[]] * (device + 1))[device]
+              if e.get("action") in ("alloc", "free_completed")]
+    end: dict[int, tuple[int, Any]] = {}
+    for seg in snapshot.get("segments", []):
+        if seg.get("device", device) != device:
+            continue
+        for block in seg.get("blocks", []):
+            if block.get("state") in ("active_allocated", "active_pending_free"):
+                end[block["address"]] = (int(block["size"]), block.get("frames"))
+    total = sum(size for size, _ in end.values())
+    best, best_i = total, len(events)  # best_i: the state after events[:best_i]
+    for i in range(len(events) - 1, -1, -1):
+        total += -events[i]["size"] if events[i]["action"] == "alloc" else events[i]["size"]
+        if total > best:
+            best, best_i = total, i
+    live = {addr: size for addr, (size, _) in end.items()}
+    for e in reversed(events[best_i:]):
+        if e["action"] == "alloc":
+            live.pop(e["addr"], None)
+        else:
+            live[e["addr"]] = int(e["size"])
+    frames: dict[int, Any] = {}
+    for e in events[:best_i]:
+        if e["action"] == "alloc":
+            frames[e["addr"]] = e.get("frames")
+    touched_after = {e["addr"] for e in events[best_i:]}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for addr, size in live.items():
+        where = frames.get(addr)
+        if where is None and addr in end and addr not in touched_after:
+            where = end[addr][1]
+        row = groups.setdefault(_site(where), [0, 0])
+        row[0] += size
+        row[1] += 1
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    at = events[best_i - 1].get("time_us") if 0 < best_i <= len(events) else None
+    return {"peak_allocated_gb": round(best / GB, 3), "events": len(events), "peak_after_event": best_i,
+            "peak_time_us": at, "blocks": len(live),
+            "top": [{"where": w, "innermost": inner, "gb": round(b / GB, 3), "blocks": n}
+                    for (w, inner), (b, n) in ranked[:top]],
+            "rest_gb": round(sum(b for _, (b, _n) in ranked[top:]) / GB, 3)}
 
 
 def stage_train(spec: dict[str, Any], rec: Recorder) -> None:
@@ -416,20 +582,30 @@ def stage_train(spec: dict[str, Any], rec: Recorder) -> None:
     say(f"training: {rec.data['result']['command']}")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    history = memory_history_start(spec)
     t0 = time.perf_counter()
     rc: int | None = None
     try:
         rc = mmrl_main(argv)
     finally:  # an out-of-memory error or a stop keeps what was measured
-        rec.set(train_exit=rc, wall_s=round(time.perf_counter() - t0, 1))
+        rec.set(train_exit=rc, wall_s=round(time.perf_counter() - t0, 1), distributions=imported_distributions())
+        if history:
+            rec.set(memory_history=memory_history_stop(Path(spec["work"]) / "stages" / "train"))
+        logged = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        rows = [r for r in logged if r.get("stage") == "rl"]
+        windows = [r for r in logged if r.get("stage") == "checkpoint"]
+        # every window (StagePeaks.start) resets the device's peak counter: what it holds now is the time since
+        # the last one (the checkpoint's, or where an error stopped the run), one more window of the run
         if cuda:
-            rec.set(peak_gb=round(torch.cuda.max_memory_allocated() / GB, 2),
-                    peak_reserved_gb=round(torch.cuda.max_memory_reserved() / GB, 2))
+            windows.append({"memory/after_last_window_gb": torch.cuda.max_memory_allocated() / GB,
+                            "memory/after_last_window_reserved_gb": torch.cuda.max_memory_reserved() / GB})
         else:
-            rec.set(peak_gb=round(process_peak_gb(), 3))
-        rows = [r for r in read_metrics(run_dir) if r.get("stage") == "rl"]
+            rec.set(process_peak_gb=round(process_peak_gb(), 3))  # the stage process's, model building included
         if rows:
-            rec.set(**summarise_run(run_dir, rows, params, spec, cfg.train.prompts_per_step, cfg.rollout.group_size))
+            rec.set(**summarise_run(run_dir, rows, params, spec, cfg.train.prompts_per_step, cfg.rollout.group_size,
+                                    windows))
+        else:
+            rec.set(**memory_peaks(windows))
         keep = Path(spec["work"]) / "stages" / "train"
         for name in ("metrics.jsonl", "report.md", "config.yaml"):
             if (run_dir / name).exists():
@@ -659,7 +835,7 @@ def stage_deepspeed(spec: dict[str, Any], rec: Recorder) -> None:
     cuda = gpu_mode(spec)
     model = model_folder(spec, rec, tiny=True)
     rec.set(deepspeed=deepspeed.__version__, model=str(model), params=parameters(model))
-    env = dict(os.environ)
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}  # its runs die with this stage (die_with_parent)
     if cuda:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS (torch's deterministic algorithms)
         settings = ["model.dtype=bf16", "model.attn_implementation=eager"]  # eager: no atomics in attention's backward
@@ -715,7 +891,32 @@ def run_mmrl(argv: list[str]) -> int:
     return main(argv)
 
 
+PARENT_ENV = "GPU_CHECK_PARENT_PID"  # the runner (perf.gpu_check.runner) or a stage that starts `mmrl` sets it
+
+
+def die_with_parent() -> None:
+    """On Linux, have the kernel send this process SIGKILL when the process that started it ends
+    (``PR_SET_PDEATHSIG``): a runner killed outright (SIGKILL runs none of its clean-up) takes its stage with
+    it, and a stage its ``mmrl`` runs, so no orphan keeps the GPU's memory. Asked for only where the parent
+    named itself in ``GPU_CHECK_PARENT_PID``; a parent that ended before the request ends this process now."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != parent:
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["mmrl"]:
         return run_mmrl(argv[1:])
