@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from synthetic_media import image, prompt, video
-from test_packing import group, loss_of
+from test_packing import Layer0, group, loss_of
 
-from mmrl.model import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy, varlen
+from mmrl.model import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy, shared_prefix, varlen
 from mmrl.tiny_models import make_tiny
 
 
@@ -130,6 +130,7 @@ def batch_of(policy: Policy, family: str, kind: str) -> list[TokenSeq]:
 def forward_backward(policy: Policy, seqs: list[TokenSeq], *, shared: bool, padded: bool = False):
     policy.configure(padding_free=not padded)
     policy.model.zero_grad(set_to_none=True)
+    probe = Layer0(policy)
     try:
         with AttentionCalls() as calls:
             logp, ent, mask = policy.forward_logprobs(seqs, temperature=0.9, with_entropy=True, entropy_grad=True,
@@ -137,9 +138,10 @@ def forward_backward(policy: Policy, seqs: list[TokenSeq], *, shared: bool, padd
             fwd = calls.n
             loss_of(logp, ent, mask).backward()
     finally:
+        probe.close()
         policy.configure(padding_free=True)
     grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
-    return logp.detach(), ent.detach(), grads, fwd
+    return logp.detach(), ent.detach(), grads, fwd, probe.calls
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -148,7 +150,7 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
     ref_policy, policy = _loaded(folders[family], "sdpa"), _loaded(folders[family], "varlen")
     for p in (ref_policy, policy):
         p.media.clear()
-    ref_logp, ref_ent, ref_grads, sdpa_calls = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
+    ref_logp, ref_ent, ref_grads, sdpa_calls, _ = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
                                                                 shared=False, padded=True)
     seqs = batch_of(policy, family, kind)
     vision_blocks = len(policy.base.visual.blocks)
@@ -157,7 +159,7 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
         for checkpointing in (False, True):
             checkpointing_switch(policy.model, checkpointing)
             try:
-                logp, ent, grads, calls = forward_backward(policy, seqs, shared=shared)
+                logp, ent, grads, calls, layer0 = forward_backward(policy, seqs, shared=shared)
             finally:
                 checkpointing_switch(policy.model, False)
             torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5 * float(ref_logp.abs().max()))
@@ -169,6 +171,12 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
                 assert err <= 2e-5 * float(g.abs().max()) + 1e-9, f"shared={shared} {name}: max error {err}"
             # one call per vision block and per decoder layer of each language-model pass (two with the prefix)
             assert calls == vision_blocks + layers * (2 if shared else 1), (shared, calls)
+            # every pass one row without padding: the sequences whole, or the prompts once then the continuations
+            plan = shared_prefix.prefix_plan(seqs)
+            assert plan is not None and all(n > 0 for _, n in plan)
+            want = [((1, sum(len(s) for s in seqs)), None)] if not shared else \
+                [((1, sum(n for _, n in plan)), None), ((1, sum(len(seqs[i]) - n for g, n in plan for i in g)), None)]
+            assert layer0[:len(want)] == want, layer0
     if family == "qwen2_5_vl":  # sdpa: one call per window in the windowed blocks
         assert sdpa_calls > 2 * (vision_blocks + layers)
 

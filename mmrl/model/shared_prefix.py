@@ -171,9 +171,10 @@ def two_pass_hidden(policy: PolicyParts, seqs: Sequence[TokenSeq], batch: dict[s
     each layer's keys and values. Pass 2 runs every shared row's continuation, right-padded, attending to
     its group's recorded keys and values (selected along the batch, or gathered out of the packed rows:
     their gradient sums over the group) and its own, with the continuation's slice of the full sequence's
-    M-RoPE positions and a 2-D mask over the prefix (its padding excluded) and the continuation. Pass 2
-    stays padded: its continuations read different prefixes, which a packed row cannot express with one
-    block-diagonal mask or flash attention's variable-length call (its keys are not the queries' own).
+    M-RoPE positions and a 2-D mask over the prefix (its padding excluded) and the continuation. Under
+    sdpa/eager pass 2 stays padded: its continuations read different prefixes, which a packed row cannot express
+    with one block-diagonal mask. Under variable-length attention (flash attention, mmrl's varlen) it is packed
+    as well (:func:`_packed_second_pass`): each continuation a segment whose keys are its prefix's and its own.
     """
     recorder_cls, reader_cls = prefix_caches()
     dev = batch["input_ids"].device
@@ -252,6 +253,29 @@ def two_pass_hidden(policy: PolicyParts, seqs: Sequence[TokenSeq], batch: dict[s
                                   past_key_values=reader_cls(recorded, owner), use_cache=False)
             hidden = hidden + dummy.last_hidden_state.sum() * 0.0
         return hidden
+    if packed is not None and impl in packing.FLASH:  # variable-length attention: pass 2 packed too
+        suf_hidden, suf_index = _packed_second_pass(policy, batch, position_ids, recorded, reader_cls, packed,
+                                                    suf_src, suf_pre, row_split, lengths, pre_len)
+        suf_index = suf_index[rows] + (pos - split).clamp(min=0)
+    else:
+        suf_hidden, suf_index = _padded_second_pass(policy, batch, position_ids, recorded, reader_cls, packed,
+                                                    prefix_cols, pre_attn, suf_src, suf_pre, row_split, lengths)
+        suf_index = suf_index[rows] + (pos - split).clamp(min=0)
+    # gather each pass's rows, then put them back in (rows, cols) order
+    first, second = in_pre.nonzero().squeeze(-1), (~in_pre).nonzero().squeeze(-1)
+    gathered = torch.cat([pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index[first]],
+                          suf_hidden.reshape(-1, suf_hidden.shape[-1])[suf_index[second]]])
+    return gathered[torch.cat([first, second]).argsort()]
+
+
+def _padded_second_pass(policy: PolicyParts, batch: dict[str, torch.Tensor], position_ids: torch.Tensor,
+                        recorded: Any, reader_cls: type, packed: packing.Packed | None, prefix_cols: Any,
+                        pre_attn: torch.Tensor, suf_src: list[int], suf_pre: list[int], row_split: list[int],
+                        lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 2 right-padded: each continuation a row attending to its prefix (a 2-D mask over the recorded
+    prefixes' width, their padding excluded) and itself. Returns the hidden states and, per source row, the flat
+    index of its first continuation token in them (0 where it has none)."""
+    dev = batch["input_ids"].device
     starts = torch.tensor([row_split[i] for i in suf_src], device=dev)
     ends = torch.tensor([lengths[i] for i in suf_src], device=dev)
     suf_width = int((ends - starts).max())
@@ -268,13 +292,46 @@ def two_pass_hidden(policy: PolicyParts, seqs: Sequence[TokenSeq], batch: dict[s
         suf_out = policy.base(input_ids=suf_ids, attention_mask=attn, position_ids=suf_pos,
                             mm_token_type_ids=torch.zeros_like(suf_ids),
                             past_key_values=reader_cls(recorded, owner, take), use_cache=False)
-    suf_hidden = suf_out.last_hidden_state
-    suf_index = torch.tensor(row_suf, device=dev)[rows].clamp(min=0) * suf_width + (pos - split).clamp(min=0)
-    # gather each pass's rows, then put them back in (rows, cols) order
-    first, second = in_pre.nonzero().squeeze(-1), (~in_pre).nonzero().squeeze(-1)
-    gathered = torch.cat([pre_hidden.reshape(-1, pre_hidden.shape[-1])[pre_index[first]],
-                          suf_hidden.reshape(-1, suf_hidden.shape[-1])[suf_index[second]]])
-    return gathered[torch.cat([first, second]).argsort()]
+    first_col = torch.zeros(len(lengths), dtype=torch.long, device=dev)
+    first_col[torch.tensor(suf_src, device=dev)] = torch.arange(len(suf_src), device=dev) * suf_width
+    return suf_out.last_hidden_state, first_col
+
+
+def _packed_second_pass(policy: PolicyParts, batch: dict[str, torch.Tensor], position_ids: torch.Tensor,
+                        recorded: Any, reader_cls: type, packed: packing.Packed,
+                        suf_src: list[int], suf_pre: list[int], row_split: list[int], lengths: list[int],
+                        pre_len: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass 2 packed in one row, no padding, for variable-length attention (flash attention, mmrl's varlen):
+    continuation ``j`` is a segment whose queries are its own tokens and whose keys are its prefix's recorded
+    keys (gathered out of pass 1's packed row) followed by its own, causal from the end of the keys
+    (``cu_seq_lens_q`` != ``cu_seq_lens_k``). Returns the hidden states and, per source row, the flat index of its
+    first continuation token in them (0 where it has none)."""
+    dev = batch["input_ids"].device
+    n_pre = [row_split[i] for i in suf_src]
+    own = [lengths[i] - row_split[i] for i in suf_src]
+    cont = packing.pack(batch["input_ids"], batch["mm_token_type_ids"], position_ids, suf_src, own, one_row=True,
+                        pad_id=policy.pad_id, offsets=n_pre)
+    assert cont.order == list(range(len(suf_src)))  # one row, in order
+    # keys of segment j: its prefix's columns in pass 1's row, then its own columns in pass 2's (after them)
+    width1 = packed.width
+    parts: list[torch.Tensor] = []
+    for j, (p, k) in enumerate(zip(suf_pre, own)):
+        start = int(packed.start[p])
+        parts.append(torch.arange(start, start + pre_len[p], device=dev))
+        parts.append(width1 + int(cont.start[j]) + torch.arange(k, device=dev))
+    keys = torch.cat(parts)
+    lens_q = torch.tensor(own, dtype=torch.int32, device=dev)
+    lens_k = lens_q + torch.tensor([pre_len[p] for p in suf_pre], dtype=torch.int32, device=dev)
+    kwargs = {"attention_mask": None, "max_length_q": max(own), "max_length_k": int(lens_k.max()),
+              "cu_seq_lens_q": torch.cat([lens_q.new_zeros(1), lens_q.cumsum(0, dtype=torch.int32)]),
+              "cu_seq_lens_k": torch.cat([lens_k.new_zeros(1), lens_k.cumsum(0, dtype=torch.int32)])}
+    with _cache_under_checkpointing(policy):
+        out = policy.base(input_ids=cont.input_ids, position_ids=cont.position_ids,
+                          mm_token_type_ids=torch.zeros_like(cont.input_ids),
+                          past_key_values=reader_cls(recorded, None, keys=keys), use_cache=False, **kwargs)
+    first_col = torch.zeros(len(lengths), dtype=torch.long, device=dev)
+    first_col[torch.tensor(suf_src, device=dev)] = cont.start
+    return out.last_hidden_state, first_col
 
 
 @contextlib.contextmanager
@@ -318,13 +375,16 @@ def prefix_caches() -> tuple[type, type]:
             return key_states, value_states
 
     class Reader(DynamicCache):
-        def __init__(self, recorded: DynamicCache, owner: torch.Tensor,
-                     take: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        def __init__(self, recorded: DynamicCache, owner: torch.Tensor | None,
+                     take: tuple[torch.Tensor, torch.Tensor] | None = None, keys: torch.Tensor | None = None) -> None:
             super().__init__()
             self.layers = list(recorded.layers)
             self.owner = owner
             # packed pass 1: each continuation's packed row (n, 1) and its prefix's columns there (n, width)
             self.take = take
+            # packed pass 2 (variable-length attention): the key columns of pass 1's row followed by pass 2's
+            # row, in the order the segments' keys are laid out
+            self.keys = keys
 
         def _rows(self, t: torch.Tensor) -> torch.Tensor:
             if self.take is None:
@@ -344,6 +404,9 @@ def prefix_caches() -> tuple[type, type]:
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             layer = self.layers[layer_idx]
+            if self.keys is not None:  # (1, heads, width1 + width2, dim), then each segment's keys in order
+                return (torch.cat([layer.keys, key_states], dim=-2).index_select(-2, self.keys),
+                        torch.cat([layer.values, value_states], dim=-2).index_select(-2, self.keys))
             return (torch.cat([self._rows(layer.keys), key_states], dim=-2),
                     torch.cat([self._rows(layer.values), value_states], dim=-2))
 
