@@ -355,6 +355,11 @@ class HostCopies:
     def away(self) -> bool:
         return self._away is not None
 
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The host buffers holding the moved bytes now (empty when nothing is away)."""
+        return [buf for _, buf in self._away or ()]
+
     def offload(self, tensors: list[torch.Tensor]) -> int:
         """Move ``tensors``' storages (each once) into host buffers and free them; the bytes moved."""
         if self._away is not None:

@@ -32,7 +32,8 @@ def model(dtype: torch.dtype) -> torch.nn.Module:
 
 def train_step(net: torch.nn.Module, updater: LocalUpdater, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(5, 8, generator=gen).to(next(net.parameters()).dtype)
+    first = next(net.parameters())
+    x = torch.randn(5, first.shape[1], generator=gen).to(first.device, first.dtype)
     updater.zero_grad()
     updater.backward(net(x).float().pow(2).mean())
     assert updater.step() is not None
@@ -128,6 +129,34 @@ def test_a_tensor_that_cannot_move_stops_the_move_before_anything_is_freed() -> 
         pass
     assert not updater.state_away
     assert all(t.untyped_storage().nbytes() > 0 for t in updater.state_tensors())
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_state_goes_to_pinned_host_memory_and_the_device_memory_is_given_back() -> None:
+    """On CUDA (make gpu-check's machine; fails without one): the moved bytes leave torch's allocated and
+    reserved memory (the engine allocates outside torch's cache), wait in pinned buffers, and come back bit for
+    bit into the same tensors."""
+    assert torch.cuda.is_available(), "this test needs a CUDA device"
+    torch.manual_seed(0)
+    # 16 MB fp32 tensors: torch's allocator gives each its own segment, which empty_cache can hand back whole
+    net = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(3)]).to("cuda", torch.bfloat16)
+    updater = LocalUpdater(net, TRAIN, World())
+    train_step(net, updater, 1)
+    state = updater.state_tensors()
+    on_gpu = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in state if t.is_cuda}
+    large = sum(n for n in on_gpu.values() if n >= 1 << 24)
+    assert large >= 12 * sum(p.numel() for p in net.parameters())  # masters 4 + moments 8 bytes a parameter
+    before = [as_bytes(t).cpu() for t in state]
+    torch.cuda.synchronize()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    with updater.state_in_host_memory() as moved:
+        assert moved >= sum(on_gpu.values())
+        assert torch.cuda.memory_allocated() <= allocated - sum(on_gpu.values())
+        assert torch.cuda.memory_reserved() <= reserved - large
+        assert updater.host.buffers and all(b.is_pinned() for b in updater.host.buffers)
+    assert torch.cuda.memory_allocated() == allocated
+    assert all(torch.equal(as_bytes(t).cpu(), b) for t, b in zip(updater.state_tensors(), before))
+    train_step(net, updater, 2)  # and the fused step runs on them
 
 
 def test_when_the_state_moves() -> None:
