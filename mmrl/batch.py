@@ -32,6 +32,7 @@ from torch import Tensor
 
 from mmrl.model import TokenSeq
 from mmrl.model.packing import token_budget_chunks
+from mmrl.model.shared_prefix import prefix_plan
 
 TOKEN_FIELDS = ("loss_mask", "rollout_logprobs", "entropies", "advantages", "ref_logprobs", "old_logprobs",
                 "token_kl_weights", "token_loss_weights")
@@ -274,19 +275,41 @@ def _join(name: str, parts: list[Any], width: int) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ the update's plan
+def shared_prefixes(batch: RolloutBatch, rows: Sequence[int]) -> list[int]:
+    """Each row's shared prefix in a log-prob pass that holds its whole group: the tokens of the group's common
+    prompt that the shared-prefix pass runs once for all of them (:func:`mmrl.model.shared_prefix.prefix_plan`
+    over the group's rows, in order; 0 where the rows run whole: a group of one, vision tokens after the common
+    part)."""
+    rows = list(rows)
+    by_group: dict[int, list[int]] = {}
+    for i in rows:
+        by_group.setdefault(int(batch.group_index[i]), []).append(i)
+    out: dict[int, int] = {}
+    for members in by_group.values():
+        plan = prefix_plan([batch.seqs[i] for i in members])
+        for part, n in plan or [(list(range(len(members))), 0)]:
+            for j in part:
+                out[members[j]] = n
+    return [out[i] for i in rows]
+
+
 def micro_batch_rows(rows: Sequence[int], train: Any, batch: RolloutBatch | None = None) -> list[list[int]]:
     """Micro-batches of ``rows``, in order: ``train.micro_batch_size`` rows each or, with
-    ``train.micro_batch_tokens`` and the ``batch`` the rows index, by that token budget (rows join while their
-    summed lengths stay within it; a longer row alone; a group starts a new micro-batch rather than be split
-    where it fits one whole). Consecutive rows stay together, so a group's rows meet in one micro-batch wherever
-    they fit (the shared-prefix forward needs them side by side). The loss needs no change for either: each
-    micro-batch's terms are normalised by the whole mini-batch's counts (``global_counts``), so their sum is the
-    same however the rows are split."""
+    ``train.micro_batch_tokens`` and the ``batch`` the rows index, by that token budget: rows join while the
+    tokens their pass computes stay within it; with ``train.shared_prefix`` (on) a group's shared prompt counts
+    once (:func:`shared_prefixes`), every row's tokens after it once each; a row longer than the budget is a
+    micro-batch alone; a group starts a new micro-batch rather than be split where it fits one whole
+    (:func:`mmrl.model.packing.token_budget_chunks`). Consecutive rows stay together, so a group's rows meet in one
+    micro-batch wherever they fit (the shared-prefix forward needs them side by side). The loss needs no change
+    for either: each micro-batch's terms are normalised by the whole mini-batch's counts (``global_counts``), so
+    their sum is the same however the rows are split."""
     rows = list(rows)
     budget = int(getattr(train, "micro_batch_tokens", 0) or 0)
     if budget > 0 and batch is not None:
-        return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget,
-                                   groups=[int(batch.group_index[i]) for i in rows])
+        groups = [int(batch.group_index[i]) for i in rows]
+        shared = bool(getattr(train, "shared_prefix", True))
+        return token_budget_chunks(rows, [len(batch.seqs[i]) for i in rows], budget, groups=groups,
+                                   prefixes=shared_prefixes(batch, rows) if shared else None)
     mb = max(1, int(train.micro_batch_size))
     return [rows[i:i + mb] for i in range(0, len(rows), mb)]
 

@@ -119,7 +119,7 @@ RANGES: dict[str, Range] = {
     "train.steps": _count(1, hint="RL steps; for a cold start alone use mmrl sft"),
     "train.prompts_per_step": _count(1, hint="each prompt is rolled out rollout.group_size times"),
     "train.micro_batch_size": _count(1),
-    "train.micro_batch_tokens": _count(0, hint="0: off"),
+    "train.micro_batch_tokens": _count(0, words=("auto",), hint="0: off; auto: sized from the group and media"),
     "train.lr": Range(0, low_open=True, hint="the peak learning rate, e.g. 1e-6"),
     "train.warmup_steps": _count(0),
     "train.min_lr_ratio": Range(0, 1),
@@ -485,12 +485,23 @@ class TrainConfig:
     prompts_per_step: int = 8
     """Prompts per step; each is rolled out group_size times."""
     micro_batch_size: int = 16
-    """Sequences per forward/backward pass; gradients accumulate over the step's micro-batches."""
-    micro_batch_tokens: int = 0
+    """Sequences per forward/backward pass; gradients accumulate over the step's micro-batches. Unused by the
+    passes while micro_batch_tokens is set (the real-model preset sets it)."""
+    micro_batch_tokens: int | Literal["auto"] = 0
     """Micro-batches by a token budget instead of micro_batch_size: sequences join a micro-batch, in order,
-    while their summed lengths (prompt and completion tokens) stay within this; a longer sequence is a
-    micro-batch alone. With padding_free a pass costs about its token count, so long and short rollouts
-    make evenly sized passes. The loss is the same either way (normalised over the whole mini-batch). 0: off."""
+    while the tokens its pass computes stay within this, a group's shared prompt counted once (with
+    shared_prefix) and each sequence's own tokens after it; a group is never split where it fits whole, and
+    a longer sequence is a micro-batch alone. With padding_free a pass costs about its token count, so long
+    and short rollouts make evenly sized passes, and on a GPU fewer, larger passes keep it busy (the update
+    is host-bound at a few thousand tokens a pass). The loss is the same either way (normalised over the
+    whole mini-batch). 0: off (micro_batch_size rows). auto (the real-model preset's), resolved when the
+    config loads (`mmrl config show` prints the number): max(16384, one whole group), 16384 being verl's
+    default token budget per GPU (ppo_max_token_len_per_gpu) and one group its prompt at the media caps
+    (ceil(frames / 2) x video_max_pixels / 784 vision tokens for a video, image_max_pixels / 784 for an
+    image: Qwen2.5-VL's 28x28 pixels a token, an upper bound for Qwen3-VL's 32x32; one medium a prompt) plus
+    1024 text tokens, and group_size x max_turns x max_new_tokens answer tokens (an environment's own turns
+    not counted). At the preset's media (32 frames of 256 tokens: 4,096) and 8 x 768 answer tokens a group
+    is 11,264 tokens: 16384."""
     padding_free: bool = True
     """Log-prob passes put their sequences back to back without padding, each with its own positions and
     attending only to itself (flash_attention_2: one row and flash attention's variable-length kernel; sdpa
@@ -669,6 +680,10 @@ class RunConfig:
         if self.rollout.vllm.offload_optimizer is True and self.train.deepspeed:
             raise ConfigError(offload_under_deepspeed(self.train.deepspeed))
 
+        if self.train.micro_batch_tokens == "auto":  # resolved here: config show and config.yaml hold the number
+            import dataclasses
+
+            self.train = dataclasses.replace(self.train, micro_batch_tokens=auto_micro_batch_tokens(self)[0])
         check_ranges(self.grpo, "grpo")  # GRPOConfig refuses these itself; a GRPOConfig built elsewhere too
         for i, spec in enumerate(self.rewards):
             if isinstance(spec, RewardSpec):
@@ -676,6 +691,39 @@ class RunConfig:
         for i, spec in enumerate(self.rewards):  # a typo fails when the config loads (config show too)
             if isinstance(spec, RewardSpec) and isinstance(spec.name, str):
                 resolve_reward(spec.name, where=f"rewards[{i}]")
+
+
+AUTO_TOKENS_FLOOR = 16384
+"""``train.micro_batch_tokens: auto`` is at least this: verl's default token budget per GPU for the actor's
+forward and backward (``ppo_max_token_len_per_gpu: 16384``, verl/trainer/config/actor/actor.yaml; its
+docs/perf/perf_tuning.rst: at least 2 x (prompt + response), and larger for throughput)."""
+PROMPT_TEXT_TOKENS = 1024
+"""The text of a prompt (system prompt, question, chat template) that the auto budget allows beside its media."""
+PIXELS_PER_VISION_TOKEN = 28 * 28
+"""Qwen2.5-VL: 14-pixel patches merged 2 x 2 (Qwen3-VL's 16-pixel patches give fewer tokens: an upper bound)."""
+
+
+def group_tokens(cfg: RunConfig) -> tuple[int, str]:
+    """``(tokens, how)``: what a log-prob pass computes for one whole group at the run's caps, its shared prompt
+    once (:func:`mmrl.batch.micro_batch_rows`): the prompt at the media caps (one video or image a prompt) and
+    :data:`PROMPT_TEXT_TOKENS` of text, and ``group_size x max_turns x max_new_tokens`` answer tokens."""
+    media, rollout = cfg.data.media, cfg.rollout
+    frames = media.nframes or media.max_frames
+    video = -(-frames // 2) * (media.video_max_pixels // PIXELS_PER_VISION_TOKEN)  # 2 frames a temporal patch
+    image = media.image_max_pixels // PIXELS_PER_VISION_TOKEN
+    vision = max(video, image)
+    answers = rollout.group_size * rollout.max_turns * rollout.max_new_tokens
+    group = vision + PROMPT_TEXT_TOKENS + answers
+    turns = f" x {rollout.max_turns} turns" if rollout.max_turns > 1 else ""
+    return group, (f"{vision:,} vision tokens at the media caps + {PROMPT_TEXT_TOKENS:,} prompt text + "
+                   f"{rollout.group_size} x {rollout.max_new_tokens}{turns} answer tokens = {group:,}")
+
+
+def auto_micro_batch_tokens(cfg: RunConfig) -> tuple[int, str]:
+    """``train.micro_batch_tokens: auto``: ``(budget, the rule with its numbers)``: one whole group at the run's
+    caps (:func:`group_tokens`), never less than :data:`AUTO_TOKENS_FLOOR`."""
+    group, how = group_tokens(cfg)
+    return max(AUTO_TOKENS_FLOOR, group), f"max({AUTO_TOKENS_FLOOR}, one group: {how})"
 
 
 def offload_under_deepspeed(deepspeed: str) -> str:

@@ -657,8 +657,11 @@ def check_rewards(cfg: RunConfig, sample: Any) -> None:
 
 
 def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:
-    """What a run on a GPU is set up to waste or run out of: fp32 weights, no activation checkpointing or a
-    toy-sized micro-batch for a model of billions of parameters (one line each; nothing on a CPU)."""
+    """What a run on a GPU is set up to waste or run out of: fp32 weights, no activation checkpointing, or
+    micro-batches smaller than a group (rows, or a token budget under one group at the run's caps) for a model
+    of billions of parameters (one line each; nothing on a CPU)."""
+    from mmrl.config import auto_micro_batch_tokens, group_tokens
+
     if policy.device.type != "cuda":
         return []
     n = sum(p.numel() for p in policy.model.parameters())
@@ -671,10 +674,17 @@ def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:
     if n >= 1e9 and not cfg.model.gradient_checkpointing:
         out.append(f"model.gradient_checkpointing is off for a {size} model: a video micro-batch's activations can "
                    "take tens of GB; set model.gradient_checkpointing=true")
-    if n >= 1e9 and cfg.train.micro_batch_size > 8:
-        out.append(f"train.micro_batch_size={cfg.train.micro_batch_size} sequences per forward/backward for a {size} "
-                   "model (the toy recipe's size); 1-4 is usual with video, and gradients accumulate over the step "
-                   "anyway")
+    tokens = int(cfg.train.micro_batch_tokens)
+    if n >= 1e9 and (tokens == 0 or tokens < group_tokens(cfg)[0]):
+        auto, why = auto_micro_batch_tokens(cfg)
+        now = (f"train.micro_batch_size={cfg.train.micro_batch_size} sequences per forward/backward for a {size} "
+               "model" if tokens == 0 else
+               f"train.micro_batch_tokens={tokens} for a {size} model is less than one group at this run's caps "
+               f"({group_tokens(cfg)[1]}): a group's passes each recompute its shared prompt, and")
+        out.append(f"{now}: a pass of a few thousand tokens keeps the GPU waiting on the host; "
+                   f"train.micro_batch_tokens=auto gives {auto:,} tokens a pass ({why}), whole groups with their "
+                   "shared prompt counted once (the loss is the same for any split; activations grow with the "
+                   "tokens of a pass)")
     return out
 
 

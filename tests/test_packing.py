@@ -25,6 +25,7 @@ import pytest
 import torch
 from synthetic_media import image, prompt, video
 
+from mmrl.batch import shared_prefixes
 from mmrl.config import TrainConfig, load_run_config
 from mmrl.model import (
     FAMILIES,
@@ -450,7 +451,19 @@ def test_update_by_token_budget_equals_update_by_rows(tmp_path: Path, tmp_path_f
     policy.configure(padding_free=True)
     chunks = trainer._chunks(range(len(batch)), batch)
     assert chunks != row_chunks and [r for c in chunks for r in c] == list(range(len(batch)))
-    assert all(sum(lengths[r] for r in c) <= budget for c in chunks)
+    # within the budget as the pass computes it: each group's shared prompt once, every row's tokens after it
+    pre = shared_prefixes(batch, range(len(batch)))
+    groups = [int(g) for g in batch.group_index]
+    assert any(pre) and all(0 <= p < n for p, n in zip(pre, lengths))
+
+    def computed(c: list[int]) -> int:
+        return sum(pre[c[[groups[r] for r in c].index(g)]] for g in {groups[r] for r in c}) + \
+            sum(lengths[r] - pre[r] for r in c)
+
+    assert all(computed(c) <= budget for c in chunks)
+    # each row counted whole (the rule before the shared prompt counted once) takes more passes
+    whole = packing.token_budget_chunks(list(range(len(batch))), lengths, budget, groups=groups)
+    assert len(chunks) < len(whole)
     by_budget, stats_budget = _update_grads(trainer, batch)
 
     assert by_rows.keys() == by_budget.keys() and "lm_head.weight" in by_rows
