@@ -64,8 +64,12 @@ def test_a_clean_run_writes_each_stage_when_it_ends_and_exits_0(work: Path, tmp_
     train = final["stages"]["train"]["result"]
     assert train["steps"] == 2 and train["size"] == "tiny" and train["command"].startswith("mmrl train --task video-qa")
     for key in ("rollout_s", "reference_s", "update_s", "step_s", "save_s", "trained_tok_s", "generated_tok_s",
-                "peak_gb", "memory/peak_gb"):
+                "peak_gb", "memory/peak_gb", "memory/save_gb"):
         assert isinstance(train[key], (int, float)) and train[key] > 0, key
+    # the whole run's peak is its largest window, the checkpoint's included
+    windows = {k: v for k, v in train.items() if k.startswith("memory/") and k != "memory/peak_gb"}
+    assert train["peak_gb"] == max(windows.values()) == train[train["peak_window"]]
+    assert {"transformers", "av", "rapidfuzz"} <= set(train["distributions"])  # what the run imported
     assert train["update_mfu_6nt"] is None  # no utilisation without a GPU's peak
     prof = final["stages"]["profile"]["result"]
     assert prof["flops_forward"] > 0 and prof["flops_backward"] > prof["flops_forward"]  # backward ~2x forward

@@ -33,6 +33,7 @@ from perf.gpu_check.image import (
     carried,
     norm,
 )
+from perf.gpu_check.runner import FAILED
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.xdist_group("gpu_check")
@@ -190,12 +191,15 @@ def test_a_package_missing_from_the_image_fails_the_environment_stage_and_nothin
 @pytest.mark.slow
 def test_the_environment_and_cpu_stages_pass_in_the_image_view(view: Path, tmp_path: Path) -> None:
     """Everything the environment, train and profile stages import is in the image or carried; each dependency
-    was imported from the view (not from this project's environment)."""
-    done = run_check(view, tmp_path, "--stages", "environment,train,profile")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    was imported from the view (not from this project's environment). The GPU tests are collected there and
+    fail where they must without CUDA: at their first test, which asks for a CUDA device."""
+    done = run_check(view, tmp_path, "--stages", "environment,train,profile,gpu-tests")
+    assert done.returncode == FAILED, (done.stdout + done.stderr)[-4000:]
     data = json.loads((tmp_path / "out" / "image.json").read_text())
     assert {s: r["status"] for s, r in data["stages"].items()} == {"environment": "ok", "train": "ok",
-                                                                    "profile": "ok"}
+                                                                    "profile": "ok", "gpu-tests": "failed"}
+    tests = data["stages"]["gpu-tests"]["result"]
+    assert tests["tests"] > 0 and len(tests["failed"]) == 1 and "test_a_cuda_device_is_there" in tests["failed"][0]
     env = data["stages"]["environment"]["result"]
     site = str(view.parent.parent)
     for name, row in env["dependencies"].items():

@@ -4,9 +4,11 @@ The run is a list of stages, each in its own Python process with its own timeout
 starts them; :mod:`perf.gpu_check.stages` is what each runs):
 
 ``environment``
-    Python, torch, CUDA, the GPU and the packages mmrl needs, each against the minimum ``pyproject.toml``
-    asks for (transformers, qwen-vl-utils, PyAV, ...), and where each was imported from; free disk; on a GPU a
-    measured bf16 matrix-product rate. It always runs first; when it fails nothing else runs.
+    Python, torch, CUDA, the GPU; every ``pyproject.toml`` dependency the training path needs (less those
+    :data:`perf.gpu_check.image.NOT_CARRIED` leaves behind), each imported and against its minimum version, and
+    every distribution that importing the training path loaded, with where it came from; free disk; on a GPU a
+    measured bf16 matrix-product rate. It always runs first; when it fails nothing else runs. What the lent
+    machine's image holds and what travels to it as wheels: :mod:`perf.gpu_check.image`.
 ``gpu-tests``
     ``pytest -m gpu tests/test_gpu.py`` (the GPU tests: never skipped, so a run without CUDA fails them).
 ``train``
@@ -15,7 +17,9 @@ starts them; :mod:`perf.gpu_check.stages` is what each runs):
     answers x 512 tokens, videos of 32 frames at the pixel budget's most (448 x 448), for ``--steps`` steps
     and the checkpoint the run writes at its end. An H200 (or any card over ``--cap-gb``) is held to an H100's
     memory with ``torch.cuda.set_per_process_memory_fraction``. Reports per-stage seconds and memory peaks
-    (the run's ``memory/*`` metrics), the whole run's CUDA peak, tokens per second.
+    (the run's ``memory/*`` metrics, the checkpoint's too), the whole run's (the most allocated and the most
+    reserved in any of those windows), tokens per second; with ``--memory-history`` what was live at the run's
+    most-allocated moment, by where it was allocated.
 ``profile``
     One update micro-batch of that run (its model, settings and a real prompt with its 32-frame video, 2 answers
     of 512 tokens): its FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode`` (the vision tower and
@@ -27,10 +31,13 @@ starts them; :mod:`perf.gpu_check.stages` is what each runs):
     for bit. Skipped (and said so) where DeepSpeed does not import.
 
 After every stage the results are written (``perf/results/gpu_check-<device>-<date>.json`` and ``.md``), so a
-run that is killed keeps what finished. The exit status is 0 when every stage passed and every budget held,
+run that is killed keeps what finished. A call has a budget (``--call-budget``; 540 s on a GPU: a lent machine
+runs a command for 10 minutes) that cuts each stage's timeout; a run split over calls gives the second
+``--merge RESULTS.json``, the first call's file. Each stage runs in its own process group, stopped with the
+runner on SIGTERM, SIGINT or SIGHUP, and dies with a runner killed outright (``PR_SET_PDEATHSIG``). The exit status is 0 when every stage passed and every budget held,
 1 when a stage failed or timed out (the later stages still run), 2 when a budget was exceeded, 3 for both.
-Budgets (``--budget STAGE.KEY<=VALUE``; on a GPU by default ``train.peak_gb<=80``: the 3B command on one 80 GB
-card) are checked on the numbers a stage reports; aims (``profile.mfu>=0.25``) are reported, not enforced.
+Budgets (``--budget STAGE.KEY<=VALUE``; on a GPU by default ``train.peak_gb<=80`` and
+``train.peak_reserved_gb<=80``: the 3B command on one 80 GB card) are checked on the numbers a stage reports; aims (``profile.mfu>=0.25``) are reported, not enforced.
 
 Without CUDA (``--mode cpu``) the same stages run on a tiny model in seconds; ``tests/test_gpu_check.py`` runs
 them inside ``make test`` so that the runner and its asserts cannot rot.

@@ -372,6 +372,8 @@ def run(argv: list[str] | None = None, *, on_write: Callable[[str, list[Path]], 
 
     budget = call_budget(args.mode)
     results.data["call_budget_s"] = budget
+    results.data["call_started"] = datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
+        timespec="seconds")
     status = 0
     bounds: list[Bound] = []
     aims: list[Bound] = []
@@ -385,6 +387,7 @@ def run(argv: list[str] | None = None, *, on_write: Callable[[str, list[Path]], 
                 status |= FAILED
                 break
             timeout = stage_timeout(timeouts[name], started, budget, time.time())
+            timeout = None if timeout is None else round(timeout, 1)
             if timeout is None:
                 left = started + (budget or 0) - time.time()
                 results.data["stages"][name] = {
