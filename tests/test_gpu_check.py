@@ -355,7 +355,7 @@ def test_the_allocation_history_summary_finds_the_most_allocated_moment_and_what
               {"action": "free_completed", "addr": 2, "size": 2 * GB, "frames": grad}]
     snapshot = {"segments": [{"device": 0, "blocks": [
         {"address": 1, "size": 4 * GB, "state": "active_allocated", "frames": master},
-        {"address": 9, "size": 2 * GB, "state": "active_allocated", "frames": []},  # from before the history
+        {"address": 9, "size": 2 * GB, "state": "active_awaiting_free", "frames": []},  # from before the history
         {"address": 7, "size": 5 * GB, "state": "inactive", "frames": []}]}],  # cached, not allocated
         "device_traces": [events]}
     out = peak_allocations(snapshot)

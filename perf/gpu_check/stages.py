@@ -521,7 +521,7 @@ def peak_allocations(snapshot: dict[str, Any], device: int = 0, top: int = 20) -
         if seg.get("device", device) != device:
             continue
         for block in seg.get("blocks", []):
-            if block.get("state") in ("active_allocated", "active_pending_free"):
+            if block.get("state") in ("active_allocated", "active_awaiting_free"):
                 end[block["address"]] = (int(block["size"]), block.get("frames"))
     total = sum(size for size, _ in end.values())
     best, best_i = total, len(events)  # best_i: the state after events[:best_i]
