@@ -207,6 +207,10 @@ def test_the_environment_and_cpu_stages_pass_in_the_image_view(view: Path, tmp_p
             assert "not_carried" in row
         else:
             assert row["from"].startswith(site), (name, row)
+    # what came from neither the image's list nor the wheels: only what this project's newer huggingface-hub
+    # brings (the image's own version brings its own)
+    shims = view_allowed() - set(IMAGE_PACKAGES) - set(carried())
+    assert set(env["outside_image"]) <= shims, env["outside_image"]
     imported = set(data["stages"]["train"]["result"]["distributions"])
     assert imported <= view_allowed() and not imported & set(NOT_CARRIED)
     assert {"rapidfuzz", "av", "qwen-vl-utils", "transformers"} <= imported

@@ -330,7 +330,15 @@ def stage_environment(spec: dict[str, Any], rec: Recorder) -> None:
                 packages[dist] = {"version": md.version(dist), "imported": False}
             except md.PackageNotFoundError:
                 continue
-    rec.set(dependencies=dependencies, packages=packages)
+    # on the lent machine every one of them is the image's or carried; elsewhere (another machine's own
+    # environment) packages that others import where installed show here too
+    from perf.gpu_check.image import IMAGE_PACKAGES, carried
+
+    outside = sorted(d for d in imported if d not in IMAGE_PACKAGES and d not in carried())
+    rec.set(dependencies=dependencies, packages=packages, outside_image=outside)
+    if outside:
+        say("imported, neither in the lent image's package list nor carried (on the lent machine: the list in "
+            f"perf/gpu_check/image.py is out of date): {', '.join(outside)}")
     import torch
 
     cuda = torch.cuda.is_available()
