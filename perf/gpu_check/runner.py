@@ -329,7 +329,12 @@ def stage_timeout(configured: float, started: float, budget: float | None, now: 
     return None if left < MIN_STAGE_S else min(configured, left)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _on_signal(signum: int, frame: Any) -> None:
+    for sig in STOP_SIGNALS:  # a second signal must not interrupt the stop of the stage
+        signal.signal(sig, signal.SIG_IGN)
     raise Stopped(signum)
 
 
@@ -378,7 +383,8 @@ def run(argv: list[str] | None = None, *, on_write: Callable[[str, list[Path]], 
     bounds: list[Bound] = []
     aims: list[Bound] = []
     t0 = time.monotonic()
-    handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    main_thread = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    handlers = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS} if main_thread else {}
     try:
         for i, name in enumerate(stages):
             if name != "environment" and results.data["stages"].get("environment", {}).get("status") != "ok":
