@@ -307,6 +307,7 @@ def test_the_second_call_keeps_the_first_calls_stages_from_the_file_given(work: 
     assert data["stages"]["environment"]["status"] == "ok" and not data["stages"]["environment"].get(
         "from_earlier_call")
     assert data["stages"]["train"]["from_earlier_call"] and data["stages"]["train"]["result"]["peak_gb"] == 70.0
+    assert "| train | OK | – | (an earlier call's)" in (tmp_path / "results" / first.with_suffix(".md").name).read_text()
     budgets = {b["bound"]: b["ok"] for b in data["budgets"]}
     assert budgets == {"train.peak_gb<=80": True, "train.peak_reserved_gb<=80": False}
     assert run(["--merge", str(tmp_path / "nothing.json"), "--work", str(tmp_path)]) == 2  # refused before a stage

@@ -48,6 +48,8 @@ def render(data: dict[str, Any]) -> str:
         failed = [c[0] for c in rec.get("checks", []) if not c[1]]
         if failed and not note:
             note = "failed: " + "; ".join(failed)
+        if rec.get("from_earlier_call"):
+            note = "(an earlier call's) " + note
         lines.append(f"| {name} | {rec.get('status', '').upper()} | {_f(rec.get('seconds'), '.0f')} | "
                      f"{note.replace('|', '/')[:300]} |")
     lines.append("")

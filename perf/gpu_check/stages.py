@@ -477,7 +477,10 @@ def memory_history_start(spec: dict[str, Any]) -> bool:
     (``torch.cuda.memory._record_memory_history``), for :func:`peak_allocations`."""
     import torch
 
-    if not spec.get("memory_history") or not gpu_mode(spec):
+    if not spec.get("memory_history"):
+        return False
+    if not gpu_mode(spec):
+        say("--memory-history: not recorded (CUDA's allocator only)")
         return False
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
                                              max_entries=HISTORY_ENTRIES)
