@@ -648,7 +648,7 @@ class GRPOTrainer:
         n_updates = g.ppo_epochs * len(minis)
         work: list[int] = []  # the tokens this rank trained in each optimizer step (dummy passes: none)
         lr_used = self.optimizer.param_groups[0]["lr"]
-        each = self._check_each_micro_batch()
+        poison = self._poison_non_finite()
         for _epoch in range(g.ppo_epochs):
             for mini in minis:
                 work.append(0)
@@ -657,18 +657,18 @@ class GRPOTrainer:
                                         for idx in self._chunks(mini)])
                 self.updater.zero_grad()
                 self._sums.new_step()
-                finite = True
                 for idx, dummy in self._own_chunks(batch, mini):
                     work[-1] += 0 if dummy else sum(len(batch.seqs[i]) for i in idx)
-                    finite = self._micro_step(batch, idx, counts, self._sums, n_updates, dummy=dummy, check=each)
-                    if not finite:
-                        break
-                if not each:  # the optimizer step's one check: every micro-batch's loss finite, on every rank
-                    finite = self.world.all_true(self._sums.all_finite())
+                    self._micro_step(batch, idx, counts, self._sums, n_updates, dummy=dummy, poison=poison)
+                # the optimizer step's one check: every micro-batch's loss finite, on every rank
+                finite = self.world.all_true(self._sums.all_finite())
                 lrs = [group["lr"] for group in self.optimizer.param_groups]
                 lr_used = lrs[0]
                 lr_ok = all(math.isfinite(lr) and lr >= 0 for lr in lrs)  # one a plug-in set: never stepped
-                grad_norm = self._mem.call("optimizer_step", self.updater.step) if finite and lr_ok else None
+                # DeepSpeed steps a non-finite step too: its poisoned gradients make it skip and clear ZeRO's
+                # partitions (_poison_non_finite); the local updater's are dropped by zero_grad below
+                step = lr_ok and (finite or poison)
+                grad_norm = self._mem.call("optimizer_step", self.updater.step) if step else None
                 self.policy.weights_changed()  # cached vision features of a trainable tower are stale now
                 self._fresh = False
                 if grad_norm is not None:
@@ -730,35 +730,33 @@ class GRPOTrainer:
         return (f"{ckpt.name} holds the last good weights: continue from it with `mmrl train --out {self.run_dir} "
                 "--resume train.lr=...`, or start a new run.")
 
-    def _check_each_micro_batch(self) -> bool:
-        """Whether the update checks each micro-batch's loss before its backward (a host sync and, under
-        torchrun, an all-reduce a micro-batch) instead of once per optimizer step. DeepSpeed only: its engine
-        reduces each backward's gradients into ZeRO's own partitions, which ``engine.zero_grad`` (parameters'
-        ``.grad``) does not clear and only its ``step`` resets (deepspeed/runtime/zero/stage_1_and_2.py:
-        ``step`` clears them on overflow, ``micro_step_id`` counts backwards until then), so a NaN that went
-        through backward and a skipped step would reach the next optimizer step. The local updater's gradients
-        are the parameters' own, set to None by ``zero_grad`` after a skipped step."""
+    def _poison_non_finite(self) -> bool:
+        """Whether a non-finite loss goes through backward as NaN times itself (every gradient it reaches NaN)
+        and the optimizer step is still called. DeepSpeed: its engine reduces each backward's gradients into
+        ZeRO's own partitions, which ``engine.zero_grad`` (the parameters' ``.grad``) does not clear; its
+        ``step`` does, when it finds them non-finite (deepspeed/runtime/zero/stage_1_and_2.py ``step``: the
+        overflow branch drops them, and ``micro_step_id`` restarts), and skips the update on every rank. So a
+        step skipped without calling it would carry the earlier micro-batches' gradients into the next one;
+        a poisoned step leaves none (measured on ZeRO-2 and ZeRO-3: the next step equals a clean one). The
+        local updater's gradients are the parameters' own, set to None by ``zero_grad`` after a skip."""
         return bool(getattr(self.cfg.train, "deepspeed", None))
 
     def _micro_step(self, batch: RolloutBatch, idx: list[int], counts: Any, sums: _UpdateSums,
-                    n_updates: int, *, dummy: bool = False, check: bool = False) -> bool:
+                    n_updates: int, *, dummy: bool = False, poison: bool = False) -> None:
         """Forward and backward of one micro-batch, with no host round-trip of its own: its loss's finiteness
         joins ``sums.ok``, a flag on the device that :meth:`update` reads once per optimizer step (a non-finite
         loss still goes through backward; the step is then skipped and its gradients dropped), and its
         statistics join ``sums`` as device tensors, counted only while every loss of the optimizer step so far
-        is finite (as when a non-finite micro-batch ended the step's loop). ``check`` (DeepSpeed,
-        :meth:`_check_each_micro_batch`): the loss is checked here, on every rank alike, and False returned
-        before its backward when it is not finite. A ``dummy`` pass only keeps the ranks' collectives in step:
-        its loss is zero."""
+        is finite (as when a non-finite micro-batch ended the step's loop). ``poison`` (DeepSpeed,
+        :meth:`_poison_non_finite`): a non-finite loss goes through backward as NaN times itself. A ``dummy``
+        pass only keeps the ranks' collectives in step: its loss is zero."""
         g = self.cfg.grpo
         self._mem.start("update")
         if dummy:
             logp, _, _ = self.policy.forward_logprobs([self._dummy_seq()], temperature=self.cfg.rollout.temperature,
                                                       with_entropy=True, entropy_grad=bool(g.entropy_coef))
-            if check and not self.world.all_true(True):
-                return False
             self.updater.backward(torch.nan_to_num(logp).sum() * 0.0)
-            return True
+            return
         seqs, width = batch.micro_batch(idx)
         routers = router_loss.RouterLogits(self.policy.model) if self.router_aux_coef > 0 else None
         with routers or contextlib.nullcontext():
@@ -796,9 +794,10 @@ class GRPOTrainer:
             aux = routers.loss()
             loss = loss + self.router_aux_coef * aux.to(loss.dtype) * share.to(loss.dtype)
             st["router_aux_loss"] = aux.detach()
-        if check and not self.world.all_true(bool(torch.isfinite(loss))):
-            return False
-        sums.join(torch.isfinite(loss.detach()))
+        finite = torch.isfinite(loss.detach())
+        sums.join(finite)
+        if poison:  # x 1, or x NaN: NaN on every gradient it reaches (0 x NaN is NaN too), no host round-trip
+            loss = loss * torch.where(finite, 1.0, float("nan")).to(loss.dtype)
         self.updater.backward(loss)
         self._mem.stop("update")  # forward and backward: the micro-batch's peak
         if gap is not None and self._fresh:  # before any optimizer step of this batch: the rollout's weights
@@ -807,7 +806,6 @@ class GRPOTrainer:
         # are micro-batch means: weighted by the micro-batch's tokens
         sums.add({k: (v.detach().double() if k in LOSS_TERMS else v.detach().double() * share) / n_updates
                   for k, v in st.items() if k != "n_tokens"})
-        return True
 
     # ------------------------------------------------------------------------------------ logging
     @staticmethod

@@ -5,12 +5,18 @@ device until the update ends and the non-finite-loss check is one flag per optim
   last bit, the per-micro-batch host sums the update made before: each micro-batch's values read as Python
   floats, weighted by its share of the mini-batch's tokens, summed in order;
 * a NaN loss in one micro-batch skips that optimizer step: the weights stay as they were, no gradient is left
-  behind, and the next optimizer step trains from clean gradients.
+  behind, and the next optimizer step trains from clean gradients; under DeepSpeed (ZeRO-2 and ZeRO-3, one
+  process) too, where the gradients live in ZeRO's partitions: the step after a skipped one equals, bit for bit,
+  that of a trainer that never saw the NaN (before, the skipped step's earlier micro-batches leaked into it).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +131,19 @@ def test_a_nan_in_one_micro_batch_skips_the_step_and_leaves_nothing_behind(tmp_p
     after = model.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow  # DeepSpeed's start and two trainers: ~15 s a stage
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_a_nan_micro_batch_leaves_nothing_in_zeros_partitions(tmp_path: Path, stage: str) -> None:
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("deepspeed_nan_probe.py")), stage, str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    seen = json.loads(out.read_text())
+    assert seen["chunks"] == [[0, 1, 2], [3, 4, 5], [6, 7]]  # the NaN (row 3) is in the second micro-batch
+    assert seen["nan"] == {"skipped_updates": 1, "optimizer_steps": 0}
+    assert seen["after"]["optimizer_steps"] == 1 and seen["b"]["optimizer_steps"] == 1
+    assert seen["after"]["grad_norm"] == seen["b"]["grad_norm"]
+    assert seen["equal"] and seen["moved"] and seen["finite"]
