@@ -5,8 +5,10 @@
   causality from the end of the keys), values and gradients;
 * real tiny models of every family, images and videos: log-probs, entropies and every parameter's gradient
   equal the sdpa path's (padded, the reference every other packing test uses) within fp32 round-off, on the
-  plain and shared-prefix paths, with activation checkpointing; and the passes make one attention call per
-  vision block and per decoder layer and pass (sdpa: one per vision window);
+  plain and shared-prefix paths (one pass and two), with activation checkpointing; every pass is one row without
+  padding, and makes one to three attention calls per vision block and per decoder layer on the CPU (batches of
+  similar shapes; sdpa: one per vision window);
+* segments of very different lengths go in separate batches (no continuation padded to its prompt's length);
 * generation (left-padded prompts, a KV cache) draws the same greedy tokens as sdpa.
 """
 
@@ -51,7 +53,8 @@ def _reference(q, k, v, lens_q, lens_k, causal: bool, scale: float) -> torch.Ten
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("prefix", [False, True])
-@pytest.mark.parametrize("lens_q", [[5, 1, 9, 3, 9], [6, 6, 6], [11]], ids=["ragged", "uniform", "one"])
+@pytest.mark.parametrize("lens_q", [[5, 1, 9, 3, 9], [5, 7, 6, 2], [6, 6, 6], [11]],
+                         ids=["ragged", "one-class", "uniform", "one"])
 def test_segments_in_one_call_equal_each_segment_alone(causal: bool, prefix: bool, lens_q: list[int]) -> None:
     torch.manual_seed(0)
     lens_k = [n + (7 if prefix else 0) for n in lens_q]  # a continuation sees a prefix and itself
@@ -127,8 +130,9 @@ def batch_of(policy: Policy, family: str, kind: str) -> list[TokenSeq]:
             + group(policy, prompt(policy, [small], "Colour?"), [6, 2], seed=10))
 
 
-def forward_backward(policy: Policy, seqs: list[TokenSeq], *, shared: bool, padded: bool = False):
-    policy.configure(padding_free=not padded)
+def forward_backward(policy: Policy, seqs: list[TokenSeq], *, shared: bool, padded: bool = False,
+                     one_pass: bool | None = None):
+    policy.configure(padding_free=not padded, shared_prefix_one_pass=one_pass)
     policy.model.zero_grad(set_to_none=True)
     probe = Layer0(policy)
     try:
@@ -139,9 +143,19 @@ def forward_backward(policy: Policy, seqs: list[TokenSeq], *, shared: bool, padd
             loss_of(logp, ent, mask).backward()
     finally:
         probe.close()
-        policy.configure(padding_free=True)
+        policy.configure(padding_free=True, shared_prefix_one_pass=None)
     grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
     return logp.detach(), ent.detach(), grads, fwd, probe.calls
+
+
+def tower_calls(policy: Policy, seqs: list[TokenSeq]) -> int:
+    """Attention calls of one vision-tower run over the media of ``seqs``."""
+    keys = list(dict.fromkeys(k for s in seqs for k in s.media))
+    policy.weights_changed()  # no cached features
+    with AttentionCalls() as calls, torch.no_grad():
+        policy.vision.run(keys)
+    policy.weights_changed()
+    return calls.n
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -150,16 +164,20 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
     ref_policy, policy = _loaded(folders[family], "sdpa"), _loaded(folders[family], "varlen")
     for p in (ref_policy, policy):
         p.media.clear()
+    sdpa_tower = tower_calls(ref_policy, batch_of(ref_policy, family, kind))
     ref_logp, ref_ent, ref_grads, sdpa_calls, _ = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
                                                                 shared=False, padded=True)
     seqs = batch_of(policy, family, kind)
     vision_blocks = len(policy.base.visual.blocks)
     layers = len(policy.base.language_model.layers)
-    for shared in (False, True):
+    plan = shared_prefix.prefix_plan(seqs)
+    assert plan is not None and all(n > 0 for _, n in plan)
+    for shared, one_pass in ((False, None), (True, None), (True, False)):
         for checkpointing in (False, True):
             checkpointing_switch(policy.model, checkpointing)
             try:
-                logp, ent, grads, calls, layer0 = forward_backward(policy, seqs, shared=shared)
+                logp, ent, grads, calls, layer0 = forward_backward(policy, seqs, shared=shared, one_pass=one_pass)
+                tower = tower_calls(policy, seqs)
             finally:
                 checkpointing_switch(policy.model, False)
             torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-5 * float(ref_logp.abs().max()))
@@ -169,16 +187,24 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
             for name, g in ref_grads.items():
                 err = float((grads[name] - g).abs().max())
                 assert err <= 2e-5 * float(g.abs().max()) + 1e-9, f"shared={shared} {name}: max error {err}"
-            # one call per vision block and per decoder layer of each language-model pass (two with the prefix)
-            assert calls == vision_blocks + layers * (2 if shared else 1), (shared, calls)
-            # every pass one row without padding: the sequences whole, or the prompts once then the continuations
-            plan = shared_prefix.prefix_plan(seqs)
-            assert plan is not None and all(n > 0 for _, n in plan)
-            want = [((1, sum(len(s) for s in seqs)), None)] if not shared else \
-                [((1, sum(n for _, n in plan)), None), ((1, sum(len(seqs[i]) - n for g, n in plan for i in g)), None)]
-            assert layer0[:len(want)] == want, layer0
+            # the vision tower: a call or two per block (here a large and a small medium, one batch each), whatever
+            # the number of windows (sdpa: one per window); the language model: one row, one pass by default (the
+            # prompts once, each followed by its continuations, which see it through the key index), two when
+            # asked; its calls per layer and pass: one per length class of its segments on the CPU
+            two = one_pass is False
+            assert vision_blocks <= tower <= 2 * vision_blocks, (shared, one_pass, tower)
+            assert calls - tower >= layers * (2 if two else 1)
+
+            # every pass one row without padding (the one pass leaves out each row's last token: nothing reads it)
+            if not shared:
+                want = [(1, sum(len(s) for s in seqs))]
+            elif two:
+                want = [(1, sum(n for _, n in plan)), (1, sum(len(seqs[i]) - n for g, n in plan for i in g))]
+            else:
+                want = [(1, sum(n + sum(len(seqs[i]) - 1 - n for i in g) for g, n in plan))]
+            assert [c for c, _ in layer0[:len(want)]] == want and all(m is None for _, m in layer0), layer0
     if family == "qwen2_5_vl":  # sdpa: one call per window in the windowed blocks
-        assert sdpa_calls > 2 * (vision_blocks + layers)
+        assert sdpa_tower > 4 * vision_blocks
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -200,3 +226,23 @@ def test_generation_equals_sdpa(folders: dict[str, Path], family: str) -> None:
     for (ids_s, lp_s), (ids_v, lp_v) in zip(out["sdpa"], out["varlen"]):
         assert ids_s == ids_v
         torch.testing.assert_close(torch.tensor(lp_v), torch.tensor(lp_s), rtol=1e-4, atol=1e-4)
+
+
+def test_a_prompt_and_its_continuations_are_not_padded_to_one_length() -> None:
+    """The CPU's batches: a 300-token prompt and eight 20-token continuations (which see it through the key index)
+    make two batches, neither padded past twice its own attention; values as each segment alone."""
+    torch.manual_seed(2)
+    lens_q = [300] + [20] * 8
+    lens_k = [300] + [320] * 8
+    q = torch.randn(1, 2, sum(lens_q), 8, dtype=torch.float64)
+    k = torch.randn(1, 2, sum(lens_k), 8, dtype=torch.float64)
+    v = torch.randn(1, 2, sum(lens_k), 8, dtype=torch.float64)
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    layout = varlen._Layout(cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), True)
+    shapes = sorted((tuple(iq.shape), tuple(ik.shape)) for iq, ik, _, _, _ in layout.batches)
+    assert shapes == [((1, 300), (1, 300)), ((8, 20), (8, 320))]  # no padding at all
+    with AttentionCalls() as calls:
+        out, _ = varlen.attention(_Module(True, 1), q, k, v, None, cu_seq_lens_q=cu(lens_q), cu_seq_lens_k=cu(lens_k),
+                                  max_length_q=max(lens_q), max_length_k=max(lens_k))
+    assert calls.n == 2
+    torch.testing.assert_close(out, _reference(q, k, v, lens_q, lens_k, True, None))

@@ -31,6 +31,7 @@ at most a budget (a longer row alone): the cost of a padding-free pass is about 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,14 +154,29 @@ class Packed:
         if impl in FLASH:
             if self.input_ids.shape[0] != 1:
                 raise ValueError("flash-attention packing takes one row")
-            if self.parents is not None and any(p >= 0 for p in self.parents):
-                raise ValueError("flash attention's variable-length call cannot let a sequence see another's tokens")
             dev = self.input_ids.device
-            lens = torch.tensor([self.lengths[j] for j in self.order], dtype=torch.int32, device=dev)
-            cu = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
-            most = int(lens.max())
-            return {"attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
-                    "max_length_q": most, "max_length_k": most}
+            lens_q = [self.lengths[j] for j in self.order]
+            cu = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=dev)
+            out = {"attention_mask": None, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+                   "max_length_q": max(lens_q), "max_length_k": max(lens_q)}
+            if self.parents is not None and any(p >= 0 for p in self.parents):
+                if impl != varlen.NAME:
+                    raise ValueError("flash attention's variable-length call cannot let a sequence see another's "
+                                     "tokens")
+                # each segment's keys: its parent's columns whole, then its own (mmrl.model.varlen's key index)
+                start = dict(zip(self.order, itertools.accumulate([0, *lens_q[:-1]])))
+                cols: list[range] = []
+                lens_k: list[int] = []
+                for j in self.order:
+                    p = self.parents[j]
+                    if p >= 0:
+                        cols.append(range(start[p], start[p] + self.lengths[p]))
+                    cols.append(range(start[j], start[j] + self.lengths[j]))
+                    lens_k.append(self.lengths[j] + (self.lengths[p] if p >= 0 else 0))
+                out["mmrl_key_index"] = torch.tensor([c for r in cols for c in r], dtype=torch.long, device=dev)
+                out["cu_seq_lens_k"] = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=dev)
+                out["max_length_k"] = max(lens_k)
+            return out
         seg = self.segments
         width = seg.shape[1]
         causal = torch.ones(width, width, dtype=torch.bool, device=seg.device).tril()

@@ -7,7 +7,8 @@ language model once and the group's continuations attend to that one encoding. T
 * two passes (:func:`two_pass_hidden`): the prefixes (recording each layer's keys and values), then the
   continuations reading them (:func:`prefix_caches`);
 * one packed pass (:func:`one_pass_hidden`, sdpa/eager with padding-free passes, chosen by cost in
-  :func:`use_one_pass`): each prompt once, followed by its continuations, each of which sees the prompt and
+  :func:`use_one_pass`, or mmrl's variable-length attention, always): each prompt once, followed by its
+  continuations, each of which sees the prompt and
   itself.
 
 The results, and the gradients, which reach the prefix's computation once summed over the continuations, are
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import packing, passes
+from . import packing, passes, varlen
 from .types import TEXT, PolicyParts, TokenSeq
 
 Plan = list[tuple[list[int], int]]
@@ -69,8 +70,9 @@ def prefix_plan(seqs: Sequence[TokenSeq]) -> Plan | None:
 def use_one_pass(policy: PolicyParts, plan: Plan, seqs: Sequence[TokenSeq]) -> bool:
     """Whether the shared prefix runs as one packed pass instead of two (:func:`two_pass_hidden`).
 
-    Only with a masked attention (sdpa/eager: flash attention's variable-length call cannot let a
-    continuation see its prompt) and padding-free passes on, and never where every rank must make the same
+    Only with a masked attention (sdpa/eager) or mmrl's variable-length attention (whose key index lets a
+    continuation see its prompt; flash attention's variable-length call cannot) and padding-free passes on,
+    and never where every rank must make the same
     calls (ZeRO-3 gathers per call, and ranks may differ in whether they share a prefix). Two passes sum
     every weight's gradient from both (a parameter-sized add per weight, and a second call of every
     module); one pass computes each continuation's attention over its whole group's row, prompt and the
@@ -78,10 +80,13 @@ def use_one_pass(policy: PolicyParts, plan: Plan, seqs: Sequence[TokenSeq]) -> b
     pass when its rows, all as wide as the widest group, cost no more than the two passes' tokens plus the
     extra pass's parameter-sized work (:attr:`PolicyOptions.second_pass_cost`;
     :attr:`PolicyOptions.shared_prefix_one_pass` forces the choice)."""
-    if policy.binding.invariant or passes.packing_impl(policy) not in packing.MASKED:
+    impl = passes.packing_impl(policy)
+    if policy.binding.invariant or (impl not in packing.MASKED and impl != varlen.NAME):
         return False
     if policy.options.shared_prefix_one_pass is not None:
         return policy.options.shared_prefix_one_pass
+    if impl == varlen.NAME:  # each segment computes only its own keys (the prompt's and its own): always cheaper
+        return True
     cost = passes.row_cost(policy)
     q = (cost(2) - 2 * cost(1)) / 4  # cost(w) = w * (P + 2 * w * q)
     params = cost(1) - 2 * q

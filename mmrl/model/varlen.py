@@ -18,12 +18,13 @@ hub kernel), that computes every segment of such a call at once:
 
 * on a CUDA device where the installed torch has :func:`torch.nn.attention.varlen.varlen_attn` (torch 2.10+, the
   flash kernels behind sdpa, no extra package), through it (packed, no padding);
-* elsewhere (the CPU, older torch), through **one** padded call of transformers' own sdpa function: the segments
-  laid out as rows of a batch padded to the longest segment, with a boolean mask of each row's valid keys (and
-  causality, aligned to the end of the keys as flash attention aligns it); where every segment is as long as
-  the longest (a video's windows and frames, a lone sequence) the batch is a view of the packed tensor and sdpa
-  needs no mask. The padding costs at most the longest segment per segment; a block-diagonal mask over the
-  whole packed row (what sdpa needs otherwise) costs the packed length per token.
+* elsewhere (the CPU, older torch), through padded calls of transformers' own sdpa function: the segments laid
+  out as rows of a batch padded to the longest, with a boolean mask of each row's valid keys (and causality,
+  aligned to the end of the keys as flash attention aligns it); where every segment has one shape (a video's
+  windows and frames, a lone sequence) the batch is a view of the packed tensor and sdpa needs no mask. One call
+  in those cases; segments of very different lengths (a shared prompt and its continuations in one pass) go in
+  a few batches by length class, so that padding never doubles a length (:class:`_Layout`). A block-diagonal mask over the whole packed row (what sdpa needs otherwise) computes the
+  packed length for every token.
 
 Calls without segment lengths (generation with a KV cache, padded batches, the shared-prefix path's second pass)
 take the flash-attention mask convention: the model hands a 2-D padding mask or none (transformers'
@@ -89,47 +90,107 @@ def _lengths(cu: torch.Tensor) -> torch.Tensor:
     return cu[1:] - cu[:-1]
 
 
+def _band(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """``(1, 1, q_len, k_len)``: query i sees keys up to i + (k_len - q_len), flash attention's causal alignment."""
+    return (torch.arange(k_len, device=device)[None, :] <= torch.arange(q_len, device=device)[:, None]
+            + (k_len - q_len))[None, None]
+
+
 class _Layout:
-    """Where each token of a packed tensor sits in the padded batch of its segments, and the mask of that batch
-    (one per set of segment lengths: the tensors of a forward's layers share it)."""
+    """How the segments of a packed tensor become batches for sdpa (one layout per set of segment lengths: the
+    layers of a forward share it).
+
+    Every segment of one shape (a video's windows, its frames, a lone sequence): one batch that is a view of the
+    packed tensor. Otherwise one batch per length class (the next power of two of a segment's query length and of
+    its key length: a shared prompt and its short continuations make two batches, not the continuations padded
+    to the prompt's length; padding never doubles a length); a batch's segments are gathered into rows padded to
+    its longest, with a mask of each row's valid keys (and causality). Where a batch's segments share one shape
+    no mask is needed beyond causality: none with sdpa's causal flag where queries and keys are as many, else one
+    band shared by the rows, aligned to the end of the keys. One call per batch: one in the common cases."""
 
     def __init__(self, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool) -> None:
         dev = cu_q.device
         len_q, len_k = _lengths(cu_q).long(), _lengths(cu_k).long()
-        cols_q = torch.arange(max_q, device=dev)
-        cols_k = torch.arange(max_k, device=dev)
-        self.valid_q = cols_q[None, :] < len_q[:, None]  # (n, max_q)
-        valid_k = cols_k[None, :] < len_k[:, None]  # (n, max_k)
-        last_q, last_k = int(cu_q[-1]), int(cu_k[-1])
-        # gather indices into the packed tokens (padding reads the segment's own first token; it is masked)
-        self.index_q = (cu_q[:-1, None].long() + cols_q[None, :]).clamp(max=max(last_q - 1, 0))
-        self.index_k = (cu_k[:-1, None].long() + cols_k[None, :]).clamp(max=max(last_k - 1, 0))
-        mask = valid_k[:, None, :].expand(-1, max_q, -1)  # (n, max_q, max_k)
-        if causal:  # query i of a segment sees its keys up to i + (len_k - len_q): flash attention's alignment
-            shift = (len_k - len_q)[:, None, None]
-            mask = mask & (cols_k[None, None, :] <= cols_q[None, :, None] + shift)
-        # a padded query row sees its segment's keys (any finite result will do: it is dropped)
-        mask = mask | (~self.valid_q[:, :, None] & valid_k[:, None, :])
-        self.mask = mask[:, None]  # (n, 1, max_q, max_k)
-        self.flat_q = self.valid_q.reshape(-1).nonzero().squeeze(-1)
-        # every segment as long as the longest, keys as queries (a video's windows and frames, one sequence):
-        # no padding, so the tensors are views and sdpa needs no mask (its causal flag, where causal, is exact)
-        self.uniform = bool((len_q == max_q).all() and (len_k == len_q).all() and max_q == max_k)
-        self.n = int(len_q.numel())
+        self.n, self.max_q, self.max_k, self.causal = int(len_q.numel()), max_q, max_k, causal
+        self.same = bool((len_q == max_q).all() and (len_k == max_k).all())
+        if self.same:
+            self.mask = _band(max_q, max_k, dev) if causal and max_q != max_k else None
+            return
+        lq, lk = len_q.tolist(), len_k.tolist()
+        sq, sk = cu_q[:-1].tolist(), cu_k[:-1].tolist()
+        classes: dict[tuple[int, int], list[int]] = {}  # by length class: the next power of two of each length
+        for j in range(self.n):
+            classes.setdefault(((lq[j] - 1).bit_length(), (lk[j] - 1).bit_length()), []).append(j)
+        groups = [classes[c] for c in sorted(classes, reverse=True)]
+        # each batch: (queries' packed indices (b, mq), keys' (b, mk), mask or None, sdpa's causal flag, the
+        # valid queries among the batch's b * mq)
+        self.batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool, torch.Tensor | None]] = []
+        where: list[torch.Tensor] = []
+        for g in groups:
+            gq = torch.tensor([lq[i] for i in g], device=dev)
+            gk = torch.tensor([lk[i] for i in g], device=dev)
+            mq, mk = max(lq[i] for i in g), max(lk[i] for i in g)
+            cols_q, cols_k = torch.arange(mq, device=dev), torch.arange(mk, device=dev)
+            index_q = torch.tensor([sq[i] for i in g], device=dev)[:, None] + cols_q[None, :]
+            index_k = torch.tensor([sk[i] for i in g], device=dev)[:, None] + cols_k[None, :]
+            if all(lq[i] == mq and lk[i] == mk for i in g):  # one shape: no padding
+                mask = _band(mq, mk, dev) if causal and mq != mk else None
+                self.batches.append((index_q, index_k, mask, causal and mq == mk, None))
+                where.append(index_q.reshape(-1))
+                continue
+            valid_q = cols_q[None, :] < gq[:, None]  # (b, mq)
+            valid_k = cols_k[None, :] < gk[:, None]  # (b, mk)
+            # padding reads a valid token (the packed tensors' last); it is masked or dropped
+            index_q, index_k = index_q.clamp(max=int(cu_q[-1]) - 1), index_k.clamp(max=int(cu_k[-1]) - 1)
+            full = valid_k[:, None, :].expand(-1, mq, -1)  # (b, mq, mk)
+            if causal:  # query i of a segment sees its keys up to i + (len_k - len_q)
+                full = full & (cols_k[None, None, :] <= cols_q[None, :, None] + (gk - gq)[:, None, None])
+            # a padded query row sees its segment's keys (any finite result will do: it is dropped)
+            full = full | (~valid_q[:, :, None] & valid_k[:, None, :])
+            flat = valid_q.reshape(-1).nonzero().squeeze(-1)
+            self.batches.append((index_q, index_k, full[:, None], False, flat))
+            where.append(index_q.reshape(-1)[flat])
+        self.order = torch.cat(where).argsort()  # the batches' queries back in packed order
+
+    def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None, dropout: float) -> torch.Tensor:
+        """``(1, tokens, heads, dim)`` attention of packed ``(1, heads, tokens, dim)`` queries, keys and values."""
+        if self.same:
+            q = query[0].unflatten(1, (self.n, self.max_q)).transpose(0, 1)
+            k = key[0].unflatten(1, (self.n, self.max_k)).transpose(0, 1)
+            v = value[0].unflatten(1, (self.n, self.max_k)).transpose(0, 1)
+            causal = self.causal and self.max_q == self.max_k
+            out = _sdpa(module, q, k, v, self.mask, scaling, dropout, causal)  # (n, max_q, heads, dim)
+            return out.reshape(1, -1, *out.shape[2:])
+        outs = []
+        for index_q, index_k, mask, causal, flat in self.batches:
+            if index_q.shape[0] == 1:  # one segment: slices, not gathers
+                a, b = int(index_q[0, 0]), int(index_k[0, 0])
+                q = query[:, :, a:a + index_q.shape[1]]
+                k, v = key[:, :, b:b + index_k.shape[1]], value[:, :, b:b + index_k.shape[1]]
+            else:
+                q = query[0][:, index_q].transpose(0, 1)  # (b, heads, mq, dim)
+                k, v = key[0][:, index_k].transpose(0, 1), value[0][:, index_k].transpose(0, 1)
+            out = _sdpa(module, q, k, v, mask, scaling, dropout, causal).reshape(-1, query.shape[1], query.shape[3])
+            outs.append(out if flat is None else out[flat])
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out[self.order].unsqueeze(0)
 
 
-_LAST: list[Any] = [None, None]  # (the key the layout was built for, the layout)
+_LAYOUTS: list[tuple[tuple, _Layout]] = []  # the latest few (key, layout), newest last
+_KEEP = 4  # a vision tower alternates between its windows and its frames, a shared-prefix forward between passes
 
 
 def _layout(cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool) -> _Layout:
     """The layout for these segment lengths, built once for the layers of a forward (and its recomputation under
-    activation checkpointing): the key holds the very tensors transformers passes each layer, so a new call's
-    tensors never match an old layout."""
-    key = _LAST[0]
-    if key is not None and key[0] is cu_q and key[1] is cu_k and key[2:] == (max_q, max_k, causal):
-        return _LAST[1]
+    activation checkpointing): a key holds the very tensors transformers passes each layer, so a new call's
+    tensors never match an old layout (and those kept cannot be freed and reused meanwhile)."""
+    for key, layout in _LAYOUTS:
+        if key[0] is cu_q and key[1] is cu_k and key[2:] == (max_q, max_k, causal):
+            return layout
     layout = _Layout(cu_q, cu_k, max_q, max_k, causal)
-    _LAST[0], _LAST[1] = (cu_q, cu_k, max_q, max_k, causal), layout
+    _LAYOUTS.append(((cu_q, cu_k, max_q, max_k, causal), layout))
+    del _LAYOUTS[:-_KEEP]
     return layout
 
 
@@ -156,16 +217,7 @@ def _segments(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
         out = varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k),
                           scale=scaling, **kw)
         return out.unsqueeze(0)
-    lay = _layout(cu_q, cu_k, int(max_q), int(max_k), causal)
-    if lay.uniform:
-        q, k, v = (t[0].unflatten(1, (lay.n, int(max_q))).transpose(0, 1) for t in (query, key, value))
-        out = _sdpa(module, q, k, v, None, scaling, dropout, causal)  # (n, max_q, heads, dim)
-        return out.reshape(1, -1, *out.shape[2:])
-    q = query[0][:, lay.index_q].transpose(0, 1)  # (n, heads, max_q, dim)
-    k = key[0][:, lay.index_k].transpose(0, 1)
-    v = value[0][:, lay.index_k].transpose(0, 1)
-    out = _sdpa(module, q, k, v, lay.mask, scaling, dropout, False)  # (n, max_q, heads, dim)
-    return out.reshape(-1, *out.shape[2:])[lay.flat_q].unsqueeze(0)
+    return _layout(cu_q, cu_k, int(max_q), int(max_k), causal).attend(module, query, key, value, scaling, dropout)
 
 
 def _dense_mask(attention_mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int, causal: bool,
@@ -188,10 +240,20 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               is_causal: bool | None = None, cu_seq_lens_q: torch.Tensor | None = None,
               cu_seq_lens_k: torch.Tensor | None = None, max_length_q: int | None = None,
-              max_length_k: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+              max_length_k: int | None = None, mmrl_key_index: torch.Tensor | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature (``query`` ``(batch, heads, q, dim)``, keys and values
-    ``(batch, kv_heads, k, dim)``); returns ``((batch, q, heads, dim), None)``."""
+    ``(batch, kv_heads, k, dim)``); returns ``((batch, q, heads, dim), None)``.
+
+    ``mmrl_key_index`` (with the segment lengths; the model passes its keyword arguments down to every layer):
+    the keys and values of the segments are these columns of the packed row's, in order, so a segment can see
+    tokens of another besides its own: a shared prompt's continuations, packed after it, each see the prompt and
+    themselves (``cu_seq_lens_k`` counts both), in one pass (:func:`mmrl.model.shared_prefix.one_pass_hidden`)."""
     causal = bool(getattr(module, "is_causal", True)) if is_causal is None else bool(is_causal)
+    if mmrl_key_index is not None:
+        if cu_seq_lens_q is None:
+            raise ValueError("mmrl_key_index needs the segments' lengths (cu_seq_lens_q / cu_seq_lens_k)")
+        key, value = key.index_select(2, mmrl_key_index), value.index_select(2, mmrl_key_index)
     if attention_mask is not None and attention_mask.dim() == 4:  # a prepared mask: sdpa as it is
         return _sdpa(module, query, key, value, attention_mask, scaling, dropout, False), None
     if cu_seq_lens_q is not None:
