@@ -4,6 +4,8 @@ device until the update ends and the non-finite-loss check is one flag per optim
 * the logged statistics (loss terms, clip fractions, KL, entropy, the rollout/training log-prob gap) are, to the
   last bit, the per-micro-batch host sums the update made before: each micro-batch's values read as Python
   floats, weighted by its share of the mini-batch's tokens, summed in order;
+* a micro-step's own code (the model's forward aside) reads nothing back to the host (no ``.item()``,
+  ``float()``, ``bool()`` of a tensor: no ``aten._local_scalar_dense``), the loss statistics' ``masked_max`` too;
 * a NaN loss in one micro-batch skips that optimizer step: the weights stay as they were, no gradient is left
   behind, and the next optimizer step trains from clean gradients; under DeepSpeed (ZeRO-2 and ZeRO-3, one
   process) too, where the gradients live in ZeRO's partitions: the step after a skipped one equals, bit for bit,
@@ -97,6 +99,51 @@ def test_update_statistics_equal_the_per_micro_batch_host_sums(tmp_path: Path, m
     assert any(k.startswith("pg/clip") and sums[k] > 0 for k in sums)  # the second step's ratios moved
     assert {k: stats[k] for k in sums} == sums  # bit for bit
     assert gap[1] > 0 and stats["rollout_logprob_gap"] == gap[0] / gap[1]
+
+
+def test_a_micro_step_reads_nothing_back_to_the_host(tmp_path: Path) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    trainer = make_trainer(tmp_path, "grpo.kl_coef=0.05", "grpo.entropy_coef=0.01", "rollout.record_logprobs=true",
+                           "train.micro_batch_size=2", "grpo.tis_cap=2", "grpo.ppo_mini_batch_size=4")
+    batch = scored_batch(trainer)
+    where, reads = ["update"], {"micro_step": 0, "model": 0, "update": 0}
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads[where[-1]] += 1
+            return func(*args, **(kwargs or {}))
+
+    def inside(name, fn):
+        def wrapped(*args, **kwargs):
+            where.append(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                where.pop()
+        return wrapped
+
+    trainer._micro_step = inside("micro_step", trainer._micro_step)
+    trainer.policy.forward_logprobs = inside("model", trainer.policy.forward_logprobs)
+    with Reads():
+        stats = trainer.update(batch)
+    assert stats["optimizer_steps"] == 2 and "pg/ratio_max" in stats and "rollout_logprob_gap" in stats
+    assert reads["micro_step"] == 0, reads
+    assert reads["update"] > 0  # the counter counts: the optimizer steps' checks and the update's statistics
+
+
+def test_masked_max_is_the_max_over_the_mask() -> None:
+    from mmrl.grpo._util import masked_max
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(500):
+        x = torch.randn(3, 5, generator=g) * 10
+        x[0, i % 5] = float("nan") if i % 7 == 0 else x[0, i % 5]
+        m = torch.rand(3, 5, generator=g) < (0.0 if i % 5 == 0 else 0.4)
+        want = x[m].max() if m.any() else torch.tensor(0.0)
+        got = masked_max(x, m.float())
+        assert torch.equal(got, want) or (got.isnan() and want.isnan())
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

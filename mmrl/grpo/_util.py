@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -17,8 +18,8 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def masked_max(x: Tensor, mask: Tensor) -> Tensor:
-    """Max of ``x`` over ``mask``; 0 when the mask is empty."""
+    """Max of ``x`` over ``mask``; 0 when the mask is empty. No host round-trip (no boolean indexing, no
+    ``bool()``): the update calls it in every micro-batch."""
     m = mask.bool()
-    if not bool(m.any()):
-        return x.new_zeros(())
-    return x[m].max()
+    lowest = x.new_full((), float("-inf"))
+    return torch.where(m.any(), torch.where(m, x, lowest).amax(), x.new_zeros(()))
