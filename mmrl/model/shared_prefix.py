@@ -178,8 +178,10 @@ def two_pass_hidden(policy: PolicyParts, seqs: Sequence[TokenSeq], batch: dict[s
     their gradient sums over the group) and its own, with the continuation's slice of the full sequence's
     M-RoPE positions and a 2-D mask over the prefix (its padding excluded) and the continuation. Under
     sdpa/eager pass 2 stays padded: its continuations read different prefixes, which a packed row cannot express
-    with one block-diagonal mask. Under variable-length attention (flash attention, mmrl's varlen) it is packed
-    as well (:func:`_packed_second_pass`): each continuation a segment whose keys are its prefix's and its own.
+    with one block-diagonal mask. Under mmrl's variable-length attention it is packed as well
+    (:func:`_packed_second_pass`): each continuation a segment whose keys are its prefix's and its own (flash
+    attention's kernel would take the same arguments, but transformers' flash path is not tested here: it stays
+    padded).
     """
     recorder_cls, reader_cls = prefix_caches()
     dev = batch["input_ids"].device
@@ -258,7 +260,7 @@ def two_pass_hidden(policy: PolicyParts, seqs: Sequence[TokenSeq], batch: dict[s
                                   past_key_values=reader_cls(recorded, owner), use_cache=False)
             hidden = hidden + dummy.last_hidden_state.sum() * 0.0
         return hidden
-    if packed is not None and impl in packing.FLASH:  # variable-length attention: pass 2 packed too
+    if packed is not None and impl == varlen.NAME:  # mmrl's variable-length attention: pass 2 packed too
         suf_hidden, suf_index = _packed_second_pass(policy, batch, position_ids, recorded, reader_cls, packed,
                                                     suf_src, suf_pre, row_split, lengths, pre_len)
         suf_index = suf_index[rows] + (pos - split).clamp(min=0)
@@ -306,7 +308,7 @@ def _packed_second_pass(policy: PolicyParts, batch: dict[str, torch.Tensor], pos
                         recorded: Any, reader_cls: type, packed: packing.Packed,
                         suf_src: list[int], suf_pre: list[int], row_split: list[int], lengths: list[int],
                         pre_len: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pass 2 packed in one row, no padding, for variable-length attention (flash attention, mmrl's varlen):
+    """Pass 2 packed in one row, no padding, for mmrl's variable-length attention (:mod:`mmrl.model.varlen`):
     continuation ``j`` is a segment whose queries are its own tokens and whose keys are its prefix's recorded
     keys (gathered out of pass 1's packed row) followed by its own, causal from the end of the keys
     (``cu_seq_lens_q`` != ``cu_seq_lens_k``). Returns the hidden states and, per source row, the flat index of its
