@@ -563,8 +563,9 @@ class TrainConfig:
     shared_prefix: bool = True
     """Log-prob passes run each group's common prompt (with its vision tokens) through the language model
     once, the G completions attending to that one encoding: the same log-probs and gradients as the padded
-    batch, with far less compute for long (video) prompts and short answers. Off: every sequence whole.
-    Not used under activation checkpointing (model.gradient_checkpointing) in training passes."""
+    batch, with far less compute for long (video) prompts and short answers, under activation checkpointing
+    too (model.gradient_checkpointing). A token budget (micro_batch_tokens) counts the common prompt once.
+    Off: every sequence whole."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel where torch has one for the device."""
     dist_timeout_minutes: float = 30
