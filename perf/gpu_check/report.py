@@ -86,7 +86,9 @@ def _train(rec: dict[str, Any] | None) -> list[str]:
     lines = ["## The README's one-GPU command", "", f"`{r.get('command')}`", "",
              (f"{_f(r.get('params'), ',')} parameters; {s.get('prompts_per_step')} prompts x {s.get('group_size')} "
              f"answers x {s.get('max_new_tokens')} tokens, {s.get('frames')} frames of {s.get('video_pixels')} pixels, "
-             f"micro-batch {s.get('micro_batch_size')}, {s.get('dtype')}, activation checkpointing "
+             + (f"micro-batches of {s.get('micro_batch_tokens')} tokens" if s.get("micro_batch_tokens")
+              else f"micro-batch {s.get('micro_batch_size')}")
+             + f", {s.get('attention', 'sdpa')} attention, {s.get('dtype')}, activation checkpointing "
              f"{s.get('gradient_checkpointing')}; memory held to {_f(r.get('memory_cap_gb'), '.1f')} GB; "
              f"{r.get('steps')} steps (timings: the mean of the {r.get('timed_steps')} after the first)."), "",
              ("| rollout s | reference s | update s | sync s | step s | first step s | checkpoint s | answer tokens | "

@@ -40,11 +40,11 @@ T0 = time.monotonic()
 # after `mmrl train --task video-qa --model DIR`: 3B full fine-tuning with HF rollouts, and 7B LoRA (with HF
 # rollouts here: vLLM's CUDA build is not part of the acceptance run)
 README_COMMANDS = {
-    "3b": ["model.dtype=bf16", "model.gradient_checkpointing=true", "train.micro_batch_size=2",
+    "3b": ["model.dtype=bf16", "model.gradient_checkpointing=true",
            "train.prompts_per_step=8", "train.lr=1e-6", "rollout.max_new_tokens=512",
            "prompt.answer_format=think_answer"],
     "7b": ["model.dtype=bf16", "model.gradient_checkpointing=true", "model.lora={r: 64, alpha: 128}",
-           "train.lr=1e-5", "train.micro_batch_size=2", "rollout.max_new_tokens=512"],
+           "train.lr=1e-5", "rollout.max_new_tokens=512"],
 }
 # the data in place of --data: the toy world's needle videos (24 s at 4 fps), sampled at 32 frames (the real-model
 # preset's most) and fitted to the preset's largest pixel budget, 448 x 448 a frame (the worst case the settings
@@ -588,6 +588,7 @@ def stage_train(spec: dict[str, Any], rec: Recorder) -> None:
     rec.set(settings={"frames": cfg.data.media.max_frames, "video_pixels": cfg.data.media.video_max_pixels,
                       "prompts_per_step": cfg.train.prompts_per_step, "group_size": cfg.rollout.group_size,
                       "max_new_tokens": cfg.rollout.max_new_tokens, "micro_batch_size": cfg.train.micro_batch_size,
+                      "micro_batch_tokens": cfg.train.micro_batch_tokens, "attention": cfg.model.attn_implementation,
                       "dtype": cfg.model.dtype, "gradient_checkpointing": cfg.model.gradient_checkpointing,
                       "lora": cfg.model.lora, "answer_format": cfg.prompt.answer_format})
     say(f"training: {rec.data['result']['command']}")
@@ -695,6 +696,22 @@ def sampled_vision_tokens(media: list[Any], processor: Any) -> int:
     return total
 
 
+def profiled_rows(cfg: Any, prompt_tokens: int) -> int:
+    """The rows of the update's first micro-batch for one group of ``rollout.group_size`` full-length answers to
+    one prompt, by the trainer's own rule: the token budget (the group's shared prompt once) where the run sets one,
+    else ``train.micro_batch_size`` rows."""
+    from mmrl.model.packing import token_budget_chunks
+
+    group, answer = int(cfg.rollout.group_size), int(cfg.rollout.max_new_tokens)
+    budget = int(cfg.train.micro_batch_tokens or 0)
+    if budget <= 0:
+        return min(group, int(cfg.train.micro_batch_size))
+    prefix = prompt_tokens if cfg.train.shared_prefix else 0
+    chunks = token_budget_chunks(list(range(group)), [prompt_tokens + answer] * group, budget, groups=[0] * group,
+                                 prefixes=[prefix] * group)
+    return len(chunks[0])
+
+
 def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -717,7 +734,7 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
     samples, _ = load_split(cfg, "train", show_progress=False)
     prompt, media = encode_prompt(policy, MediaPreparer(cfg.data.media, family=policy.family), samples[0],
                                   cfg.prompt)
-    rows, answer = cfg.train.micro_batch_size, cfg.rollout.max_new_tokens
+    rows, answer = profiled_rows(cfg, len(prompt)), cfg.rollout.max_new_tokens
     g = torch.Generator().manual_seed(0)
     words = int(policy.processor.tokenizer.vocab_size)  # ordinary tokens (the special ones come after them)
     seqs = [prompt.extend(torch.randint(0, words, (answer,), generator=g).tolist(), trained=True)
