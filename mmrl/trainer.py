@@ -703,9 +703,15 @@ class GRPOTrainer:
         """After an optimizer step: every trainable weight finite, on every rank; else the run stops here,
         before the weights reach a rollout or a checkpoint (the last checkpoint keeps the last good ones).
         Under ZeRO-3 each rank holds no whole parameter here, so this checks nothing there."""
-        flags = [torch.isfinite(p.detach()).all() for p in self.policy.model.parameters()
-                 if p.requires_grad and p.numel()]
-        ok = bool(torch.stack([f.to(flags[0].device) for f in flags]).all()) if flags else True
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for p in self.policy.model.parameters():
+            if p.requires_grad and p.numel():
+                groups.setdefault((p.device, p.dtype), []).append(p.detach())
+        # the largest magnitude of each weight, a few fused calls for all of them (one isfinite per weight was
+        # ~5 operations each, ~4,000 launches a step at a 3B model's 800 weights): finite exactly when every
+        # element is (a NaN propagates through the max, an infinity is the max)
+        flags = [torch.isfinite(torch.stack(torch._foreach_norm(ps, float("inf")))).all().cpu() for ps in groups.values()]
+        ok = bool(torch.stack(flags).all()) if flags else True
         if not self.world.all_true(ok):
             raise Diverged(f"step {self.step + 1}: an optimizer step (learning rate {lrs[0]:.3g}) made weights NaN "
                            "or infinite; the run stops before they reach a rollout or a checkpoint. "

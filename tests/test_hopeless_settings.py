@@ -92,6 +92,22 @@ def test_an_update_that_makes_weights_infinite_stops_the_run_before_a_rollout_or
     assert trainer.step == 0 and not list((tmp_path / "run").glob("checkpoint-*"))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_one_bad_element_in_one_weight_stops_the_run(tmp_path: Path, bad: float) -> None:
+    """The check after an optimizer step (a few fused max-magnitude calls over every weight) finds a single
+    non-finite element in the middle of one weight, and passes the finite weights it was given."""
+    from mmrl.trainer import Diverged
+
+    trainer = make_trainer(tmp_path)
+    trainer._check_weights([1e-3])  # every weight finite: no stop
+    name, weight = [(n, p) for n, p in trainer.policy.model.named_parameters() if p.requires_grad][7]
+    with torch.no_grad():
+        flat = weight.view(-1)
+        flat[flat.numel() // 2] = bad
+    with pytest.raises(Diverged, match="made weights NaN or infinite"):
+        trainer._check_weights([1e-3])
+
+
 @pytest.mark.slow
 def test_a_run_whose_updates_are_mostly_skipped_stops_and_the_report_says_why(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
