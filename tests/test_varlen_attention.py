@@ -246,3 +246,25 @@ def test_a_prompt_and_its_continuations_are_not_padded_to_one_length() -> None:
                                   max_length_q=max(lens_q), max_length_k=max(lens_k))
     assert calls.n == 2
     torch.testing.assert_close(out, _reference(q, k, v, lens_q, lens_k, True, None))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_a_key_index_lets_continuations_see_their_prompt(kv_heads: int) -> None:
+    """One packed row [prompt | continuation | continuation]: with the key index each continuation's keys are the
+    prompt's and its own (as the one-pass shared prefix passes them), causal from the end of the keys; values and
+    gradients as the keys gathered by hand."""
+    torch.manual_seed(3)
+    lens_q, prompt = [6, 3, 2], list(range(6))
+    index = torch.tensor(prompt + prompt + [6, 7, 8] + prompt + [9, 10])
+    lens_k = [6, 9, 8]
+    q = torch.randn(1, 4, 11, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, kv_heads, 11, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, kv_heads, 11, 8, dtype=torch.float64, requires_grad=True)
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    out, _ = varlen.attention(_Module(True, 4 // kv_heads), q, k, v, None, cu_seq_lens_q=cu(lens_q),
+                              cu_seq_lens_k=cu(lens_k), max_length_q=6, max_length_k=9, mmrl_key_index=index)
+    ref = _reference(q, k[:, :, index], v[:, :, index], lens_q, lens_k, True, None)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(ref)
+    for g, r in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))):
+        torch.testing.assert_close(g, r)

@@ -153,9 +153,12 @@ class _Layout:
         self.order = torch.cat(where).argsort()  # the batches' queries back in packed order
 
     def attend(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float | None, dropout: float) -> torch.Tensor:
-        """``(1, tokens, heads, dim)`` attention of packed ``(1, heads, tokens, dim)`` queries, keys and values."""
+               scaling: float | None, dropout: float, key_index: torch.Tensor | None = None) -> torch.Tensor:
+        """``(1, tokens, heads, dim)`` attention of packed ``(1, heads, tokens, dim)`` queries, keys and values
+        (``key_index``: the segments' keys are these columns of ``key``/``value``, gathered once per batch)."""
         if self.same:
+            if key_index is not None:
+                key, value = key.index_select(2, key_index), value.index_select(2, key_index)
             q = query[0].unflatten(1, (self.n, self.max_q)).transpose(0, 1)
             k = key[0].unflatten(1, (self.n, self.max_k)).transpose(0, 1)
             v = value[0].unflatten(1, (self.n, self.max_k)).transpose(0, 1)
@@ -164,12 +167,17 @@ class _Layout:
             return out.reshape(1, -1, *out.shape[2:])
         outs = []
         for index_q, index_k, mask, causal, flat in self.batches:
-            if index_q.shape[0] == 1:  # one segment: slices, not gathers
-                a, b = int(index_q[0, 0]), int(index_k[0, 0])
+            if index_q.shape[0] == 1:  # one segment: a slice of the queries
+                a = int(index_q[0, 0])
                 q = query[:, :, a:a + index_q.shape[1]]
-                k, v = key[:, :, b:b + index_k.shape[1]], value[:, :, b:b + index_k.shape[1]]
             else:
                 q = query[0][:, index_q].transpose(0, 1)  # (b, heads, mq, dim)
+            if key_index is not None:  # the keys' columns through the key index: one gather
+                index_k = key_index[index_k]
+            if index_k.shape[0] == 1 and key_index is None:
+                b = int(index_k[0, 0])
+                k, v = key[:, :, b:b + index_k.shape[1]], value[:, :, b:b + index_k.shape[1]]
+            else:
                 k, v = key[0][:, index_k].transpose(0, 1), value[0][:, index_k].transpose(0, 1)
             out = _sdpa(module, q, k, v, mask, scaling, dropout, causal).reshape(-1, query.shape[1], query.shape[3])
             outs.append(out if flat is None else out[flat])
@@ -196,6 +204,13 @@ def _layout(cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, caus
 
 def _sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
           mask: torch.Tensor | None, scaling: float | None, dropout: float, is_causal: bool) -> torch.Tensor:
+    if not query.is_cuda and key.shape[1] != query.shape[1]:
+        # grouped key heads on the CPU: torch's kernel takes them as they are, with a mask too (transformers'
+        # function copies them to every query head where a mask is given, for the CUDA kernels' sake)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+            is_causal=is_causal and mask is None and query.shape[2] > 1, enable_gqa=True)
+        return out.transpose(1, 2)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
@@ -205,9 +220,12 @@ def _sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value
 
 def _segments(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool,
-              scaling: float | None, dropout: float) -> torch.Tensor:
-    """Attention within each segment of packed ``(1, heads, tokens, dim)`` tensors; ``(1, tokens_q, heads, dim)``."""
+              scaling: float | None, dropout: float, key_index: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention within each segment of packed ``(1, heads, tokens, dim)`` tensors; ``(1, tokens_q, heads, dim)``
+    (``key_index``: the segments' keys and values are these columns of ``key`` and ``value``)."""
     if _use_torch_varlen(query):
+        if key_index is not None:
+            key, value = key.index_select(2, key_index), value.index_select(2, key_index)
         varlen_attn, causal_arg = _torch_varlen()
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (tokens, heads, dim)
         if k.shape[1] != q.shape[1]:  # grouped keys: the kernel's GQA support differs across torch versions
@@ -217,7 +235,8 @@ def _segments(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
         out = varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k),
                           scale=scaling, **kw)
         return out.unsqueeze(0)
-    return _layout(cu_q, cu_k, int(max_q), int(max_k), causal).attend(module, query, key, value, scaling, dropout)
+    return _layout(cu_q, cu_k, int(max_q), int(max_k), causal).attend(module, query, key, value, scaling, dropout,
+                                                                      key_index)
 
 
 def _dense_mask(attention_mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int, causal: bool,
@@ -250,10 +269,8 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     tokens of another besides its own: a shared prompt's continuations, packed after it, each see the prompt and
     themselves (``cu_seq_lens_k`` counts both), in one pass (:func:`mmrl.model.shared_prefix.one_pass_hidden`)."""
     causal = bool(getattr(module, "is_causal", True)) if is_causal is None else bool(is_causal)
-    if mmrl_key_index is not None:
-        if cu_seq_lens_q is None:
-            raise ValueError("mmrl_key_index needs the segments' lengths (cu_seq_lens_q / cu_seq_lens_k)")
-        key, value = key.index_select(2, mmrl_key_index), value.index_select(2, mmrl_key_index)
+    if mmrl_key_index is not None and cu_seq_lens_q is None:
+        raise ValueError("mmrl_key_index needs the segments' lengths (cu_seq_lens_q / cu_seq_lens_k)")
     if attention_mask is not None and attention_mask.dim() == 4:  # a prepared mask: sdpa as it is
         return _sdpa(module, query, key, value, attention_mask, scaling, dropout, False), None
     if cu_seq_lens_q is not None:
@@ -262,6 +279,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
         cu_k = cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q
         max_q = max_length_q if max_length_q is not None else int(_lengths(cu_seq_lens_q).max())
         max_k = max_length_k if max_length_k is not None else int(_lengths(cu_k).max())
-        return _segments(module, query, key, value, cu_seq_lens_q, cu_k, max_q, max_k, causal, scaling, dropout), None
+        return _segments(module, query, key, value, cu_seq_lens_q, cu_k, max_q, max_k, causal, scaling, dropout,
+                         mmrl_key_index), None
     mask = _dense_mask(attention_mask, query.shape[0], query.shape[2], key.shape[2], causal, query.device)
     return _sdpa(module, query, key, value, mask, scaling, dropout, causal and mask is None and query.shape[2] > 1), None
