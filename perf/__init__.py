@@ -3,6 +3,11 @@
 (The public evaluation benchmarks, MVBench, Video-MME and the others, live in ``data_pipelines/benchmarks/``
 and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
 
+* ``update``: the GRPO update at Qwen2.5-VL-3B's depth (36 decoder layers, 32 vision blocks) and tiny width, one
+  video prompt of 1,024 vision tokens x G=8 answers, before (sdpa, 2 rows a micro-batch: the real-model preset
+  until issue 58) and after (the preset as it is: variable-length attention, a token budget that holds a group)
+  in one run: seconds per trained token, aten operations and attention calls an update, their ratios
+  (:mod:`perf.update_speed`); a GPU runs such an update host-bound, so the operation count is what it feels;
 * ``step``: forward + backward of ``Policy.forward_logprobs`` over a video batch (2 prompts x G=8 rollouts,
   16 frames at 112x112 per video) with vision features shared across the group vs. one vision-tower run
   per sequence (what peer frameworks do);

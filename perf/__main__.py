@@ -8,6 +8,10 @@ optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each r
   passes, forward+backward, optimizer and the rest) and what each side does (:mod:`perf.trl_compare`);
   ``--trl-sizes small`` runs one size only, ``--trl-pairs-only`` leaves out the sections after the pairs (the
   framework overhead, the video step, HF vs vLLM generation);
+* ``--only update``: the GRPO update at Qwen2.5-VL-3B depth and tiny width (1,024 vision tokens, 1 prompt x G=8),
+  the real-model preset before issue 58 (sdpa, 2 rows a micro-batch) against the preset as it is, in one run:
+  seconds per trained token, aten operations and attention calls an update, and their ratios
+  (:mod:`perf.update_speed`; ``--update-reps`` alternating timed updates after a warm-up, median);
 * ``--only scaling``: the update's weak scaling, 2 gloo ranks against one process at equal work per rank
   (the ratio of update seconds per step; 1.0 is perfect) and the ranks' work balance (:mod:`perf.scaling`);
 * ``--only longvideo``: generation on 2 long-video prompts (16 frames at 336x336, 1,152 video tokens, a prompt of

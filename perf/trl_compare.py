@@ -49,7 +49,7 @@ def _length_reward(completions: list[Any], **_: Any) -> list[float]:
     return [float(len(c if isinstance(c, str) else c[-1]["content"])) / 10 for c in completions]
 
 
-def _register_reward() -> None:
+def register_bench_reward() -> None:
     from rewards import register_reward
     from rewards.registry import REWARDS
 
@@ -104,7 +104,7 @@ def mmrl_trainer(model_dir: Path, images: list[Path], out: Path, *, group: int, 
     from mmrl.model import PolicyOptions, load_policy
     from mmrl.trainer import GRPOTrainer
 
-    _register_reward()
+    register_bench_reward()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "train.jsonl"
     data.write_text("".join(json.dumps({"id": f"img{i}", "problem_type": "open", "question": QUESTION,
@@ -427,7 +427,7 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
     from mmrl.trainer import GRPOTrainer
     from perf.toy_media import toy_video
 
-    _register_reward()
+    register_bench_reward()
     model_dir = root / "model"
     if not (model_dir / "config.json").exists():
         make_tiny("qwen2_5_vl", model_dir, seed=0, video_max_pixels=112 * 112, **SIZES["small"])

@@ -73,9 +73,9 @@ def _trainer(root: Path, model_dir: Path, data: Path, settings: dict[str, Any], 
     from mmrl.model import load_policy
     from mmrl.run import configure_policy
     from mmrl.trainer import GRPOTrainer
-    from perf.trl_compare import _register_reward
+    from perf.trl_compare import register_bench_reward
 
-    _register_reward()
+    register_bench_reward()
     cfg = load_run_config("video-qa", overrides=[
         f"model.path={model_dir}", f"data.train={data}", "rewards=[{name: bench_length}]",
         f"rollout.group_size={GROUP}", f"rollout.max_new_tokens={TOKENS}", "train.prompts_per_step=1",
