@@ -147,7 +147,8 @@ def measure(root: Path, *, reps: int = 2) -> dict[str, Any]:
         with counter:
             tr.update(copy.deepcopy(batch))
         plan = tr.update_plan(batch)
-        out["arms"][name] = {"settings": arms[name], "update_s": statistics.median(times[name]),
+        settings = {**arms[name], "train.micro_batch_tokens": tr.cfg.train.micro_batch_tokens}  # auto resolved
+        out["arms"][name] = {"settings": settings, "update_s": statistics.median(times[name]),
                              "micro_batches": sum(len(m) for m in plan), "computed_tokens": computed_tokens(tr, batch),
                              "aten_ops": counter.ops, "attention_calls": counter.attention}
     for arm in out["arms"].values():
@@ -163,11 +164,11 @@ def print_update(r: dict[str, Any]) -> None:
     print(f"GRPO update at Qwen2.5-VL-3B depth (36 decoder layers, 32 vision blocks, hidden 64), fp32 CPU, "
           f"activation checkpointing: 1 prompt x G={GROUP}, {FRAMES} frames at {SIDE}x{SIDE} "
           f"({r['prompt_tokens']}-token prompt), {r['rows']} rows, {r['trained_tokens']} trained tokens")
-    print(f"  {'arm':<7} {'settings':<62} {'micro-batches':>13} {'computed tok':>12} {'aten ops':>9} "
+    print(f"  {'arm':<7} {'settings':<66} {'micro-batches':>13} {'computed tok':>12} {'aten ops':>9} "
           f"{'attn calls':>10} {'update s':>9} {'ms/trained tok':>14} {'ms/computed tok':>15}")
     for name, a in r["arms"].items():
         s = " ".join(f"{k.split('.')[-1]}={v}" for k, v in a["settings"].items())
-        print(f"  {name:<7} {s:<62} {a['micro_batches']:>13} {a['computed_tokens']:>12} {a['aten_ops']:>9} "
+        print(f"  {name:<7} {s:<66} {a['micro_batches']:>13} {a['computed_tokens']:>12} {a['aten_ops']:>9} "
               f"{a['attention_calls']:>10} {a['update_s']:>9.2f} {1e3 * a['s_per_trained_token']:>14.3f} "
               f"{1e3 * a['s_per_computed_token']:>15.3f}")
     print(f"  after is {r['speedup_per_trained_token']:.2f}x faster per trained token, with "
