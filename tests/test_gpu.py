@@ -178,8 +178,10 @@ def test_varlen_attention_uses_torchs_kernel_and_equals_sdpa_on_the_gpu(tmp_path
         q = torch.randn(1, 8, sum(lens_q), 64, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, 4, sum(lens_k), 64, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(1, 4, sum(lens_k), 64, device="cuda", dtype=torch.bfloat16)
-        cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",  # noqa: E731
-                                       dtype=torch.int32)
+
+        def cu(lens: list[int]) -> torch.Tensor:
+            return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+
         assert varlen._use_torch_varlen(q)
         out, _ = varlen.attention(Module(), q, k, v, None, scaling=0.125, is_causal=causal, cu_seq_lens_q=cu(lens_q),
                                   cu_seq_lens_k=cu(lens_k), max_length_q=max(lens_q), max_length_k=max(lens_k))

@@ -100,7 +100,7 @@ def test_one_bad_element_in_one_weight_stops_the_run(tmp_path: Path, bad: float)
 
     trainer = make_trainer(tmp_path)
     trainer._check_weights([1e-3])  # every weight finite: no stop
-    name, weight = [(n, p) for n, p in trainer.policy.model.named_parameters() if p.requires_grad][7]
+    weight = [p for p in trainer.policy.model.parameters() if p.requires_grad][7]
     with torch.no_grad():
         flat = weight.view(-1)
         flat[flat.numel() // 2] = bad

@@ -36,6 +36,11 @@ class _Module(torch.nn.Module):
         self.num_key_value_groups = groups
 
 
+def cu_of(lens: list[int]) -> torch.Tensor:
+    """Cumulative segment lengths, as transformers passes them (int32, starting at 0)."""
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
 def _reference(q, k, v, lens_q, lens_k, causal: bool, scale: float) -> torch.Tensor:
     """Each segment alone through torch's sdpa with an explicit mask (causality from the end of its keys)."""
     rep = q.shape[1] // k.shape[1]
@@ -62,9 +67,8 @@ def test_segments_in_one_call_equal_each_segment_alone(causal: bool, prefix: boo
     q = torch.randn(1, heads, sum(lens_q), dim, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, kv_heads, sum(lens_k), dim, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, kv_heads, sum(lens_k), dim, dtype=torch.float64, requires_grad=True)
-    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
     module = _Module(causal, heads // kv_heads)
-    out, _ = varlen.attention(module, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu(lens_q), cu_seq_lens_k=cu(lens_k),
+    out, _ = varlen.attention(module, q, k, v, None, scaling=0.3, cu_seq_lens_q=cu_of(lens_q), cu_seq_lens_k=cu_of(lens_k),
                               max_length_q=max(lens_q), max_length_k=max(lens_k))
     ref = _reference(q, k, v, lens_q, lens_k, causal, 0.3)
     assert out.shape == ref.shape == (1, sum(lens_q), heads, dim)
@@ -108,7 +112,7 @@ def _loaded(folder: Path, attn: str) -> Policy:
 class AttentionCalls:
     """Attention kernel calls (torch's sdpa function) while active."""
 
-    def __enter__(self) -> AttentionCalls:
+    def __enter__(self) -> AttentionCalls:  # noqa: PYI034
         self.n, self._orig = 0, F.scaled_dot_product_attention
 
         def counted(*a: Any, **kw: Any) -> torch.Tensor:
@@ -118,7 +122,7 @@ class AttentionCalls:
         F.scaled_dot_product_attention = counted
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         F.scaled_dot_product_attention = self._orig
 
 
@@ -165,7 +169,7 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
     for p in (ref_policy, policy):
         p.media.clear()
     sdpa_tower = tower_calls(ref_policy, batch_of(ref_policy, family, kind))
-    ref_logp, ref_ent, ref_grads, sdpa_calls, _ = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
+    ref_logp, ref_ent, ref_grads, _, _ = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
                                                                 shared=False, padded=True)
     seqs = batch_of(policy, family, kind)
     vision_blocks = len(policy.base.visual.blocks)
@@ -237,12 +241,11 @@ def test_a_prompt_and_its_continuations_are_not_padded_to_one_length() -> None:
     q = torch.randn(1, 2, sum(lens_q), 8, dtype=torch.float64)
     k = torch.randn(1, 2, sum(lens_k), 8, dtype=torch.float64)
     v = torch.randn(1, 2, sum(lens_k), 8, dtype=torch.float64)
-    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
-    layout = varlen._Layout(cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), True)
+    layout = varlen._Layout(cu_of(lens_q), cu_of(lens_k), max(lens_q), max(lens_k), True)
     shapes = sorted((tuple(iq.shape), tuple(ik.shape)) for iq, ik, _, _, _ in layout.batches)
     assert shapes == [((1, 300), (1, 300)), ((8, 20), (8, 320))]  # no padding at all
     with AttentionCalls() as calls:
-        out, _ = varlen.attention(_Module(True, 1), q, k, v, None, cu_seq_lens_q=cu(lens_q), cu_seq_lens_k=cu(lens_k),
+        out, _ = varlen.attention(_Module(True, 1), q, k, v, None, cu_seq_lens_q=cu_of(lens_q), cu_seq_lens_k=cu_of(lens_k),
                                   max_length_q=max(lens_q), max_length_k=max(lens_k))
     assert calls.n == 2
     torch.testing.assert_close(out, _reference(q, k, v, lens_q, lens_k, True, None))
@@ -260,9 +263,8 @@ def test_a_key_index_lets_continuations_see_their_prompt(kv_heads: int) -> None:
     q = torch.randn(1, 4, 11, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, kv_heads, 11, 8, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, kv_heads, 11, 8, dtype=torch.float64, requires_grad=True)
-    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
-    out, _ = varlen.attention(_Module(True, 4 // kv_heads), q, k, v, None, cu_seq_lens_q=cu(lens_q),
-                              cu_seq_lens_k=cu(lens_k), max_length_q=6, max_length_k=9, mmrl_key_index=index)
+    out, _ = varlen.attention(_Module(True, 4 // kv_heads), q, k, v, None, cu_seq_lens_q=cu_of(lens_q),
+                              cu_seq_lens_k=cu_of(lens_k), max_length_q=6, max_length_k=9, mmrl_key_index=index)
     ref = _reference(q, k[:, :, index], v[:, :, index], lens_q, lens_k, True, None)
     torch.testing.assert_close(out, ref)
     w = torch.randn_like(ref)

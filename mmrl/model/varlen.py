@@ -10,7 +10,9 @@ Two places of a Qwen-VL forward attend within many independent segments of one p
   (``is_flash_attention_requested``); otherwise it splits the tensor on the host (``lengths.tolist()``) and calls
   sdpa once per window;
 * the **language model's packed rows** (:mod:`mmrl.model.packing`): a micro-batch's sequences back to back, each
-  attending causally to itself only.
+  attending causally to itself only, or, with the shared prefix (:mod:`mmrl.model.shared_prefix`), each group's
+  prompt once followed by its answers, each answer attending to the prompt and itself: a key index
+  (``mmrl_key_index``, handed to every layer with the segment lengths) lays out each segment's keys.
 
 This module registers an attention implementation, :data:`NAME` (it contains "flash", so transformers takes its
 ``cu_seqlens`` branches, yet it is not ``flash_attention_N``, so nothing tries to load the flash-attn package or a
@@ -23,10 +25,10 @@ hub kernel), that computes every segment of such a call at once:
   aligned to the end of the keys as flash attention aligns it); where every segment has one shape (a video's
   windows and frames, a lone sequence) the batch is a view of the packed tensor and sdpa needs no mask. One call
   in those cases; segments of very different lengths (a shared prompt and its continuations in one pass) go in
-  a few batches by length class, so that padding never doubles a length (:class:`_Layout`). A block-diagonal mask over the whole packed row (what sdpa needs otherwise) computes the
-  packed length for every token.
+  a few batches by length class, so that padding never doubles a length (:class:`_Layout`). A block-diagonal
+  mask over the whole packed row (what sdpa needs otherwise) computes the packed length for every token.
 
-Calls without segment lengths (generation with a KV cache, padded batches, the shared-prefix path's second pass)
+Calls without segment lengths (generation with a KV cache, padded batches, the rank-invariant dummy pass)
 take the flash-attention mask convention: the model hands a 2-D padding mask or none (transformers'
 ``flash_attention_mask``), and this function builds the 4-D mask from it, causal from the end of the keys, and calls
 sdpa once. Either way the results equal sdpa's within round-off (tests/test_varlen_attention.py).
