@@ -365,3 +365,23 @@ def test_the_allocation_history_summary_finds_the_most_allocated_moment_and_what
     assert top == {"mmrl/optim.py:50 f": 4.0, "mmrl/trainer.py:700 f": 2.0, "mmrl/model/policy.py:90 f": 1.0,
                    "(allocated before the recorded events)": 2.0}
     assert out["top"][0]["innermost"] == "torch/optim/adamw.py:10 f"
+
+
+def test_the_gpu_busy_share_counts_each_device_interval_once() -> None:
+    """The profile stage's ``gpu_busy``: overlapping kernels count once, gaps between them do not count, the span
+    runs from the pass's first host event to its last event (an aten op's own row, which carries its kernels'
+    time again, is a host event here and adds nothing)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from perf.gpu_check.stages import device_busy
+
+    def ev(kind: DeviceType, a: float, b: float) -> SimpleNamespace:
+        return SimpleNamespace(device_type=kind, time_range=SimpleNamespace(start=a, end=b))
+
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    prof = SimpleNamespace(events=lambda: [ev(cpu, 0, 100), ev(cpu, 10, 30), ev(gpu, 10, 20), ev(gpu, 15, 30),
+                                           ev(gpu, 50, 60), ev(gpu, 90, 100)])
+    assert device_busy(prof) == pytest.approx((20 + 10 + 10) / 100)
+    assert device_busy(SimpleNamespace(events=lambda: [ev(cpu, 0, 10)])) is None

@@ -128,15 +128,18 @@ def _profile(rec: dict[str, Any] | None) -> list[str]:
              f"{mb.get('answer_tokens')} answer tokens; {mb.get('dtype')}, {mb.get('attention')} attention, shared "
              f"prefix {mb.get('shared_prefix')}, activation checkpointing {mb.get('gradient_checkpointing')}."), "",
              ("| forward | of which vision tower | of which attention | backward (recompute included) | seconds "
-             "(median) | model TFLOP/s | MFU (3 x forward) | HFU (counted) | peak GB |"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             "(median) | model TFLOP/s | MFU (3 x forward) | HFU (counted) | GPU busy | peak GB |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
              (f"| {_flops(r.get('flops_forward'))} | {_flops(r.get('flops_vision_forward'))} | "
              f"{_flops(r.get('flops_attention_forward'))} | {_flops(r.get('flops_backward'))} | {_f(r.get('seconds'), '.3f')}"
              f" | {_f(r.get('achieved_tflops'), '.1f')} | {_pct(r.get('mfu'))} | {_pct(r.get('hfu'))} | "
-             f"{_f(r.get('peak_gb'))} |"), "",
+             f"{_pct(r.get('gpu_busy'))} | {_f(r.get('peak_gb'))} |"), "",
              ("FLOPs counted by `torch.utils.flop_counter.FlopCounterMode` (matrix products and attention kernels; "
              "attention at its full, unmasked size); MFU: three times the forward's FLOPs per second over the "
-             "card's dense bf16 peak; HFU: every counted FLOP (the checkpointed forward again in the backward)."), ""]
+             "card's dense bf16 peak; HFU: every counted FLOP (the checkpointed forward again in the backward); GPU "
+             "busy: the share of the profiled pass in which the card ran a kernel or a copy (each counted once). "
+             "The kernel table's share counts an aten op's row and its kernels' rows alike: it sums to about twice "
+             "the kernel time."), ""]
     if r.get("top_kernels"):
         lines += ["| kernel | ms | calls | share |", "| --- | --- | --- | --- |"]
         lines += [f"| `{k['name'].replace('|', '/')}` | {k['ms']} | {k['calls']} | {_pct(k['share'])} |"

@@ -665,6 +665,30 @@ def _attention_flops(counts: dict[str, dict[Any, int]]) -> int:
     return int(sum(v for op, v in counts.get("Global", {}).items() if "attention" in str(op)))
 
 
+def device_busy(prof: Any) -> float | None:
+    """The share of a profiled pass during which the GPU ran anything: the union of the device's kernel (and copy)
+    intervals over the pass's span, from its first host event to its last event of either kind. Each kernel is
+    counted once (an aten op's own row carries its kernels' device time again, which ``key_averages`` shares
+    would count twice). None without device events."""
+    from torch.autograd import DeviceType
+
+    events = list(prof.events())
+    device = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    if not device or not events:
+        return None
+    start = min(e.time_range.start for e in events)
+    end = max(e.time_range.end for e in events)
+    busy, (lo, hi) = 0.0, device[0]
+    for a, b in device[1:]:
+        if a > hi:
+            busy += hi - lo
+            lo, hi = a, b
+        else:
+            hi = max(hi, b)
+    busy += hi - lo
+    return busy / (end - start) if end > start else None
+
+
 def top_kernels(prof: Any, cuda: bool, n: int = 12) -> list[dict[str, Any]]:
     events = prof.key_averages()
 
@@ -824,6 +848,9 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
         sync()
     zero()
     rec.set(top_kernels=top_kernels(prof, cuda))
+    if cuda:
+        busy = device_busy(prof)
+        rec.set(gpu_busy=None if busy is None else round(busy, 4))
     rec.check("FLOPs counted in the forward and the backward", f_total > 0 and b_total > 0,
               f"{f_total:.3e} + {b_total:.3e}")
     vis = rec.data["result"]["flops_vision_forward"]
