@@ -270,3 +270,42 @@ def test_a_key_index_lets_continuations_see_their_prompt(kv_heads: int) -> None:
     w = torch.randn_like(ref)
     for g, r in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))):
         torch.testing.assert_close(g, r)
+
+
+def _kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, is_causal=None, window_size=None):
+    """torch's ``varlen_attn`` contract (tokens x heads x dim, causal from the end of each segment's keys,
+    ``scale`` default 1/sqrt(dim)), each segment alone through sdpa: what the GPU kernel computes."""
+    causal = bool(is_causal) if window_size is None else tuple(window_size) == (-1, 0)
+    outs = []
+    for i in range(len(cu_seq_q) - 1):
+        a, b, c, d = int(cu_seq_q[i]), int(cu_seq_q[i + 1]), int(cu_seq_k[i]), int(cu_seq_k[i + 1])
+        q, k, v = (t.transpose(0, 1)[None] for t in (query[a:b], key[c:d], value[c:d]))
+        mask = torch.arange(d - c)[None] <= torch.arange(b - a)[:, None] + (d - c) - (b - a) if causal else None
+        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("convention", ["window_size", "is_causal", "is_causal, no scale"])
+def test_the_gpu_kernels_arguments(monkeypatch: pytest.MonkeyPatch, convention: str) -> None:
+    """What the CUDA branch hands torch's varlen_attn (only a GPU runs the kernel itself: tests/test_gpu.py): the
+    packed layout, grouped key heads, the key index, causality in either of torch's conventions and the scale
+    (carried by the queries where the kernel takes none); the result as each segment alone."""
+    def kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kw):
+        assert set(kw) <= {"window_size", "is_causal", "scale"} and convention.split(",")[0] in kw
+        assert ("scale" in kw) == (convention != "is_causal, no scale")
+        assert query.shape[1] == key.shape[1] and cu_seq_q.dtype == cu_seq_k.dtype == torch.int32
+        return _kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kw)
+
+    monkeypatch.setattr(varlen, "_torch_varlen", lambda: (kernel, convention.split(",")[0],
+                                                          convention != "is_causal, no scale"))
+    monkeypatch.setattr(varlen, "_use_torch_varlen", lambda q: True)
+    torch.manual_seed(4)
+    lens_q, prompt = [6, 3, 2], list(range(6))
+    index = torch.tensor(prompt + prompt + [6, 7, 8] + prompt + [9, 10])
+    lens_k = [6, 9, 8]
+    q = torch.randn(1, 4, 11, 8, dtype=torch.float64)
+    k = torch.randn(1, 2, 11, 8, dtype=torch.float64)
+    v = torch.randn(1, 2, 11, 8, dtype=torch.float64)
+    out, _ = varlen.attention(_Module(True, 2), q, k, v, None, scaling=0.2, cu_seq_lens_q=cu_of(lens_q),
+                              cu_seq_lens_k=cu_of(lens_k), max_length_q=6, max_length_k=9, mmrl_key_index=index)
+    torch.testing.assert_close(out, _reference(q, k[:, :, index], v[:, :, index], lens_q, lens_k, True, 0.2))

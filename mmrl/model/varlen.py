@@ -69,18 +69,17 @@ def apply(model: torch.nn.Module) -> None:
 
 
 @functools.cache
-def _torch_varlen() -> tuple[Any, str] | None:
-    """torch's ``varlen_attn`` and how it takes causality (``is_causal`` in torch 2.10-2.11, ``window_size``
-    since), or None where torch has none."""
+def _torch_varlen() -> tuple[Any, str, bool] | None:
+    """torch's ``varlen_attn``, how it takes causality (``is_causal`` in torch 2.10-2.11, ``window_size`` since)
+    and whether it takes a ``scale``; None where torch has none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     params = inspect.signature(varlen_attn).parameters
-    if "window_size" in params:
-        return varlen_attn, "window_size"
-    if "is_causal" in params:
-        return varlen_attn, "is_causal"
+    for causal_arg in ("window_size", "is_causal"):
+        if causal_arg in params:
+            return varlen_attn, causal_arg, "scale" in params
     return None
 
 
@@ -228,14 +227,18 @@ def _segments(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if _use_torch_varlen(query):
         if key_index is not None:
             key, value = key.index_select(2, key_index), value.index_select(2, key_index)
-        varlen_attn, causal_arg = _torch_varlen()
+        varlen_attn, causal_arg, takes_scale = _torch_varlen()
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (tokens, heads, dim)
         if k.shape[1] != q.shape[1]:  # grouped keys: the kernel's GQA support differs across torch versions
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        kw = {"window_size": (-1, 0) if causal else (-1, -1)} if causal_arg == "window_size" else {"is_causal": causal}
-        out = varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k),
-                          scale=scaling, **kw)
+        kw: dict[str, Any] = {"window_size": (-1, 0) if causal else (-1, -1)} if causal_arg == "window_size" \
+            else {"is_causal": causal}
+        if takes_scale:
+            kw["scale"] = scaling
+        elif scaling is not None:  # the kernel's own scale is 1/sqrt(dim): the queries carry the difference
+            q = q * (scaling * q.shape[-1] ** 0.5)
+        out = varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k), **kw)
         return out.unsqueeze(0)
     return _layout(cu_q, cu_k, int(max_q), int(max_k), causal).attend(module, query, key, value, scaling, dropout,
                                                                       key_index)
