@@ -657,9 +657,9 @@ def check_rewards(cfg: RunConfig, sample: Any) -> None:
 
 
 def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:
-    """What a run on a GPU is set up to waste or run out of: fp32 weights, no activation checkpointing, or
-    micro-batches smaller than a group (rows, or a token budget under one group at the run's caps) for a model
-    of billions of parameters (one line each; nothing on a CPU)."""
+    """What a run on a GPU is set up to waste or run out of: fp32 weights, no activation checkpointing,
+    micro-batches smaller than a group (rows, or a token budget under one group at the run's caps) or an attention
+    that calls once per vision window, for a model of billions of parameters (one line each; nothing on a CPU)."""
     from mmrl.config import auto_micro_batch_tokens, group_tokens
 
     if policy.device.type != "cuda":
@@ -685,6 +685,11 @@ def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:
                    f"train.micro_batch_tokens=auto gives {auto:,} tokens a pass ({why}), whole groups with their "
                    "shared prompt counted once (the loss is the same for any split; activations grow with the "
                    "tokens of a pass)")
+    if n >= 1e9 and cfg.model.attn_implementation in ("sdpa", "eager"):
+        out.append(f"model.attn_implementation={cfg.model.attn_implementation} for a {size} model: the vision tower "
+                   "calls attention once per window (7,232 calls a forward at 4,096 vision tokens) and packed passes "
+                   "attend over a whole row; model.attn_implementation=varlen makes one call per layer (torch's "
+                   "varlen_attn, no extra package) with the same results")
     return out
 
 

@@ -186,3 +186,6 @@ def test_gpu_advice_speaks_of_tokens() -> None:
     assert "less than one group" in line and "11,264" in line
     assert gpu_advice(load_run_config("video-qa", base=PRESET), policy) == []  # auto: a whole group, nothing to say
     assert gpu_advice(rows, SimpleNamespace(device=torch.device("cpu"), model=policy.model)) == []
+    sdpa = load_run_config("video-qa", base=PRESET, overrides=["model.attn_implementation=sdpa"])
+    (line,) = gpu_advice(sdpa, policy)  # once per window: the preset's varlen named
+    assert "model.attn_implementation=sdpa" in line and "model.attn_implementation=varlen" in line
