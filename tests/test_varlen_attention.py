@@ -309,3 +309,24 @@ def test_the_gpu_kernels_arguments(monkeypatch: pytest.MonkeyPatch, convention: 
     out, _ = varlen.attention(_Module(True, 2), q, k, v, None, scaling=0.2, cu_seq_lens_q=cu_of(lens_q),
                               cu_seq_lens_k=cu_of(lens_k), max_length_q=6, max_length_k=9, mmrl_key_index=index)
     torch.testing.assert_close(out, _reference(q, k[:, :, index], v[:, :, index], lens_q, lens_k, True, 0.2))
+
+
+def test_a_padded_forward_builds_its_mask_once_for_all_layers(folders: dict[str, Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation's calls (a 2-D padding mask, the same tensor for every layer): the 4-D mask is built once a
+    forward, as the model builds sdpa's, not once per layer."""
+    policy = _loaded(folders["qwen2_5_vl"], "varlen")
+    policy.media.clear()
+    seqs = [prompt(policy, [], "Describe the picture in detail, please."), prompt(policy, [], "Hi")]
+    builds = []
+    build = varlen._build_dense_mask
+    monkeypatch.setattr(varlen, "_build_dense_mask", lambda *a: builds.append(a[2:4]) or build(*a))
+    policy.model.eval()
+    try:
+        with policy.inference():
+            policy.generate(seqs, max_new_tokens=3, do_sample=False)
+    finally:
+        policy.model.train()
+    layers = len(policy.base.language_model.layers)
+    # three forwards (the prompt, two decode steps): once each, not once per layer
+    assert builds and layers > 1 and len(builds) <= 3

@@ -244,12 +244,29 @@ def _segments(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                                                                       key_index)
 
 
+_MASKS: list[tuple[tuple, torch.Tensor | None]] = []  # the latest (key, 4-D mask): a forward's layers share one
+
+
 def _dense_mask(attention_mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int, causal: bool,
                 device: torch.device) -> torch.Tensor | None:
     """The 4-D boolean mask for a call without segments: the 2-D key padding mask (or none) and causality aligned
-    to the end of the keys; None where sdpa's own causal flag says the same (no padding, as many queries as keys)."""
+    to the end of the keys; None where sdpa's own causal flag says the same (no padding, as many queries as keys).
+    Built once for the layers of a forward (a generation step hands every layer the same 2-D mask), as sdpa's
+    mask is built once by the model."""
     if attention_mask is None and (not causal or q_len == kv_len or q_len == 1):
         return None
+    key = (batch, q_len, kv_len, causal, device)
+    for (held, *rest), mask in _MASKS:
+        if held is attention_mask and tuple(rest) == key:
+            return mask
+    mask = _build_dense_mask(attention_mask, batch, q_len, kv_len, causal, device)
+    _MASKS.append(((attention_mask, *key), mask))
+    del _MASKS[:-2]
+    return mask
+
+
+def _build_dense_mask(attention_mask: torch.Tensor | None, batch: int, q_len: int, kv_len: int, causal: bool,
+                      device: torch.device) -> torch.Tensor:
     keys = torch.ones(batch, kv_len, dtype=torch.bool, device=device) if attention_mask is None \
         else attention_mask[:, -kv_len:].to(device=device, dtype=torch.bool)
     mask = keys[:, None, :].expand(-1, q_len, -1)
