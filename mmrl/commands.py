@@ -29,9 +29,9 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                    help=f"built-in recipe (configs/*.yaml): {', '.join(task_names())}; default video-qa")
     p.add_argument("--config", default=None, metavar="YAML", help="a YAML file merged over the task recipe")
     p.add_argument("--model", default=None, metavar="DIR",
-                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL folder in Hugging Face format (default: a tiny model "
-                        "that mmrl builds once and caches, as model.init says: the pre-trained toy base model or "
-                        "random weights)")
+                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL MoE folder in Hugging Face format (default: a "
+                        "tiny model that mmrl builds once and caches, as model.init says: the pre-trained toy base "
+                        "model or random weights)")
     if command == "eval":
         p.add_argument("--data", default=None, metavar="FILE",
                        help="a dataset (data.train) whose held-out split is evaluated: data.val/data.test, or a "
