@@ -14,18 +14,15 @@
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from synthetic_media import image, prompt, video
-from test_packing import Layer0, group, loss_of
+from test_packing import Layer0, folders, group, loss_of, policy_of  # noqa: F401 (fixtures)
 
-from mmrl.model import FAMILIES, Policy, TokenSeq, checkpointing_switch, load_policy, shared_prefix, varlen
-from mmrl.tiny_models import make_tiny
+from mmrl.model import FAMILIES, Policy, TokenSeq, checkpointing_switch, shared_prefix, varlen
 
 
 # ------------------------------------------------------------------------------------------------ the function
@@ -95,18 +92,7 @@ def test_padded_calls_follow_the_key_padding_mask() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ real models
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root: Path = tmp_path_factory.mktemp("varlen-models")
-    return {family: make_tiny(family, root / family, seed=0) for family in FAMILIES}
-
-
-@functools.cache
-def _loaded(folder: Path, attn: str) -> Policy:
-    policy = load_policy(folder, device="cpu", attn_implementation=attn)
-    policy.set_trainable()
-    policy.model.train()
-    return policy
+# the tiny models of every family and their loaded policies: test_packing's fixtures (folders, policy_of)
 
 
 class AttentionCalls:
@@ -164,10 +150,8 @@ def tower_calls(policy: Policy, seqs: list[TokenSeq]) -> int:
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["image", "video"])
-def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) -> None:
-    ref_policy, policy = _loaded(folders[family], "sdpa"), _loaded(folders[family], "varlen")
-    for p in (ref_policy, policy):
-        p.media.clear()
+def test_varlen_equals_sdpa(policy_of, family: str, kind: str) -> None:  # noqa: F811
+    ref_policy, policy = policy_of(family, "sdpa"), policy_of(family, "varlen")
     sdpa_tower = tower_calls(ref_policy, batch_of(ref_policy, family, kind))
     ref_logp, ref_ent, ref_grads, _, _ = forward_backward(ref_policy, batch_of(ref_policy, family, kind),
                                                                 shared=False, padded=True)
@@ -212,12 +196,11 @@ def test_varlen_equals_sdpa(folders: dict[str, Path], family: str, kind: str) ->
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_generation_equals_sdpa(folders: dict[str, Path], family: str) -> None:
+def test_generation_equals_sdpa(policy_of, family: str) -> None:  # noqa: F811
     """Left-padded prompts of different lengths, decoded greedily with a KV cache: the same tokens."""
     out = {}
     for attn in ("sdpa", "varlen"):
-        policy = _loaded(folders[family], attn)
-        policy.media.clear()
+        policy = policy_of(family, attn)
         seqs = [prompt(policy, [image(family, "a", w=4, h=4, seed=3)], "Describe the picture in detail."),
                 prompt(policy, [], "Hi")]
         policy.model.eval()
@@ -311,12 +294,11 @@ def test_the_gpu_kernels_arguments(monkeypatch: pytest.MonkeyPatch, convention: 
     torch.testing.assert_close(out, _reference(q, k[:, :, index], v[:, :, index], lens_q, lens_k, True, 0.2))
 
 
-def test_a_padded_forward_builds_its_mask_once_for_all_layers(folders: dict[str, Path],
+def test_a_padded_forward_builds_its_mask_once_for_all_layers(policy_of,  # noqa: F811
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Generation's calls (a 2-D padding mask, the same tensor for every layer): the 4-D mask is built once a
     forward, as the model builds sdpa's, not once per layer."""
-    policy = _loaded(folders["qwen2_5_vl"], "varlen")
-    policy.media.clear()
+    policy = policy_of("qwen2_5_vl", "varlen")
     seqs = [prompt(policy, [], "Describe the picture in detail, please."), prompt(policy, [], "Hi")]
     builds = []
     build = varlen._build_dense_mask
