@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from mmrl.config_io import apply_overrides, deep_merge, from_dict, load_yaml
 from mmrl.grpo.config import GRPOConfig, check_number, range_words
+from mmrl.model.lora import DEFAULT_TARGETS
 from mmrl.model.types import FAMILIES
 from mmrl.prompt_templates import resolve_template
 from mmrl.tiny_models import resolve_size
@@ -166,7 +167,7 @@ def check_ranges(section: Any, prefix: str) -> None:
             check_value(key, getattr(section, name), rng)
 
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS = list(DEFAULT_TARGETS)  # Qwen3.5 adds its Gated DeltaNet projections (lora.default_targets)
 
 
 @dataclass

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl import __version__ as MMRL_VERSION
-from mmrl.model.types import FAMILIES, dense_family, is_moe
+from mmrl.model.types import FAMILIES, dense_family, has_linear_attention, is_moe, media_family
 from mmrl_common.errors import ConfigError, MmrlError
 from mmrl_common.paths import cache_dir
 
@@ -83,7 +83,8 @@ SPECIAL_TOKENS: dict[str, tuple[tuple[str, bool], ...]] = {
     "qwen2_5_vl": _QWEN2_VL_SPECIALS + _QWEN2_5_EXTRA,
     "qwen3_vl": _QWEN2_VL_SPECIALS + _QWEN2_5_EXTRA + _QWEN3_EXTRA,
 }
-SPECIAL_TOKENS.update({moe: SPECIAL_TOKENS[dense_family(moe)] for moe in FAMILIES if is_moe(moe)})
+# the others (MoE, Qwen3.5) carry the specials of the family whose processor they take
+SPECIAL_TOKENS.update({f: SPECIAL_TOKENS[media_family(f)] for f in FAMILIES if f not in SPECIAL_TOKENS})
 
 _DEFAULT_SYSTEM = {
     "qwen2_vl": "You are a helpful assistant.",
@@ -91,12 +92,17 @@ _DEFAULT_SYSTEM = {
     "qwen3_vl": None,
 }
 
-# Per-family fixed architecture facts (those of the real checkpoints).
+# Per-family fixed architecture facts (those of the real checkpoints; patch size by the media family).
 _PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
 _MERGE = 2
 _TEMPORAL_PATCH = 2
-_ROPE_THETA = {"qwen2_vl": 1_000_000.0, "qwen2_5_vl": 1_000_000.0, "qwen3_vl": 5_000_000.0}
-_MAX_POSITIONS = {"qwen2_vl": 32768, "qwen2_5_vl": 128000, "qwen3_vl": 262144}
+_ROPE_THETA = {"qwen2_vl": 1_000_000.0, "qwen2_5_vl": 1_000_000.0, "qwen3_vl": 5_000_000.0, "qwen3_5": 10_000_000.0}
+_MAX_POSITIONS = {"qwen2_vl": 32768, "qwen2_5_vl": 128000, "qwen3_vl": 262144, "qwen3_5": 262144}
+# Qwen3.5 rotates a quarter of each full-attention head (partial_rotary_factor 0.25 in its config.json), and
+# one full-attention layer follows every three Gated DeltaNet layers (full_attention_interval 4).
+_PARTIAL_ROTARY = {"qwen3_5": 0.25}
+_FULL_ATTENTION_INTERVAL = 4
+_LINEAR_HEAD_DIM = 128
 # Mixture-of-experts defaults of a tiny model (Qwen3-VL-30B-A3B: 128 experts, 8 per token, 768 wide, every
 # layer sparse, router_aux_loss_coef 0.001 in its config). Each expert 96 wide, so that no fused expert tensor is
 # square at the default hidden size 128 (gate_up 192 x 128, down 128 x 96): a square one reads the same in both
@@ -160,8 +166,8 @@ _SIZE_HELP: dict[str, str] = {
 
 def _default_pixels(family: str) -> dict[str, int]:
     """Small CPU-friendly budgets; ``factor`` = patch * merge (28 or 32 pixels per merged token side)."""
-    f = _PATCH[dense_family(family)] * _MERGE
-    if dense_family(family) == "qwen3_vl":
+    f = _PATCH[media_family(family)] * _MERGE
+    if media_family(family) == "qwen3_vl":
         # Qwen3VLVideoProcessor compares frames*h*w with the budget: up to 16 frames of 16 tokens each.
         return {
             "image_min_pixels": 4 * f * f,
@@ -202,6 +208,14 @@ def resolve_size(family: str, **size: Any) -> TinySize:
     head_dim = s.hidden_size // s.heads
     if head_dim % 2 or head_dim < 6:
         raise ConfigError(f"text head_dim = hidden_size/heads = {head_dim} must be even and >= 6 (M-RoPE)")
+    rotated = rotary_dim(family, head_dim)
+    if rotated % 2 or rotated < 6:
+        raise ConfigError(f"text head_dim = hidden_size/heads = {head_dim} rotates {rotated} dimensions in {family} "
+                          "(a quarter of the head), which must be even and >= 6 (M-RoPE): make head_dim a "
+                          "multiple of 8, at least 24")
+    if has_linear_attention(family) and s.layers < 2:
+        raise ConfigError(f"{family} needs layers >= 2 (a Gated DeltaNet layer and a full-attention layer), "
+                          f"got {s.layers}")
     if s.heads % s.kv_heads:
         raise ConfigError(f"heads {s.heads} is not divisible by kv_heads {s.kv_heads}")
     if s.vision_hidden_size % s.vision_heads or (s.vision_hidden_size // s.vision_heads) % 4:
@@ -229,6 +243,21 @@ def resolve_size(family: str, **size: Any) -> TinySize:
         if lo > hi:
             raise ConfigError(f"{kind}_min_pixels {lo} is larger than {kind}_max_pixels {hi}")
     return dataclasses.replace(s, **fixed)
+
+
+def rotary_dim(family: str, head_dim: int) -> int:
+    """How many of a full-attention head's dimensions the (M-)RoPE rotates (all but in Qwen3.5)."""
+    return int(head_dim * _PARTIAL_ROTARY.get(dense_family(family), 1.0))
+
+
+def layer_types(family: str, layers: int) -> list[str] | None:
+    """Qwen3.5's decoder layer kinds: a full-attention layer closes every group of ``interval`` layers, where the
+    interval is the real one (4) or the depth when that is smaller, so that a tiny model has both kinds
+    (``["linear_attention", "full_attention"]`` at 2 layers). None for the other families."""
+    if not has_linear_attention(family):
+        return None
+    interval = min(_FULL_ATTENTION_INTERVAL, layers)
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
 
 
 def check_family(family: str) -> str:
@@ -341,7 +370,12 @@ def build_tokenizer(family: str, vocab_size: int = 1536) -> Any:
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import AddedToken
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    if dense_family(family) == "qwen3_5":  # its own class: Qwen2's with a split rule that keeps marks in words
+        from transformers.models.qwen3_5.tokenization_qwen3_5 import PRETOKENIZE_REGEX
+        from transformers.models.qwen3_5.tokenization_qwen3_5 import Qwen3_5Tokenizer as Qwen2Tokenizer
+    else:
+        from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
@@ -404,7 +438,7 @@ def chat_template(family: str) -> str:
     ``return_assistant_tokens_mask`` works.
     """
     check_family(family)
-    system = _DEFAULT_SYSTEM[dense_family(family)]
+    system = _DEFAULT_SYSTEM[media_family(family)]
     default_system = (
         "{% if messages | length == 0 or messages[0]['role'] != 'system' %}"
         "<|im_start|>system\n" + system + "<|im_end|>\n"
@@ -450,12 +484,18 @@ def chat_template(family: str) -> str:
 
 
 def mrope_section(family: str, head_dim: int) -> list[int]:
-    """Split ``head_dim/2`` rotary frequencies over (temporal, height, width) like the real checkpoints.
+    """Split the rotated dimensions' ``rotary_dim/2`` frequencies over (temporal, height, width) like the real
+    checkpoints.
 
-    Qwen2/2.5-VL use [16, 24, 24] of 64 (chunked); Qwen3-VL uses [24, 20, 20] of 64 (interleaved T,H,W,...).
-    The tiny split keeps those proportions; the sum is always ``head_dim // 2``.
+    Qwen2/2.5-VL use [16, 24, 24] of 64 (chunked); Qwen3-VL uses [24, 20, 20] of 64 (interleaved T,H,W,...);
+    Qwen3.5 [11, 11, 10] of 32 (a quarter of its 256-wide heads, interleaved). The tiny split keeps those
+    proportions; the sum is always ``rotary_dim // 2``.
     """
-    half = head_dim // 2
+    half = rotary_dim(family, head_dim) // 2
+    if dense_family(family) == "qwen3_5":
+        w = max(1, round(half * 10 / 32))
+        h = max(1, min(round(half * 11 / 32), half - w - 1))
+        return [half - h - w, h, w]
     share = 24 / 64 if dense_family(family) in ("qwen2_vl", "qwen2_5_vl") else 20 / 64
     hw = max(1, round(half * share))
     if half - 2 * hw < 1:
@@ -481,7 +521,14 @@ def special_token_ids(family: str, tokenizer: Any) -> dict[str, int]:
 def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
     """The model config of the real family class, with tiny sizes and token ids taken from ``tokenizer``."""
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2VLConfig,
+        Qwen3_5Config,
+        Qwen3_5MoeConfig,
+        Qwen3VLConfig,
+        Qwen3VLMoeConfig,
+    )
 
     ids = special_token_ids(family, tokenizer)
     dense = dense_family(family)
@@ -492,8 +539,10 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "rope_theta": float(size.rope_theta) if size.rope_theta else _ROPE_THETA[dense],
         "mrope_section": mrope_section(family, head_dim),
     }
-    if dense == "qwen3_vl":
+    if media_family(family) == "qwen3_vl":
         rope["mrope_interleaved"] = True
+    if dense in _PARTIAL_ROTARY:
+        rope["partial_rotary_factor"] = _PARTIAL_ROTARY[dense]
     text: dict[str, Any] = {
         "vocab_size": vocab,
         "hidden_size": size.hidden_size,
@@ -517,7 +566,7 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "tie_word_embeddings": size.tie_word_embeddings,
         "dtype": torch.float32,
     }
-    patch = _PATCH[dense]
+    patch = _PATCH[media_family(family)]
     # fields every family's vision config shares; the Qwen2.5/Qwen3 towers also share the width fields
     grid = {"depth": size.vision_depth, "num_heads": size.vision_heads, "patch_size": patch,
             "spatial_merge_size": _MERGE, "temporal_patch_size": _TEMPORAL_PATCH}
@@ -549,6 +598,22 @@ def build_config(family: str, size: TinySize, tokenizer: Any) -> Any:
         "deepstack_visual_indexes": _deepstack_indexes(size.vision_depth),
         "hidden_act": "gelu_pytorch_tanh",
     }
+    if dense == "qwen3_5":
+        # Qwen3.5: no deepstack taps; Gated DeltaNet layers with the real 128-wide heads (vLLM's CPU kernel,
+        # chunk_gated_delta_rule_cpu, takes no other width), half as many key heads as value heads (Qwen3.5-9B:
+        # 16 and 32), a 4-tap convolution
+        del vision["deepstack_visual_indexes"]
+        text.update({"layer_types": layer_types(family, size.layers), "linear_conv_kernel_dim": 4,
+                     "linear_key_head_dim": _LINEAR_HEAD_DIM, "linear_value_head_dim": _LINEAR_HEAD_DIM,
+                     "linear_num_key_heads": max(1, size.heads // 4), "linear_num_value_heads": max(2, size.heads // 2)})
+        if not is_moe(family):
+            return Qwen3_5Config(text_config=text, vision_config=vision, **common)
+        # Qwen3.5-35B-A3B: every layer sparse with a gated shared expert beside the routed ones
+        text.update({"num_experts": size.experts, "num_experts_per_tok": size.experts_per_token,
+                     "moe_intermediate_size": size.moe_intermediate_size,
+                     "shared_expert_intermediate_size": size.moe_intermediate_size,
+                     "router_aux_loss_coef": _ROUTER_AUX_LOSS_COEF, "output_router_logits": False})
+        return Qwen3_5MoeConfig(text_config=text, vision_config=vision, **common)
     if is_moe(family):  # every decoder layer sparse, as in Qwen3-VL-30B-A3B (decoder_sparse_step 1)
         text.update({"num_experts": size.experts, "num_experts_per_tok": size.experts_per_token,
                      "moe_intermediate_size": size.moe_intermediate_size, "decoder_sparse_step": 1,
@@ -572,11 +637,11 @@ def build_processor(family: str, size: TinySize, tokenizer: Any) -> Any:
         Qwen3VLVideoProcessor,
     )
 
-    patch = _PATCH[dense_family(family)]
+    patch = _PATCH[media_family(family)]
     geometry = {"patch_size": patch, "temporal_patch_size": _TEMPORAL_PATCH, "merge_size": _MERGE}
     image_size = {"shortest_edge": size.image_min_pixels, "longest_edge": size.image_max_pixels}
     video_size = {"shortest_edge": size.video_min_pixels, "longest_edge": size.video_max_pixels}
-    if dense_family(family) == "qwen3_vl":  # the MoE model takes Qwen3-VL's processor (as the real one does)
+    if media_family(family) == "qwen3_vl":  # the MoE and Qwen3.5 models take Qwen3-VL's (as the real ones do)
         half = [0.5, 0.5, 0.5]
         image_processor = Qwen2VLImageProcessor(size=image_size, image_mean=half, image_std=half, **geometry)
         video_processor = Qwen3VLVideoProcessor(
@@ -602,6 +667,8 @@ def build_model(family: str, config: Any, seed: int, *, dtype: Any = None, devic
     from transformers import (
         Qwen2_5_VLForConditionalGeneration,
         Qwen2VLForConditionalGeneration,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeForConditionalGeneration,
         Qwen3VLForConditionalGeneration,
         Qwen3VLMoeForConditionalGeneration,
     )
@@ -611,6 +678,8 @@ def build_model(family: str, config: Any, seed: int, *, dtype: Any = None, devic
         "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
         "qwen3_vl": Qwen3VLForConditionalGeneration,
         "qwen3_vl_moe": Qwen3VLMoeForConditionalGeneration,
+        "qwen3_5": Qwen3_5ForConditionalGeneration,
+        "qwen3_5_moe": Qwen3_5MoeForConditionalGeneration,
     }[family]
     dtype = dtype or torch.float32
     cuda = torch.device(device).type == "cuda"

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from mmrl.model import Generation, MediaInput, Policy, TokenSeq
-from mmrl.model.types import dense_family, is_moe
+from mmrl.model.types import is_moe, media_family
 from mmrl_common.errors import ConfigError, MmrlError
 
 _BAN = -100.0  # vLLM's strongest logit bias: exp(-100) never wins a draw or an argmax
@@ -227,7 +227,7 @@ def derived_limits(cfg: Any, policy: Policy, samples: Sequence[Any] | None = Non
     # Qwen3-VL keeps the folder's image settings: on vLLM 0.32 an explicit image size made its processor
     # tokenise a toy image to 59 tokens where the trainer's made 66 (the expansion check caught it); its memory
     # profile is still the run's (limit_mm_per_prompt's width and height below)
-    if low and high and low <= image_top and dense_family(policy.family) != "qwen3_vl":
+    if low and high and low <= image_top and media_family(policy.family) != "qwen3_vl":
         mm_kwargs["images_kwargs"] = {"size": {"shortest_edge": int(low), "longest_edge": int(image_top)}}
     iw, ih = _shape_with_most_tokens(image_top, factor)
     vw, vh = _shape_with_most_tokens(video_px, factor)
@@ -362,7 +362,7 @@ class VLLMBackend:
                                   "use tensor_parallel_size=1 or rollout.backend=hf")
         engine_seed = int(self.engine_args["seed"])
         cuda = torch.cuda.is_available()
-        if dense_family(policy.family) == "qwen3_vl":
+        if media_family(policy.family) == "qwen3_vl":
             _let_qwen3_vl_pass_video_placeholders()
         devices = [torch.cuda.current_device()] if cuda else []
         with torch.random.fork_rng(devices=devices), _numpy_and_python_rng_kept():

@@ -196,9 +196,9 @@ def test_greedy_generation_decodes_at_the_rule_positions_and_matches_training(po
                prompt(policy, [long_video(family, "v2", seed=4, frames=8)], "What happens in this one, briefly?")]
     # hand-derived position of the first generated token: prompt length minus the positions the video saves
     # (32 tokens; Qwen2-VL 8 positions, Qwen2.5-VL 15; Qwen3-VL 8 blocks x 2; the 8-frame video: 4 temporal
-    # steps, so 4 / 7 / 4 x 2 positions for 16 tokens)
+    # steps, so 4 / 7 / 4 x 2 positions for 16 tokens; Qwen3.5 positions as Qwen3-VL)
     saved = {"qwen2_vl": (32 - 8, 16 - 4), "qwen2_5_vl": (32 - 15, 16 - 7), "qwen3_vl": (32 - 16, 16 - 8),
-             "qwen3_vl_moe": (32 - 16, 16 - 8)}[family]
+             "qwen3_vl_moe": (32 - 16, 16 - 8), "qwen3_5": (32 - 16, 16 - 8), "qwen3_5_moe": (32 - 16, 16 - 8)}[family]
     first = [len(p) - d for p, d in zip(prompts, saved)]
     probe = RopeProbe(policy)
     try:

@@ -13,7 +13,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from mmrl import cli
-from mmrl.model.types import dense_family
+from mmrl.model.types import dense_family, has_linear_attention, media_family
 from mmrl.tiny_models import (
     FAMILIES,
     INFO_FILE,
@@ -21,6 +21,7 @@ from mmrl.tiny_models import (
     ensure_tiny,
     make_tiny,
     mrope_section,
+    rotary_dim,
     tiny_dir,
 )
 from mmrl_common.errors import ConfigError, MmrlError
@@ -31,12 +32,16 @@ EXPECTED_CLASS = {
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
 }
 EXPECTED_PROCESSOR = {
     "qwen2_vl": ("Qwen2VLProcessor", "Qwen2VLVideoProcessor"),
     "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor"),
     "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
     "qwen3_vl_moe": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),  # the MoE checkpoints ship Qwen3-VL's
+    "qwen3_5": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),  # so do Qwen3.5's (processing_auto.py)
+    "qwen3_5_moe": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
 }
 
 
@@ -111,9 +116,10 @@ def test_build_reload_and_config(family: str, built: dict[str, Path], loaded: di
 
     head_dim = cfg.text_config.hidden_size // cfg.text_config.num_attention_heads
     section = cfg.text_config.rope_parameters["mrope_section"]
-    assert sum(section) == head_dim // 2 and len(section) == 3 and min(section) >= 1
+    rotated = int(head_dim * cfg.text_config.rope_parameters.get("partial_rotary_factor", 1.0))
+    assert sum(section) == rotated // 2 and len(section) == 3 and min(section) >= 1
     vision = cfg.vision_config
-    patch = 16 if dense_family(family) == "qwen3_vl" else 14
+    patch = 16 if media_family(family) == "qwen3_vl" else 14
     assert (vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size) == (patch, 2, 2)
     assert processor.image_processor.patch_size == processor.video_processor.patch_size == patch
     assert processor.image_processor.merge_size == processor.video_processor.merge_size == 2
@@ -125,21 +131,32 @@ def test_build_reload_and_config(family: str, built: dict[str, Path], loaded: di
         assert cfg.text_config.rope_parameters["mrope_interleaved"] is True
         assert vision.deepstack_visual_indexes and max(vision.deepstack_visual_indexes) < vision.depth
         assert vision.out_hidden_size == cfg.text_config.hidden_size
+    if dense_family(family) == "qwen3_5":  # both layer kinds, a quarter of each attention head rotated
+        assert cfg.text_config.rope_parameters["mrope_interleaved"] is True
+        assert cfg.text_config.layer_types == ["linear_attention", "full_attention"]
+        kinds = {type(layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn).__name__
+                 for layer in model.model.language_model.layers}
+        assert sorted(k.endswith("GatedDeltaNet") for k in kinds) == [False, True], kinds
+        assert rotated == head_dim // 4
+        assert not hasattr(vision, "deepstack_visual_indexes") or not getattr(vision, "deepstack_visual_indexes", None)
+        assert vision.out_hidden_size == cfg.text_config.hidden_size
 
 
 def test_mrope_section_sums_to_half_head_dim() -> None:
     for family in FAMILIES:
-        for head_dim in (6, 8, 16, 32, 64, 128):
+        for head_dim in (6, 8, 16, 32, 64, 128) if not has_linear_attention(family) else (24, 32, 64, 256):
             section = mrope_section(family, head_dim)
-            assert sum(section) == head_dim // 2 and min(section) >= 1, (family, head_dim, section)
+            rotated = rotary_dim(family, head_dim)
+            assert sum(section) == rotated // 2 and min(section) >= 1, (family, head_dim, section)
     assert mrope_section("qwen2_vl", 128) == [16, 24, 24]  # the real checkpoints' split
     assert mrope_section("qwen3_vl", 128) == [24, 20, 20]
+    assert mrope_section("qwen3_5", 256) == [11, 11, 10]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizer_special_tokens(family: str, loaded: dict[str, tuple]) -> None:
     tok = loaded[family][1].tokenizer
-    assert type(tok).__name__ == "Qwen2Tokenizer"
+    assert type(tok).__name__ == ("Qwen3_5Tokenizer" if dense_family(family) == "qwen3_5" else "Qwen2Tokenizer")
     assert (tok.eos_token, tok.pad_token, tok.bos_token) == ("<|im_end|>", "<|endoftext|>", None)
     specials = SPECIAL_TOKENS[family]
     ids = [tok.convert_tokens_to_ids(content) for content, _ in specials]
@@ -149,7 +166,7 @@ def test_tokenizer_special_tokens(family: str, loaded: dict[str, tuple]) -> None
     assert 1000 <= base <= 2100  # trained BPE vocabulary, byte alphabet included
     for content, _ in specials:
         assert tok(content, add_special_tokens=False).input_ids == [tok.convert_tokens_to_ids(content)]
-    if dense_family(family) == "qwen3_vl":
+    if media_family(family) == "qwen3_vl":
         assert tok("<think>", add_special_tokens=False).input_ids == [tok.convert_tokens_to_ids("<think>")]
     text = "Options: A. red B. green\n<think>The circle moves left.</think><answer>A</answer> 12.5 s, ünï 😀"
     enc = tok(text, add_special_tokens=False).input_ids
@@ -173,7 +190,7 @@ def test_chat_template_renders_expected_strings(loaded: dict[str, tuple]) -> Non
     for family in FAMILIES:
         processor = loaded[family][1]
         rendered = processor.apply_chat_template(messages, add_generation_prompt=True)
-        assert rendered == (body if dense_family(family) == "qwen3_vl" else system + body), family
+        assert rendered == (body if media_family(family) == "qwen3_vl" else system + body), family
 
     processor = loaded["qwen2_5_vl"][1]
     conversation = [
@@ -251,7 +268,7 @@ def test_generate_from_video(family: str, loaded: dict[str, tuple]) -> None:
     n_pad = int((ids == model.config.video_token_id).sum())
     assert n_pad == int(grid.prod()) // 4 == 16
     text = processor.tokenizer.decode(ids)
-    if dense_family(family) == "qwen3_vl":
+    if media_family(family) == "qwen3_vl":
         # One "<t seconds><|vision_start|>...<|vision_end|>" block per temporal patch, inside the template's
         # own <|vision_start|> ... <|vision_end|>; t = mean time of the two frames of the patch.
         for stamp in ("<0.1 seconds>", "<0.6 seconds>", "<1.1 seconds>", "<1.6 seconds>"):

@@ -71,6 +71,23 @@ def generation_positions(policy: PolicyParts, batch: dict[str, torch.Tensor], se
     return torch.cat([text.unsqueeze(0), mrope.to(text.dtype)], dim=0), deltas
 
 
+def repeat_cache(cache: Any, n: int, *, rows: int) -> None:
+    """Each of the ``rows`` prompts' cache entries ``n`` times in a row, in place: the keys and values of the
+    attention layers and, in a model with linear-attention layers (Qwen3.5), each such layer's convolution and
+    recurrent states, which transformers' ``DynamicCache.batch_repeat_interleave`` does not repeat (5.23's
+    ``LinearAttentionLayer`` has no such method; its ``reorder_cache`` selects rows)."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+    index = None
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer):
+            layer.batch_repeat_interleave(n)
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            if index is None:
+                index = torch.arange(rows).repeat_interleave(n)
+            LinearAttentionCacheLayerMixin.reorder_cache(layer, index)
+
+
 def prefill_once_inputs(policy: PolicyParts, batch: dict[str, torch.Tensor], seqs: Sequence[TokenSeq],
                         encoder_outputs: dict[str, Any], n: int) -> dict[str, Any]:
     """``model.generate`` keyword arguments for ``n`` samples of each prompt of the left-padded ``batch``,
@@ -88,7 +105,7 @@ def prefill_once_inputs(policy: PolicyParts, batch: dict[str, torch.Tensor], seq
     policy.base(input_ids=ids[:, :-1], attention_mask=None if full else mask[:, :-1],
                 position_ids=positions[..., :-1], mm_token_type_ids=types[:, :-1],
                 mm_encoder_outputs=encoder_outputs or None, past_key_values=cache, use_cache=True)
-    cache.batch_repeat_interleave(n)
+    repeat_cache(cache, n, rows=ids.shape[0])
     # what the plain call leaves behind (generate computes the deltas on the B prompts, before expanding)
     policy.base.rope_deltas = deltas
     return {"input_ids": ids.repeat_interleave(n, dim=0), "attention_mask": mask.repeat_interleave(n, dim=0),

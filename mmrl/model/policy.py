@@ -1,4 +1,5 @@
-"""The policy: a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with its processor, behind one front.
+"""The policy: a Qwen-VL model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, and the MoE ones) with its processor,
+behind one front.
 
 It renders chats, turns prompts into token sequences, generates, and computes per-token log-probabilities and
 entropies. The work lives beside it, one job per module: media encoding and the vision-feature cache
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import generation, inputs, logprobs, rope
+from . import generation, inputs, logprobs, recurrent, rope
 from .options import PolicyOptions, RankBinding
 from .types import EncodedMedia, Generation, MediaInput, MediaStore, TokenSeq
 from .vision import VisionEncoder
@@ -36,7 +37,7 @@ class Policy:
         self.base = model.model  # the Qwen-VL base model: .visual, .language_model, get_rope_index
         # the encoded media by key, shared with the KL reference (same keys, same features)
         self.media: dict[str, EncodedMedia] = media if media is not None else MediaStore()
-        self.options = options or PolicyOptions()
+        self.options = recurrent.fit_options(self.family, options or PolicyOptions())
         self.binding = binding or RankBinding()
         # How load_policy loaded it (path, dtype, attn_implementation, device): a ZeRO-3-partitioned model's KL
         # reference is loaded again from them (a partitioned model cannot be copied)
@@ -67,7 +68,7 @@ class Policy:
         unknown = sorted(set(changes) - set(PolicyOptions.names()))
         if unknown:
             raise TypeError(f"unknown policy option(s) {unknown}; known: {', '.join(PolicyOptions.names())}")
-        self.options = dataclasses.replace(options or self.options, **changes)
+        self.options = recurrent.fit_options(self.family, dataclasses.replace(options or self.options, **changes))
         return self
 
     def bind_ranks(self, binding: RankBinding) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from mmrl_common.errors import MmrlError
 
-from .types import FAMILIES, IMAGE, TEXT, VIDEO, dense_family
+from .types import FAMILIES, IMAGE, TEXT, VIDEO, media_family
 
 
 def _family(base: torch.nn.Module) -> str:
@@ -37,7 +37,7 @@ def _family(base: torch.nn.Module) -> str:
     family = getattr(base.config, "model_type", None)
     if family not in FAMILIES:
         raise MmrlError(f"M-RoPE positions: model type {family!r} is not one of {', '.join(FAMILIES)}")
-    return dense_family(family)
+    return media_family(family)
 
 
 def _blocks(family: str, kind: int, grids: torch.Tensor | None,

@@ -116,6 +116,18 @@ TRANSPOSED_IN_CHECKPOINTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Tensors that mmrl's folders keep fused, by the name's end, where transformers' rule for the family's original
+# format splits them (Qwen3.5 MoE: one tensor per expert, ``mlp.experts.<e>.gate_proj.weight``, the layout of
+# conversion_mapping.py's "qwen2_moe" rule that transformers 5.23 applies to qwen3_5_moe_text). The fused
+# tensors in transformers' own layout load in transformers (its own names) and in vLLM 0.32 (qwen3_5.py's
+# experts take fused (experts, 2 x width, hidden) and (experts, hidden, width) tensors as well as split ones:
+# the same greedy tokens from both, measured on a tiny model), so every folder mmrl writes, and the weight push,
+# keep one tensor per layer.
+FUSED_IN_FOLDERS: dict[str, tuple[str, ...]] = {
+    "qwen3_5_moe": (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"),
+}
+
+
 def transposed_in_checkpoints(model: torch.nn.Module) -> tuple[str, ...]:
     """The name ends of ``model``'s tensors that its published checkpoints hold transposed (dims 1 and 2)."""
     return TRANSPOSED_IN_CHECKPOINTS.get(getattr(getattr(model, "config", None), "model_type", ""), ())
@@ -176,6 +188,11 @@ def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = 
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import revert_weight_conversion
 
+    fused = FUSED_IN_FOLDERS.get(getattr(getattr(model, "config", None), "model_type", ""), ())
+    kept = [n for n in names if fused and n.endswith(fused)]
+    if kept:  # one name each, as the model has it; the rest renamed as below
+        rest = published_names(model, [n for n in names if n not in set(kept)], legacy=legacy)
+        return {**rest, **{n: n for n in kept}}
     recorded = model.__dict__.pop("_weight_conversions", None)
     # None: transformers' own rule for a model that from_pretrained did not load
     model.__dict__["_weight_conversions"] = get_model_conversion_mapping(model) if legacy else None
@@ -193,5 +210,5 @@ def published_names(model: torch.nn.Module, names: list[str], *, legacy: bool = 
     return out
 
 
-__all__ = ["Gather", "adapter_names", "collect_on_main", "from_published_layout", "published_layout", "published_names",
+__all__ = ["FUSED_IN_FOLDERS", "Gather", "adapter_names", "collect_on_main", "from_published_layout", "published_layout", "published_names",
            "save_pretrained", "stream_weights", "transposed_in_checkpoints"]
