@@ -22,13 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.benchmarks import benchmarks, find_benchmark
-from mmrl.model.types import FAMILIES, dense_family, is_moe
+from mmrl.model.types import FAMILIES, dense_family, has_linear_attention, is_moe
 from mmrl_common.errors import MmrlError
 
 # lmms-eval's model class of each family: a mixture-of-experts family is run by its dense family's class,
 # which (lmms_eval/models/simple/qwen3_vl.py) loads Qwen3VLMoeForConditionalGeneration only when the
 # checkpoint path matches r"A\d+B" (as in Qwen3-VL-30B-A3B-Instruct), else the dense class
-LMMS_MODELS = {family: dense_family(family) for family in FAMILIES}
+# Qwen3.5 has none: lmms-eval's qwen3_vl class builds Qwen3VLForConditionalGeneration or its MoE sibling by
+# name, which cannot load a Qwen3.5 folder (mmrl's own `mmrl eval` runs it)
+LMMS_MODELS = {family: dense_family(family) for family in FAMILIES if not has_linear_attention(family)}
 _LMMS_MOE_PATH = re.compile(r"A\d+B")
 
 
@@ -56,7 +58,9 @@ def build_command(model: str | Path, benchmark: str, *, out: str | Path, frames:
         raise MmrlError(f"{model}: no config.json; expected a Hugging Face model folder")
     family = json.loads(cfg_path.read_text()).get("model_type")
     if family not in LMMS_MODELS:
-        raise MmrlError(f"{model}: model type '{family}' has no lmms-eval model class here")
+        why = ("lmms-eval has no class for it (its qwen3_vl class loads Qwen3-VL models only); run "
+               f"`mmrl eval {model} --benchmark {benchmark}` instead" if family in FAMILIES else "")
+        raise MmrlError(f"{model}: model type '{family}' has no lmms-eval model class here" + (f": {why}" if why else ""))
     if is_moe(family) and not _LMMS_MOE_PATH.search(str(model.absolute())):
         raise MmrlError(f"{model}: a {family} model, which lmms-eval's {LMMS_MODELS[family]} class loads as a "
                         "mixture of experts only when its path contains the active size (e.g. "

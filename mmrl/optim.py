@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from mmrl.distributed import World
+from mmrl.model.recurrent import direct_reads
 from mmrl_common.errors import ConfigError, MmrlError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "deepspeed"
@@ -574,6 +575,8 @@ class DeepSpeedUpdater(Updater):
         base = cpu_adamw(params, train) if offloads_optimizer(self.config) else adamw(params, train, dev)
         self.engine, self.optimizer_wrapper, _, _ = deepspeed.initialize(
             model=model, optimizer=base, config=self.config, dist_init_required=False)
+        if self.stage == 3:
+            gather_direct_reads(model)
         self.optimizer = base  # the schedule drives the base optimizer's param_groups (the flat partitions)
         self.model = model
 
@@ -671,7 +674,24 @@ class DeepSpeedUpdater(Updater):
         cfg["zero_optimization"] = {"stage": 3, **{k: v for k, v in self.config["zero_optimization"].items()
                                                    if k.startswith("stage3_") or k == "offload_param"}}
         engine, *_ = deepspeed.initialize(model=model, config=cfg, dist_init_required=False)
+        gather_direct_reads(model)
         return engine.module
+
+
+def gather_direct_reads(model: torch.nn.Module) -> None:
+    """Under ZeRO-3, make DeepSpeed gather the parameters a module's forward reads from a child it never calls
+    (Qwen3.5's Gated DeltaNet convolves with ``self.conv1d.weight``: :func:`mmrl.model.recurrent.direct_reads`)
+    whenever that module runs, in forward and backward: ``deepspeed.zero.register_external_parameter``, its API
+    for a parameter used outside its own module. Without it the weight is an empty partition there (measured:
+    "Dimension out of range" in the convolution). DeepSpeed's leaf modules (``set_z3_leaf_modules``) were tried
+    first: the forward ran, the backward failed on a released partition."""
+    pairs = direct_reads(model)
+    if pairs:
+        import deepspeed
+
+        for module, params in pairs:
+            for p in params:
+                deepspeed.zero.register_external_parameter(module, p)
 
 
 def _init_single_process(model: torch.nn.Module) -> None:

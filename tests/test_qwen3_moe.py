@@ -45,7 +45,8 @@ def test_every_family_list_reads_the_one_in_model_types() -> None:
     assert MOE in FAMILIES
     assert typing.get_args(typing.get_type_hints(config.ModelConfig)["tiny_family"]) == FAMILIES
     assert tiny_models.FAMILIES is FAMILIES
-    assert set(lmms_bridge.LMMS_MODELS) == set(FAMILIES) == set(SPECIAL_TOKENS)
+    assert set(FAMILIES) == set(SPECIAL_TOKENS)
+    assert set(lmms_bridge.LMMS_MODELS) == {f for f in FAMILIES if not f.startswith("qwen3_5")}  # lmms-eval: none
     assert rope.FAMILIES is FAMILIES
     assert config.ModelConfig(tiny_family=MOE).tiny_family == MOE
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import torch
 from synthetic_media import image, prompt, video
+from test_packing import SHORTCUT_FAMILIES
 
 from mmrl.config import TrainConfig
 from mmrl.model import (
-    FAMILIES,
     Policy,
     PolicyOptions,
     TokenSeq,
@@ -113,7 +113,7 @@ class TokenCounter:
 def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Policy]:
     root: Path = tmp_path_factory.mktemp("shared-prefix-models")
     out = {}
-    for family in FAMILIES:
+    for family in SHORTCUT_FAMILIES:
         policy = load_policy(make_tiny(family, root / family, seed=0), device="cpu")
         policy.set_trainable()  # vision tower, merger and language model all train
         policy.model.train()
@@ -131,7 +131,7 @@ def policy_of(policies: dict[str, Policy]):
 
 
 # ------------------------------------------------------------------------------------------------ tests
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_shared_prefix_equals_padded_batch(policy_of, family: str, kind: str) -> None:
     """Two groups of ragged completions, then a group of one: values and every gradient as padded."""
@@ -153,7 +153,7 @@ def test_shared_prefix_equals_padded_batch(policy_of, family: str, kind: str) ->
     assert_same(policy, seqs, chunk_tokens=5)  # the chunked head sees the same rows
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
 def test_common_answer_start_and_inference(policy_of, family: str) -> None:
     """Rows that also share the start of their answers (the shared part runs past the prompt), a trained
     token right after the shared part, and the gradient-free pass of the reference/old log-probs."""
@@ -170,7 +170,7 @@ def test_common_answer_start_and_inference(policy_of, family: str) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
 def test_prompt_tokens_once_per_group(policy_of, family: str) -> None:
     """With equal completion lengths (no padding anywhere): the language model sees each group's prompt once
     and each completion once; the padded batch sees the prompt once per row."""
@@ -201,7 +201,7 @@ def test_prompt_tokens_once_per_group(policy_of, family: str) -> None:
     assert once.placeholders == placeholders  # each group's vision tokens once
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
 def test_unshareable_groups_take_the_padded_path(policy_of, family: str) -> None:
     """Vision tokens after the rows' common part (a later turn with an image of its own, a multi-turn episode)
     and all-singleton micro-batches run whole; the results equal the padded batch's (they are it)."""
@@ -223,7 +223,7 @@ def test_unshareable_groups_take_the_padded_path(policy_of, family: str) -> None
     assert_same(policy, mixed)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SHORTCUT_FAMILIES)
 def test_activation_checkpointing(policy_of, family: str) -> None:
     policy = policy_of(family)
     pa = prompt(policy, [video(family, "a", seed=1)], "What happens here?")

@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+import torch
+
 from .options import PolicyOptions
 from .types import has_linear_attention
 
@@ -51,3 +53,12 @@ def fit_options(family: str, options: PolicyOptions) -> PolicyOptions:
             warnings.warn(f"{family}: train.{name} is switched off for this model: {REASONS[name]}; its log-prob "
                           "passes run padded, which is exact", UserWarning, stacklevel=3)
     return dataclasses.replace(options, **off) if off else options
+
+
+def direct_reads(model: torch.nn.Module) -> list[tuple[torch.nn.Module, list[torch.nn.Parameter]]]:
+    """``(module, parameters)`` for each module of ``model`` whose forward reads a child's parameters without
+    calling the child: Qwen3.5's Gated DeltaNet passes ``self.conv1d.weight`` (and bias) to its convolution
+    function. A sharding scheme that gathers a module's parameters when that module is called (ZeRO-3) must
+    gather these with the reader (:func:`mmrl.optim.gather_direct_reads`)."""
+    return [(m, list(m.conv1d.parameters())) for m in model.modules()
+            if type(m).__name__.endswith("GatedDeltaNet") and isinstance(getattr(m, "conv1d", None), torch.nn.Module)]
