@@ -80,17 +80,23 @@ gpu-check:
 # What gpu-check needs beyond the lent machine's image (perf/gpu_check/image.py: the image's packages, the wheels,
 # and what stays behind and why; tests/test_gpu_image.py derives them from what the training path imports): for
 # Python GPU_WHEELS_PY on x86-64 Linux, constraints.txt's versions, and DeepSpeed (a source archive only: built
-# here into a pure-Python wheel). About 58 MB into gpu-wheels/ (git-ignored); it says what a call carrying them
-# sends against the 64 MiB a call may, and fails above it.
+# here into a pure-Python wheel). About 58 MB into gpu-wheels/ (git-ignored); then the pure-Python kernel wheels of
+# the gpu extra (fla-core, 1.1 MB: Qwen3.5's Gated DeltaNet layers; image.py's KERNEL_WHEELS), left out again
+# (`fit`, which says so) when a call carrying them would exceed its 64 MiB; last it says what a call carrying the
+# folder sends against the 64 MiB a call may, and fails above it.
 GPU_WHEELS_PY ?= 3.12
 GPU_WHEEL_PKGS ?= $(shell $(PYTHON) -m perf.gpu_check.image wheels)
 GPU_BUILT_PKGS ?= $(shell $(PYTHON) -m perf.gpu_check.image built)
+GPU_KERNEL_PKGS ?= $(shell $(PYTHON) -m perf.gpu_check.image kernels)
 gpu-wheels: setup
 	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PY) --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 		--platform manylinux2014_x86_64 -d $(GPU_WHEELS) $(GPU_WHEEL_PKGS)
 	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) $(GPU_BUILT_PKGS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_WHEELS_PY) --implementation cp \
+		-d $(GPU_WHEELS) $(GPU_KERNEL_PKGS)
+	$(PY) -m perf.gpu_check.image fit $(GPU_WHEELS)
 	$(PY) -m perf.gpu_check.image carry $(GPU_WHEELS)
 
 lint: setup

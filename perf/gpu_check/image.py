@@ -70,6 +70,14 @@ WHEELS = {
 }
 # Built here from its source archive (DeepSpeed publishes no wheel): a pure-Python wheel.
 BUILT_WHEELS = {"deepspeed": "0.19.8"}
+# Kernels a GPU run of some models wants (pyproject.toml's gpu extra, at constraints.txt's pins): downloaded when
+# they fit the carry (`make gpu-wheels` drops them otherwise, saying so: python -m perf.gpu_check.image fit), not
+# part of the wheel set the training path needs (the acceptance run trains Qwen2.5-VL, which imports none of
+# them). fla-core: Qwen3.5's Gated DeltaNet layers (mmrl.model.kernels; transformers uses it wherever it imports,
+# so it travels to the GPU only and never into this project's CPU environment), pure Python, 1.1 MB; it imports
+# einops and, on CUDA, triton (both in the image). causal-conv1d stays behind: PyPI has its source only, a CUDA
+# build.
+KERNEL_WHEELS = {"fla-core": "0.6.0"}
 # pyproject.toml dependencies that stay behind, and why (the carry is 64 MiB: ~7.6 MB of tracked files and
 # ~58 MB of wheels leave no room for these)
 NOT_CARRIED = {
@@ -84,6 +92,17 @@ NOT_CARRIED = {
 # The training path: what the environment stage imports (the train and profile stages run these)
 TRAIN_MODULES = ("mmrl.model", "mmrl.run", "mmrl.trainer", "mmrl.cli", "mmrl.commands", "mmrl.tiny_models",
                  "rewards", "video", "vision", "data_pipelines.toy.video_tasks")
+
+
+def kernel_pins() -> list[str]:
+    """``NAME==VERSION`` of each kernel wheel (the Makefile's GPU_KERNEL_PKGS)."""
+    return [f"{name}=={version}" for name, version in KERNEL_WHEELS.items()]
+
+
+def kernel_wheel_files(folder: Path) -> list[Path]:
+    """The kernel wheels (:data:`KERNEL_WHEELS`) present in ``folder``."""
+    names = {norm(n) for n in KERNEL_WHEELS}
+    return sorted(f for f in Path(folder).glob("*.whl") if norm(f.name.split("-")[0]) in names)
 
 
 def carried() -> dict[str, str]:
@@ -140,14 +159,31 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["built"]:
         print(" ".join(f"{n}=={v}" for n, v in BUILT_WHEELS.items()))
         return 0
-    if argv[:1] == ["carry"] and len(argv) > 1:
+    if argv == ["kernels"]:
+        print(" ".join(kernel_pins()))
+        return 0
+    if argv[:1] in (["carry"], ["fit"]) and len(argv) > 1:
         repo = Path(__file__).resolve().parent.parent.parent
-        size = carry_bytes(repo, [Path(a) for a in argv[1:]])
+        folders = [Path(a) for a in argv[1:]]
+        size = carry_bytes(repo, folders)
+        if argv[0] == "fit":  # the kernel wheels go when the carry would exceed the limit with them
+            dropped = []
+            for wheel in [w for f in folders for w in kernel_wheel_files(f)]:
+                if size["total"] <= CARRY_LIMIT:
+                    break
+                size["total"] -= wheel.stat().st_size
+                wheel.unlink()
+                dropped.append(wheel.name)
+            if dropped:
+                print(f"left out {', '.join(dropped)}: with them a call would send more than the "
+                      f"{CARRY_LIMIT / 2**20:.0f} MiB it may (the GPU run computes what they would with its "
+                      "PyTorch fallbacks)")
+            return 0
         mib = {k: v / 2**20 for k, v in size.items()}
         print(f"a call carrying {' '.join(argv[1:])} sends {mib['total']:.1f} MiB of the {CARRY_LIMIT / 2**20:.0f} "
               f"MiB a call may (working tree {mib['tree']:.1f} MiB, carried {mib['carried']:.1f} MiB)")
         return 0 if size["total"] <= CARRY_LIMIT else 1
-    print("usage: python -m perf.gpu_check.image wheels|built|carry DIR...", file=sys.stderr)
+    print("usage: python -m perf.gpu_check.image wheels|built|kernels|carry DIR...|fit DIR...", file=sys.stderr)
     return 2
 
 
