@@ -245,6 +245,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, "model")
+        # transformers' internals mmrl uses (weight conversions, attention registries) at the tested versions
+        from mmrl.preflight import check_version
+
+        check_version("transformers", setting="model")
         if self.attn_implementation == "flash_attention_2":
             import importlib.util
 

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from mmrl.model import Generation, MediaInput, Policy, TokenSeq
-from mmrl.model.types import is_moe, media_family
+from mmrl.model.types import has_linear_attention, is_moe, media_family
 from mmrl_common.errors import ConfigError, MmrlError
 
 _BAN = -100.0  # vLLM's strongest logit bias: exp(-100) never wins a draw or an argmax
@@ -349,6 +349,14 @@ class VLLMBackend:
             if not current_platform.is_sleep_mode_available():
                 raise ConfigError("rollout.vllm.enable_sleep_mode: vLLM's sleep mode is not available on this "
                                   f"platform ({current_platform.device_name}; it needs CUDA); turn it off")
+        if has_linear_attention(policy.family) and self.engine_args["dtype"] != "bfloat16":
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                raise ConfigError(
+                    f"rollout.backend=vllm with a {policy.family} model in {self.engine_args['dtype']} on vLLM's CPU "
+                    "build: its Gated DeltaNet kernel takes bf16 only (vllm/model_executor/layers/mamba/ops/cpu/"
+                    "gdn_attention.py asserts it); set model.dtype=bf16, or use rollout.backend=hf")
         # vLLM's CPU build leaves pushed MoE experts unpacked: each push packs them again (mmrl.vllm_moe_repack)
         self._repack_moe = False
         if is_moe(policy.family):

@@ -16,6 +16,7 @@ import torch
 from mmrl_common.errors import MmrlError
 
 from . import varlen
+from .kernels import warn_linear_attention_kernels
 from .policy import Policy
 from .types import FAMILIES
 
@@ -82,6 +83,8 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     if config.model_type not in FAMILIES:
         raise MmrlError(f"{path}: model type '{config.model_type}' is not supported; "
                         f"mmrl trains {', '.join(FAMILIES)}")
+    target = resolve_device(device)
+    warn_linear_attention_kernels(config, target)  # Qwen3.5 on a GPU without fla / causal_conv1d: slow
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     processor = AutoProcessor.from_pretrained(path)
     with _partitioned_shapes_in_conversions():
@@ -91,7 +94,7 @@ def load_policy(path: str | Path, *, dtype: str = "fp32", attn_implementation: s
     if attn_implementation == varlen.CONFIG_VALUE:
         varlen.apply(model)
     if not hasattr(next(model.parameters()), "ds_id"):  # ZeRO-3 partitions already sit on their device
-        model = model.to(resolve_device(device))
+        model = model.to(target)
     return Policy(model, processor, load_args={"path": str(path), "dtype": dtype,
                                                "attn_implementation": attn_implementation, "device": device})
 

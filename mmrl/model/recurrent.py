@@ -11,8 +11,9 @@ shortcuts assume that a token's output depends only on the keys and values it at
   convolution take no sequence boundaries (``cu_seq_lens_q`` is dropped by ``torch_chunk_gated_delta_rule``),
   so every sample starts from the state its row's previous sample left;
 * **the shared prefix** (``train.shared_prefix``, :mod:`mmrl.model.shared_prefix`): the continuations read the
-  prompt's recorded keys and values, but not the recurrent and convolution states the prompt leaves behind,
-  and a right-padded prompt row would decay that state over its padding.
+  prompt's recorded keys and values, but not the recurrent and convolution states the prompt leaves behind
+  (forced on, the pass stops: the linear-attention layers ask mmrl's prefix caches for a convolution state they
+  do not hold), and a right-padded prompt row would decay that state over its padding.
 
 Both are switched off for such a model (:func:`fit_options`), with the reason printed once: the passes run
 padded, which is exact (a padded token is zeroed before the layer, so it adds nothing to the state, and
