@@ -29,7 +29,7 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                    help=f"built-in recipe (configs/*.yaml): {', '.join(task_names())}; default video-qa")
     p.add_argument("--config", default=None, metavar="YAML", help="a YAML file merged over the task recipe")
     p.add_argument("--model", default=None, metavar="DIR",
-                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL MoE folder in Hugging Face format (default: a "
+                   help="a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL MoE / Qwen3.5 / Qwen3.5 MoE folder in Hugging Face format (default: a "
                         "tiny model that mmrl builds once and caches, as model.init says: the pre-trained toy base "
                         "model or random weights)")
     if command == "eval":

@@ -191,7 +191,8 @@ class LoraSettings:
 @dataclass
 class ModelConfig:
     path: str | None = None
-    """A Hugging Face model folder (any Qwen2-VL / Qwen2.5-VL / Qwen3-VL). Empty: a tiny model built by mmrl."""
+    """A Hugging Face model folder (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, their MoE ones). Empty: a tiny model built by
+    mmrl."""
     init: Literal["random", "toy_base"] = "random"
     """With model.path empty: `random` (tiny random-weight model) or `toy_base` (the tiny model pre-trained
     to name what it sees in the toy world; built once, cached; `mmrl models make-toy-base`)."""

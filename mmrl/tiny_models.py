@@ -5,7 +5,9 @@ directory for one of the real Qwen-VL architectures, small enough to train and g
 
 * ``config.json`` + ``model.safetensors`` + ``generation_config.json``: a
   ``Qwen2VLForConditionalGeneration`` / ``Qwen2_5_VLForConditionalGeneration`` /
-  ``Qwen3VLForConditionalGeneration`` / ``Qwen3VLMoeForConditionalGeneration`` (every decoder layer a sparse
+  ``Qwen3VLForConditionalGeneration`` / ``Qwen3VLMoeForConditionalGeneration`` / ``Qwen3_5ForConditionalGeneration``
+  / ``Qwen3_5MoeForConditionalGeneration`` (Qwen3.5: Gated DeltaNet layers with a full-attention layer closing
+  every group of four, or of the depth when smaller; MoE: every decoder layer a sparse
   mixture of experts, 4 experts of which each token takes 2 by default) with random weights (seeded; same seed => byte-identical weights),
   float32, a 2-layer text model and a depth-2 vision tower by default (about 1-2M parameters).
 * a byte-level BPE tokenizer (``Qwen2Tokenizer`` class, same pre-tokenizer as Qwen) trained here on a small
@@ -888,7 +890,9 @@ Build a tiny random-weight Qwen-VL model offline, as an ordinary Hugging Face di
 AutoModelForImageTextToText.from_pretrained and AutoProcessor.from_pretrained.
 
 It writes the real architecture of the family (Qwen2VLForConditionalGeneration,
-Qwen2_5_VLForConditionalGeneration or Qwen3VLForConditionalGeneration) with seeded random float32 weights
+Qwen2_5_VLForConditionalGeneration, Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration,
+Qwen3_5ForConditionalGeneration with both Gated DeltaNet and full-attention layers, or
+Qwen3_5MoeForConditionalGeneration) with seeded random float32 weights
 (same seed => byte-identical model.safetensors), a byte-level BPE tokenizer trained here on a small built-in
 corpus that carries the Qwen special tokens (<|im_start|>, <|im_end|>, <|vision_start|>, <|image_pad|>,
 <|video_pad|>, ...), the family's real image/video processors with small pixel budgets, and a Qwen-VL style

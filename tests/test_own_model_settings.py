@@ -62,3 +62,33 @@ def test_a_paper_recipe_without_its_model_says_how_to_run_it(capsys) -> None:
     assert "mmrl compare configs/compare/earl.yaml" in err
     assert main(["train", "--task", "earl", "--quiet", "--model", "/no/such/folder"]) == 2
     assert "paper's recipe" not in capsys.readouterr().err  # the user's own path: no recipe hint
+
+
+@pytest.mark.parametrize("family,sizes", [
+    ("qwen3_5", {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 12288, "vocab_size": 248320}),
+    # Qwen3.5-35B-A3B's config.json has no dense intermediate_size: the estimate's default fills it
+    ("qwen3_5_moe", {"hidden_size": 2048, "num_hidden_layers": 40, "vocab_size": 248320}),
+])
+def test_a_qwen3_5_folder_resolves_the_settings_of_a_qwen2_5_vl_one(tmp_path, family: str, sizes: dict) -> None:
+    """The sources are silent on Qwen3.5: ``--model`` gives its folder (Qwen3.5-9B's and -35B-A3B's text sizes)
+    every setting a Qwen2.5-VL-7B folder gets."""
+    import shutil
+
+    from mmrl.tiny_models import ensure_tiny
+
+    folder = tmp_path / family
+    shutil.copytree(ensure_tiny(family), folder)
+    (folder / "mmrl_eval.json").unlink(missing_ok=True)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text_config"].pop("intermediate_size", None)
+    cfg["text_config"].update(sizes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert _estimated_params(folder) > REAL_MODEL_PARAMS
+    qwen25 = as_7b(own_model(tmp_path / "qwen2_5_vl"))
+    for task in ("video-qa", "image-qa"):
+        mine = _cfg("--task", task, "--model", str(folder))[2]
+        theirs = _cfg("--task", task, "--model", str(qwen25))[2]
+        assert mine.train == theirs.train and mine.rollout == theirs.rollout and mine.grpo == theirs.grpo
+        assert mine.prompt == theirs.prompt and mine.data.media == theirs.data.media
+        assert mine.model.dtype == theirs.model.dtype == "bf16"
+        assert mine.model.attn_implementation == theirs.model.attn_implementation
