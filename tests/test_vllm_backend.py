@@ -324,8 +324,8 @@ BF16_GAP = 2e-2
 def test_qwen3_5_trains_with_vllm_rollouts_and_its_final_folder_answers_as_in_transformers(
         tmp_path: Path, toy: dict[str, Sample], family: str) -> None:
     """Qwen3.5 with ``rollout.backend=vllm``: an fp32 model is refused on vLLM's CPU build by name; in bf16 a run on
-    images and videos trains with the rollout log-probs at bf16 distance from training's at every step (the
-    weight push reached the engine), and its ``final/`` loads in vLLM with transformers' greedy tokens, on a long
+    images and videos trains with the rollout log-probs at bf16 distance from training's at every step (the mean
+    per token measured 8e-4 to 2e-3; the push itself is tested on the dense families), and its ``final/`` loads in vLLM with transformers' greedy tokens, on a long
     video too (16 frames: the positions after a video longer in time than in space)."""
     with pytest.raises(ConfigError, match=r"Gated DeltaNet kernel takes bf16 only.*model.dtype=bf16"):
         make_backend("vllm", load_policy(make_tiny(family, tmp_path / "fp32", seed=0)))
