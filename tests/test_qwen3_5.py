@@ -107,6 +107,34 @@ def test_varlen_attention_runs_the_full_attention_layers(policy_of, family: str)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
 
 
+def test_a_moe_folder_in_the_published_per_expert_layout_loads_and_mmrl_writes_fused_experts(tmp_path: Path) -> None:
+    """The published Qwen3.5 MoE checkpoints hold one tensor per expert (transformers' original format for it);
+    mmrl loads such a folder to the same weights, and the folders it writes keep the fused tensors
+    (:data:`mmrl.model.weights.FUSED_IN_FOLDERS`), which transformers loads back unchanged."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from mmrl.model import load_policy
+    from mmrl.model.weights import save_pretrained
+    from mmrl.tiny_models import make_tiny
+
+    ours = make_tiny("qwen3_5_moe", tmp_path / "ours", seed=0)
+    assert any(k.endswith(".mlp.experts.gate_up_proj") for k in load_file(ours / "model.safetensors"))
+    # a model built from the config (no loading recorded) saves in transformers' original format: split experts
+    model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(ours))
+    model.load_state_dict(AutoModelForImageTextToText.from_pretrained(ours).state_dict())
+    published = tmp_path / "published"
+    model.save_pretrained(published)
+    AutoProcessor.from_pretrained(ours).save_pretrained(published)
+    names = set(load_file(published / "model.safetensors"))
+    assert any(".mlp.experts.0.gate_proj.weight" in k for k in names) and not any(k.endswith("gate_up_proj") for k in names)
+    a, b = load_policy(ours, device="cpu").model.state_dict(), load_policy(published, device="cpu").model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    save_pretrained(tmp_path / "again", load_policy(published, device="cpu").model)
+    again = load_file(tmp_path / "again" / "model.safetensors")
+    assert any(k.endswith(".mlp.experts.gate_up_proj") for k in again)
+    assert all(torch.equal(again[k], a[k]) for k in again if k in a)
+
+
 # ------------------------------------------------------------------------------------------------ runs
 REWARD = '''
 from rewards import register_reward
