@@ -215,8 +215,9 @@ def test_varlen_attention_uses_torchs_kernel_and_equals_sdpa_on_the_gpu(tmp_path
 def test_qwen3_5_trains_on_the_gpu_and_its_log_probs_are_the_cpus(tmp_path: Path) -> None:
     """Qwen3.5 on CUDA (issue 59, unrun where it was written: no GPU). The kernels its Gated DeltaNet layers
     use are named (``make gpu-wheels`` carries fla-core; causal-conv1d needs an nvcc build): the warning names
-    exactly the missing ones. Two bf16 RL steps on images and videos run; the GPU's log-probs of a prompt and
-    answer (fla's kernels where it imports) are the CPU's fp32 reference ones within bf16 rounding."""
+    exactly the missing ones. Two bf16 RL steps on images and videos run; the log-probs of a prompt and answer in
+    bf16 are the fp32 ones within bf16 rounding (both on the GPU: where fla imports, transformers routes these
+    layers to its Triton kernels, which take no CPU tensors)."""
     from transformers import AutoConfig
 
     from mmrl.model.kernels import KERNELS, importable, linear_attention_kernels
@@ -232,14 +233,14 @@ def test_qwen3_5_trains_on_the_gpu_and_its_log_probs_are_the_cpus(tmp_path: Path
     assert [r["step"] for r in rows] == [1, 2]
     assert all(torch.isfinite(torch.tensor(r["grad_norm"])) and r["grad_norm"] > 0 for r in rows)
     logps = {}
-    for device, dtype in (("cpu", "fp32"), ("cuda", "bf16")):
+    for device, dtype in (("cuda", "fp32"), ("cuda", "bf16")):
         policy = load_policy(folder, device=device, dtype=dtype)
         policy.model.eval()
         seq = prompt(policy, [video("qwen3_5", "v", frames=4, side=4, seed=1)], "What happens?")
         seq = seq.extend(policy.tokenizer("<answer>A</answer>", add_special_tokens=False).input_ids, trained=True)
         with torch.no_grad():
             lp, _, mask = policy.forward_logprobs([seq])
-        logps[device] = lp[mask.bool()].float().cpu()
-    gap = float((logps["cuda"] - logps["cpu"]).abs().max())
-    print(f"qwen3_5 log-probs, CUDA bf16 vs CPU fp32: max gap {gap:.4f}")
+        logps[dtype] = lp[mask.bool()].float().cpu()
+    gap = float((logps["bf16"] - logps["fp32"]).abs().max())
+    print(f"qwen3_5 log-probs on CUDA, bf16 vs fp32: max gap {gap:.4f} (CPU, torch's reference: 0.0043)")
     assert gap < 0.1, gap
