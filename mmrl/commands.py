@@ -187,30 +187,41 @@ def _covers(published: str, key: str) -> bool:
     return p == k or k.startswith(p + ".") or p.startswith(k + ".")
 
 
+def model_folder(args: argparse.Namespace) -> str | None:
+    """The model folder a command's ``args`` name, however they name it: ``--model DIR``, a ``model.path=DIR``
+    override, ``model: {path: DIR}`` in a ``--config`` file (or a recipe's own); None for a tiny model built by
+    mmrl. Read from the settings resolved without the folder's own (which cannot name another folder)."""
+    if args.model:
+        return args.model
+    return config_from_args(args).model.path or None
+
+
 def _full_base(args: argparse.Namespace) -> dict[str, Any]:
-    """The real-model preset (a model of 100M+ parameters) and the folder's mmrl_eval.json, merged; {} when
-    neither applies."""
+    """The real-model preset (a model of 100M+ parameters) and the folder's mmrl_eval.json, merged, for the
+    model folder ``args`` name by any route (:func:`model_folder`); {} when neither applies."""
     from mmrl.checkpoint import read_eval_settings
     from mmrl.config_io import deep_merge, load_yaml
     from mmrl.model import check_model_dir
 
-    if not args.model or getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
+    if getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
         return {}
-    if not Path(args.model).is_dir():
+    folder = model_folder(args)
+    if not folder or not Path(folder).is_dir():
         return {}  # _check_paths names the missing folder
-    check_model_dir(args.model)
+    check_model_dir(folder)
     base: dict[str, Any] = {}
-    if _estimated_params(args.model) >= REAL_MODEL_PARAMS:
+    if _estimated_params(folder) >= REAL_MODEL_PARAMS:
         base = load_yaml(REAL_MODEL_PRESET)
-    return deep_merge(base, read_eval_settings(args.model) or {})
+    return deep_merge(base, read_eval_settings(folder) or {})
 
 
 def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``mmrl train --model DIR`` and ``mmrl sft --model DIR``: the real-model preset
+    """``mmrl train`` and ``mmrl sft`` of a model folder, named by ``--model DIR``, ``model.path=DIR`` or a
+    config's ``model: {path: DIR}`` (:func:`model_folder`): the real-model preset
     (``configs/presets/real-model.yaml``) for a model of 100M+ parameters, then the settings the folder was
     trained with (its ``mmrl_eval.json``), both under the user's own YAML, flags and overrides and without the
     keys the recipe publishes (its ``published:`` record: a paper's value wins over the preset; only toy values
-    and our choices give way); None with ``--recipe-settings``, ``--resume`` or no ``--model``."""
+    and our choices give way); None with ``--recipe-settings``, ``--resume`` or no model folder."""
     from mmrl.config_io import deep_merge
 
     base, published = _full_base(args), recipe_published(args)
@@ -219,6 +230,15 @@ def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
         if not any(_covers(p, key) for p in published):
             kept = deep_merge(kept, _nest(key, value))
     return kept or None
+
+
+def train_config(argv: list[str], extra: dict[str, Any] | None = None):
+    """The config ``mmrl train ARGV`` runs with (the model folder's preset and settings included, however the
+    folder is named), without printing: what ``mmrl compare`` checks an arm and a run folder against."""
+    parser = argparse.ArgumentParser(prog="mmrl", add_help=False)
+    add_train_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", *argv])
+    return config_from_args(args, extra, base=own_model_base(args))
 
 
 def _nest(key: str, value: Any) -> dict[str, Any]:
@@ -260,12 +280,13 @@ def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any], *, ex
             kept.append(f"{key}={value} ({source})")
     if args.quiet:
         return
+    named = f"--model {args.model}" if args.model else f"model.path={model_folder(args)}"
     if changed:
-        print(f"{command}: --model {args.model}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
+        print(f"{command}: {named}: the real-model preset ({REAL_MODEL_PRESET.name}) and the folder's "
               f"training settings change the recipe: {' '.join(changed)} (a KEY=VALUE override wins; "
               "--recipe-settings keeps the recipe's values)", flush=True)
     if kept:
-        print(f"{command}: --model {args.model}: the recipe's published values are kept over the preset: "
+        print(f"{command}: {named}: the recipe's published values are kept over the preset: "
               f"{'; '.join(kept)}", flush=True)
 
 
@@ -542,7 +563,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --resume: continue with settings that differ from the run's (each is printed and "
                         "recorded in run_state.json)")
     p.add_argument("--recipe-settings", action="store_true",
-                   help="with --model: keep the recipe's (toy-sized) values instead of the real-model preset "
+                   help="with a model folder (--model DIR, model.path=DIR or a config's model.path): keep the "
+                        "recipe's (toy-sized) values instead of the real-model preset "
                         "(configs/presets/real-model.yaml: lr 1e-6, bf16, 2 fps up to 32 frames, Qwen's pixel "
                         "budgets, 768 new tokens, think/answer, KL 0.001) and the folder's own mmrl_eval.json")
     p.set_defaults(func=cmd_train)
@@ -558,7 +580,8 @@ def add_sft_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps (default: sft.steps when above 0, else 100)")
     p.add_argument("--recipe-settings", action="store_true",
-                   help="with --model: keep the recipe's (toy-sized) values instead of the real-model preset "
+                   help="with a model folder (--model DIR, model.path=DIR or a config's model.path): keep the "
+                        "recipe's (toy-sized) values instead of the real-model preset "
                         "(configs/presets/real-model.yaml, for a model of 100M+ parameters) and the folder's own "
                         "mmrl_eval.json")
     p.add_argument("--overwrite", action="store_true",

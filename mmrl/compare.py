@@ -236,10 +236,10 @@ def _arm(name: Any, value: Any, shared: list[str], spec_dir: Path) -> Arm:
 
 def check_arm(arm: Arm) -> None:
     """Load the arm's configuration as ``mmrl train`` will (this checks every key and value)."""
-    from mmrl.config import load_run_config
+    from mmrl.commands import train_config
 
     try:
-        load_run_config(arm.task, arm.config, [*arm.all_overrides, "train.seed=0"])
+        train_config(arm_argv(arm, 0))
     except MmrlError as exc:
         raise _err(f"arms.{arm.name}", str(exc)) from None
 
@@ -330,7 +330,7 @@ def config_differences(arm: Arm, seed: int, folder: Path) -> list[str]:
     ``key: run's value -> spec's value`` (keys the saved file lacks, added by a newer mmrl, are not compared)."""
     import yaml
 
-    from mmrl.config import load_run_config
+    from mmrl.commands import train_config
     from mmrl.config_io import to_dict
     from mmrl.run_inputs import absolute_flat
 
@@ -340,8 +340,7 @@ def config_differences(arm: Arm, seed: int, folder: Path) -> list[str]:
         return []
     if not isinstance(saved, dict):
         return []
-    cfg = load_run_config(arm.task, arm.config, [*arm.all_overrides, f"train.seed={seed}"],
-                          extra={"out": str(folder)})
+    cfg = train_config(arm_argv(arm, seed), extra={"out": str(folder)})  # a real model's preset as train has it
     now = absolute_flat(_flat(yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False))))
     before = absolute_flat(_flat(saved))  # config.yaml records paths absolute (mmrl.run_inputs)
 
@@ -351,15 +350,19 @@ def config_differences(arm: Arm, seed: int, folder: Path) -> list[str]:
     return [f"{k}: {show(v)} -> {show(now[k])}" for k, v in before.items() if k in now and now[k] != v]
 
 
+def arm_argv(arm: Arm, seed: int) -> list[str]:
+    """The arguments after ``mmrl train`` that run ``arm`` with ``seed`` (the run folder's ``--out`` aside)."""
+    argv = ["--task", arm.task] if arm.task else []
+    if arm.config:
+        argv += ["--config", arm.config]
+    return [*argv, *arm.all_overrides, f"train.seed={seed}"]
+
+
 def train_command(arm: Arm, seed: int, folder: Path, *, resume: bool) -> list[str]:
     cmd = [sys.executable, "-m", "mmrl", "train", "--quiet", "--out", str(folder)]
     if resume:  # the run continues with the configuration saved in its config.yaml
         return [*cmd, "--resume"]
-    if arm.task:
-        cmd += ["--task", arm.task]
-    if arm.config:
-        cmd += ["--config", arm.config]
-    return [*cmd, *arm.all_overrides, f"train.seed={seed}"]
+    return [*cmd, *arm_argv(arm, seed)]
 
 
 def plan(spec: Spec) -> list[PlannedRun]:

@@ -92,3 +92,37 @@ def test_a_qwen3_5_folder_resolves_the_settings_of_a_qwen2_5_vl_one(tmp_path, fa
         assert mine.prompt == theirs.prompt and mine.data.media == theirs.data.media
         assert mine.model.dtype == theirs.model.dtype == "bf16"
         assert mine.model.attn_implementation == theirs.model.attn_implementation
+
+
+def test_every_way_of_naming_a_folder_gives_its_settings(tiny, tmp_path, capsys) -> None:
+    """``--model DIR``, ``model.path=DIR``, a ``--config`` file with ``model: {path: DIR}`` and a compare arm naming
+    ``model.path`` give a 7B-sized folder the same settings (the real-model preset and the folder's own), in
+    ``mmrl train``, ``mmrl sft`` and ``mmrl config show`` alike (before, only ``--model`` did: the others got the
+    toy recipe's values without a word)."""
+    from mmrl.cli import main
+    from mmrl.commands import sft_config, train_config
+    from mmrl.compare import Arm, arm_argv
+    from mmrl.config_io import to_dict
+
+    big = as_7b(tiny)
+    (big / "mmrl_eval.json").write_text(json.dumps({"data": {"media": {"max_frames": 24}}}))
+    own = tmp_path / "own.yaml"
+    own.write_text(f"model:\n  path: {big}\n")
+    named = {"--model": ["--model", str(big)], "model.path=": [f"model.path={big}"], "--config": ["--config", str(own)]}
+    want = to_dict(_cfg("--model", str(big))[2])
+    assert want["train"]["lr"] == 1e-6 and want["model"]["dtype"] == "bf16" and want["data"]["media"]["max_frames"] == 24
+    for how, argv in named.items():
+        assert to_dict(_cfg(*argv)[2]) == want, how
+        assert to_dict(train_config(argv)) == want, how
+        args = build_parser().parse_args(["sft", *argv])
+        assert to_dict(sft_config(args)).get("train") == to_dict(sft_config(
+            build_parser().parse_args(["sft", "--model", str(big)]))).get("train"), how
+        capsys.readouterr()
+        assert main(["config", "show", *argv]) == 0
+        shown = capsys.readouterr().out
+        assert "train.lr: 1.0e-06" in shown and "model.dtype: bf16" in shown, how
+    arm = Arm("grpo", task="video-qa", overrides=[f"model.path={big}"])
+    got = to_dict(train_config(arm_argv(arm, 0)))
+    assert got == to_dict(train_config(["--task", "video-qa", "--model", str(big), "train.seed=0"]))
+    # --recipe-settings keeps the recipe's values whichever way the folder is named
+    assert to_dict(_cfg(f"model.path={big}", "--recipe-settings")[2])["train"]["lr"] == _cfg()[2].train.lr
