@@ -70,16 +70,7 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
     from mmrl.run_inputs import import_from_start_folder
     from mmrl_common.errors import MmrlError
 
-    extra = dict(extra or {})
-    if args.model:
-        extra.setdefault("model", {})["path"] = args.model
-    if args.data:
-        extra.setdefault("data", {})["train"] = args.data
-    if getattr(args, "eval_data", None):
-        extra.setdefault("data", {})["test"] = args.eval_data
-        extra.setdefault("eval", {})["split"] = "test"
-    if args.out:
-        extra["out"] = args.out
+    extra = flag_sections(args, extra)
     if getattr(args, "resume", False):  # continue with the settings the run started with
         if not args.out:
             raise MmrlError("--resume needs --out RUN_DIR (the folder of the run to continue)")
@@ -91,6 +82,79 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
     task, config, recipe = recipe_args(args)
     return load_run_config(task=task, config_file=config, overrides=args.overrides, extra=extra, base=base,
                            recipe_file=recipe)
+
+
+def flag_sections(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config sections the ``--model``/``--data``/``--eval-data``/``--out`` flags set, over ``extra``."""
+    extra = dict(extra or {})
+    if args.model:
+        extra.setdefault("model", {})["path"] = args.model
+    if args.data:
+        extra.setdefault("data", {})["train"] = args.data
+    if getattr(args, "eval_data", None):
+        extra.setdefault("data", {})["test"] = args.eval_data
+        extra.setdefault("eval", {})["split"] = "test"
+    if args.out:
+        extra["out"] = args.out
+    return extra
+
+
+def setting_sources(args: argparse.Namespace) -> dict[str, str]:
+    """Where each value of the config ``args`` resolve to comes from, by dotted key: the last layer that sets it,
+    in the order :func:`mmrl.config.load_run_config` merges them: mmrl's default, the task recipe (a key its
+    ``published:`` record names: the paper's value), a recipe file, the real-model preset, the model folder's
+    ``mmrl_eval.json``, ``--config``, the flags, the ``KEY=VALUE`` overrides. A value no layer names but one
+    changes (the format reward following ``prompt.answer_format``) is credited to that layer."""
+    from mmrl.checkpoint import read_eval_settings
+    from mmrl.config import RunConfig, load_run_config, settings_file, task_recipe
+    from mmrl.config_io import describe, parse_override
+
+    if getattr(args, "resume", False):
+        saved = Path(args.out) / "config.yaml"
+        return {key: f"the run's {saved}" for key, _, _ in describe(config_from_args(args))}
+    task, config, recipe = recipe_args(args)
+    for file in (recipe, config):
+        task = task or (settings_file(file).get("task") if file else None)
+    task = task or "video-qa"
+    base = own_model_base(args) or {}
+    folder = model_folder(args) if base else None
+    from_folder = set(_flat(read_eval_settings(folder) or {})) if folder else set()
+    published = recipe_published(args)
+    extra = flag_sections(args)
+
+    def sets(keys: Any, key: str) -> bool:
+        return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
+
+    def recipe_source(key: str) -> str:
+        paper = next((src for k, src in published.items() if _covers(k, key)), None)
+        return f"published: {paper}" if paper else f"recipe {task}"
+
+    def base_source(key: str) -> str:
+        return ("the model folder's mmrl_eval.json" if sets(from_folder, key)
+                else f"the real-model preset ({REAL_MODEL_PRESET.name})")
+
+    recipe_keys = set(_flat(task_recipe(task))) | (set(_flat(settings_file(recipe))) if recipe else set())
+    layers: list[tuple[Any, set[str], Any]] = [  # (the config so far, the keys the layer sets, its name)
+        (RunConfig(), set(), "mmrl's default"),
+        (load_run_config(task=task, recipe_file=recipe), recipe_keys, recipe_source),
+        (load_run_config(task=task, base=base, recipe_file=recipe), set(_flat(base)), base_source),
+        (load_run_config(task=task, config_file=config, base=base, recipe_file=recipe),
+         set(_flat(settings_file(config))) if config else set(), f"--config {config}"),
+        (load_run_config(task=task, config_file=config, extra=extra, base=base, recipe_file=recipe),
+         set(_flat(extra)), "a flag (--model, --data, --eval-data, --out)"),
+        (load_run_config(task=task, config_file=config, overrides=args.overrides, extra=extra, base=base,
+                         recipe_file=recipe),
+         {".".join(parse_override(o)[0]) for o in args.overrides}, "a KEY=VALUE override"),
+    ]
+    sources: dict[str, str] = {}
+    before: dict[str, Any] = {}
+    for cfg, keys, name in layers:
+        now = {key: value for key, value, _ in describe(cfg)}
+        for key, value in now.items():
+            if sets(keys, key) or key not in before or before[key] != value:
+                sources[key] = name(key) if callable(name) else name
+        before = now
+    return sources
 
 
 def recipe_args(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
@@ -599,10 +663,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     from mmrl.config_io import describe
 
     cfg = config_from_args(args, base=own_model_base(args))  # what `mmrl train` with these flags runs with
+    sources = setting_sources(args) if getattr(args, "sources", False) else {}
     for key, value, meaning in describe(cfg):
         shown = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
         shown = shown[:-4].rstrip() if shown.endswith("\n...") else shown.removesuffix("...").strip()
-        print(f"{key}: {shown}")
+        print(f"{key}: {shown}" + (f"    [{sources[key]}]" if key in sources else ""))
         if meaning:
             print(textwrap.fill(meaning, width=108, initial_indent="    ", subsequent_indent="    "))
     return 0
@@ -611,14 +676,18 @@ def cmd_config(args: argparse.Namespace) -> int:
 def add_config_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="print the resolved configuration: every key, its value and meaning",
                        description="Print the configuration mmrl train runs with for the same flags (task "
-                                   "recipe, with --model DIR the real-model preset and the folder's own settings, "
-                                   "--config, flags and KEY=VALUE overrides merged): every key, its value and its "
-                                   "meaning.")
+                                   "recipe, with a model folder the real-model preset and the folder's own "
+                                   "settings, --config, flags and KEY=VALUE overrides merged): every key, its value "
+                                   "and its meaning; --sources says where each value comes from.")
     csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     show = csub.add_parser("show", help="every key with its value and meaning",
                            description="Every key of the resolved configuration with its value and meaning.")
     _common(show)
     show.add_argument("--resume", action="store_true", help="show the configuration of the run in --out")
+    show.add_argument("--sources", action="store_true",
+                      help="after each value, in brackets, where it comes from: mmrl's default, the recipe, the "
+                           "paper (a published value), the real-model preset, the model folder's mmrl_eval.json, "
+                           "--config, a flag or a KEY=VALUE override")
     show.add_argument("--recipe-settings", action="store_true",
                       help="with --model: the recipe's values instead of the real-model preset's and the folder's "
                            "own mmrl_eval.json (as mmrl train --recipe-settings)")

@@ -126,3 +126,36 @@ def test_every_way_of_naming_a_folder_gives_its_settings(tiny, tmp_path, capsys)
     assert got == to_dict(train_config(["--task", "video-qa", "--model", str(big), "train.seed=0"]))
     # --recipe-settings keeps the recipe's values whichever way the folder is named
     assert to_dict(_cfg(f"model.path={big}", "--recipe-settings")[2])["train"]["lr"] == _cfg()[2].train.lr
+
+
+def test_config_show_sources_names_the_origin_of_every_value(tiny, tmp_path, capsys) -> None:
+    """``mmrl config show --sources``: each value's origin, one from each layer (mmrl's default, the recipe, a
+    paper's published value, the real-model preset, the folder's mmrl_eval.json, --config, a flag, an override),
+    and every key has one."""
+    from mmrl.cli import main
+    from mmrl.commands import setting_sources
+
+    big = as_7b(tiny)
+    (big / "mmrl_eval.json").write_text(json.dumps({"data": {"media": {"max_frames": 24}}}))
+    own = tmp_path / "own.yaml"
+    own.write_text("rollout:\n  top_k: 5\n")
+    argv = ["--task", "ares", "--config", str(own), "--model", str(big), "--data", str(tmp_path / "d.jsonl"),
+            "train.seed=7"]
+    src = setting_sources(build_parser().parse_args(["config", "show", *argv]))
+    want = {
+        "model.device": "mmrl's default",
+        "rollout.temperature": "published: code: config.yaml rollout.temperature 1.0",  # = the default, still named
+        "train.lr": "published: code: config.yaml actor.optim.lr 1e-6",  # the paper's, kept over the preset's
+        "model.dtype": "the real-model preset (real-model.yaml)",
+        "data.media.max_frames": "the model folder's mmrl_eval.json",
+        "rollout.top_k": f"--config {own}",
+        "data.train": "a flag (--model, --data, --eval-data, --out)",
+        "train.seed": "a KEY=VALUE override",
+    }
+    assert {k: src.get(k) for k in want} == want
+    assert any(v == "recipe ares" for v in src.values())
+    capsys.readouterr()
+    assert main(["config", "show", "--sources", *argv]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith(" ")]
+    assert lines and all(ln.endswith("]") and "    [" in ln for ln in lines), [ln for ln in lines if "    [" not in ln][:3]
+    assert "train.seed: 7    [a KEY=VALUE override]" in lines
