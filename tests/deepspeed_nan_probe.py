@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from probe_exit import leave
 from tiny_runs import TINY_RUN
 
 from mmrl.config import load_run_config
@@ -62,6 +63,7 @@ def main(stage: str, out: str) -> None:
         "moved": any(not torch.equal(wb[k], start[k]) for k in start),
         "finite": all(bool(torch.isfinite(v).all()) for v in wa.values()),
     }))
+    leave()  # the one-process group DeepSpeed needs, left
 
 
 if __name__ == "__main__":

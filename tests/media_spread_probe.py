@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from probe_exit import leave
+
 from data_pipelines.media_check import LAST_CHECK, check_files
 from mmrl import distributed
 from mmrl_common.errors import DataError
@@ -48,7 +50,7 @@ def main(files_json: str, out_dir: str) -> None:
               "same_again": [again[(p, k)] for p, k in files] == [verdicts[(p, k)] for p, k in files],
               "error": error}
     Path(out_dir, f"rank{w.rank}.json").write_text(json.dumps(report))
-    distributed.finish()
+    leave()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ step on its rollouts (ZeRO-3's hooks must be back). Rank 0 writes what each rank
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import deepspeed
 import synthetic_media as sm
+from probe_exit import leave
 
 from mmrl import distributed
 from mmrl.config import TrainConfig
@@ -68,15 +68,7 @@ def main(model_dir: str, out: str) -> None:
                        "loss": float(loss), "grad_norm": norm})
     if w.is_main:
         Path(out).write_text(json.dumps(report))
-    # The end: every rank has done its work once all pass this barrier. A rank then leaves without the C++
-    # teardown: twice (CI 2026-11-26 with the group left to interpreter exit; here 2026-11-27 under load, after
-    # destroy_process_group) a rank aborted in it ("terminate called without an active exception", a joinable
-    # thread of DeepSpeed's CPU comm or gloo destroyed) after all its work. What this probe measures is done; the
-    # trainer's own exit path (mmrl.distributed.finish) is exercised by every 2-rank run test.
-    w.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()  # every rank has done its work: the process group left, the process ended without C++ teardown
 
 
 if __name__ == "__main__":
