@@ -19,8 +19,9 @@ Both are switched off for such a model (:func:`fit_options`), with the reason pr
 padded, which is exact (a padded token is zeroed before the layer, so it adds nothing to the state, and
 generation pads on the left). tests/test_qwen3_5.py measures both shortcuts forced on against the plain pass.
 Prefill-once generation and the vision-feature cache are kept: the prompt's cache (keys and values and each
-linear layer's states) is copied per sample, and the vision tower is the same as Qwen3-VL's but for the
-deepstack taps; both are tested equal to the plain calls there.
+linear layer's states) is copied per sample (:func:`mmrl.model.generation.repeat_cache`), and the vision tower is
+Qwen3-VL's less the deepstack taps; tests/test_prefill_once.py and tests/test_policy.py run them on every family,
+Qwen3.5's included, against the plain calls.
 """
 
 from __future__ import annotations
