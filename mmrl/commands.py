@@ -11,8 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-OVERRIDE_HELP = ("dotted config overrides, e.g. train.steps=50 rollout.group_size=4 grpo.kl_coef=0.01; they may "
-                 "stand anywhere among the flags (mmrl config show lists every key)")
+from mmrl.recipe import (
+    OVERRIDE_HELP,
+    REAL_MODEL_PRESET,
+    config_from_args,
+    covers,
+    flat_keys,
+    full_base,
+    model_folder,
+    own_model_base,
+    recipe_published,
+    setting_sources,
+    with_training_settings,
+)
+
 EVAL_OVERRIDE_HELP = ("dotted config overrides, e.g. rollout.max_new_tokens=512 data.media.max_frames=32 "
                       "eval.min_options=4 prompt.answer_format=answer; they may stand anywhere among the flags "
                       "(mmrl config show lists every key)")
@@ -60,120 +72,6 @@ def _common(p: argparse.ArgumentParser, command: str = "train") -> None:
                    help=EVAL_OVERRIDE_HELP if command == "eval" else OVERRIDE_HELP)
 
 
-def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None,
-                     base: dict[str, Any] | None = None):
-    """The run config a command's parsed ``args`` ask for: ``--task``/``--config``, the ``KEY=VALUE``
-    overrides and the ``--model``/``--data``/``--eval-data``/``--out`` flags, over ``base`` (settings
-    under the user's own, e.g. :func:`own_model_base`), with ``extra`` (nested config sections) merged in;
-    with ``--resume`` the config the run in ``--out`` started with instead."""
-    from mmrl.config import load_run_config, resume_run_config
-    from mmrl.run_inputs import import_from_start_folder
-    from mmrl_common.errors import MmrlError
-
-    extra = flag_sections(args, extra)
-    if getattr(args, "resume", False):  # continue with the settings the run started with
-        if not args.out:
-            raise MmrlError("--resume needs --out RUN_DIR (the folder of the run to continue)")
-        saved = Path(args.out) / "config.yaml"
-        if not saved.is_file():
-            raise MmrlError(f"--resume: {args.out} holds no run (no config.yaml)")
-        import_from_start_folder(Path(args.out))  # the module rewards the first session found there
-        return resume_run_config(saved, overrides=args.overrides, extra=extra)
-    task, config, recipe = recipe_args(args)
-    return load_run_config(task=task, config_file=config, overrides=args.overrides, extra=extra, base=base,
-                           recipe_file=recipe)
-
-
-def flag_sections(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The config sections the ``--model``/``--data``/``--eval-data``/``--out`` flags set, over ``extra``."""
-    extra = dict(extra or {})
-    if args.model:
-        extra.setdefault("model", {})["path"] = args.model
-    if args.data:
-        extra.setdefault("data", {})["train"] = args.data
-    if getattr(args, "eval_data", None):
-        extra.setdefault("data", {})["test"] = args.eval_data
-        extra.setdefault("eval", {})["split"] = "test"
-    if args.out:
-        extra["out"] = args.out
-    return extra
-
-
-def setting_sources(args: argparse.Namespace) -> dict[str, str]:
-    """Where each value of the config ``args`` resolve to comes from, by dotted key: the last layer that sets it,
-    in the order :func:`mmrl.config.load_run_config` merges them: mmrl's default, the task recipe (a key its
-    ``published:`` record names: the paper's value), a recipe file, the real-model preset, the model folder's
-    ``mmrl_eval.json``, ``--config``, the flags, the ``KEY=VALUE`` overrides. A value no layer names but one
-    changes (the format reward following ``prompt.answer_format``) is credited to that layer."""
-    from mmrl.checkpoint import read_eval_settings
-    from mmrl.config import RunConfig, load_run_config, settings_file, task_recipe
-    from mmrl.config_io import describe, parse_override
-
-    if getattr(args, "resume", False):
-        saved = Path(args.out) / "config.yaml"
-        return {key: f"the run's {saved}" for key, _, _ in describe(config_from_args(args))}
-    task, config, recipe = recipe_args(args)
-    for file in (recipe, config):
-        task = task or (settings_file(file).get("task") if file else None)
-    task = task or "video-qa"
-    base = own_model_base(args) or {}
-    folder = model_folder(args) if base else None
-    from_folder = set(_flat(read_eval_settings(folder) or {})) if folder else set()
-    published = recipe_published(args)
-    extra = flag_sections(args)
-
-    def sets(keys: Any, key: str) -> bool:
-        return any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
-
-    def recipe_source(key: str) -> str:
-        paper = next((src for k, src in published.items() if _covers(k, key)), None)
-        return f"published: {paper}" if paper else f"recipe {task}"
-
-    def base_source(key: str) -> str:
-        return ("the model folder's mmrl_eval.json" if sets(from_folder, key)
-                else f"the real-model preset ({REAL_MODEL_PRESET.name})")
-
-    recipe_keys = set(_flat(task_recipe(task))) | (set(_flat(settings_file(recipe))) if recipe else set())
-    layers: list[tuple[Any, set[str], Any]] = [  # (the config so far, the keys the layer sets, its name)
-        (RunConfig(), set(), "mmrl's default"),
-        (load_run_config(task=task, recipe_file=recipe), recipe_keys, recipe_source),
-        (load_run_config(task=task, base=base, recipe_file=recipe), set(_flat(base)), base_source),
-        (load_run_config(task=task, config_file=config, base=base, recipe_file=recipe),
-         set(_flat(settings_file(config))) if config else set(), f"--config {config}"),
-        (load_run_config(task=task, config_file=config, extra=extra, base=base, recipe_file=recipe),
-         set(_flat(extra)), "a flag (--model, --data, --eval-data, --out)"),
-        (load_run_config(task=task, config_file=config, overrides=args.overrides, extra=extra, base=base,
-                         recipe_file=recipe),
-         {".".join(parse_override(o)[0]) for o in args.overrides}, "a KEY=VALUE override"),
-    ]
-    sources: dict[str, str] = {}
-    before: dict[str, Any] = {}
-    for cfg, keys, name in layers:
-        now = {key: value for key, value, _ in describe(cfg)}
-        for key, value in now.items():
-            if sets(keys, key) or key not in before or before[key] != value:
-                sources[key] = name(key) if callable(name) else name
-        before = now
-    return sources
-
-
-def recipe_args(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
-    """``(task, user settings file, recipe file)`` for ``--task``/``--config``. ``--config configs/NAME.yaml``
-    (a built-in recipe) is ``--task NAME``; another file with a ``published:``/``inherited:`` record is a recipe
-    (:func:`mmrl.config.is_recipe_file`): both are read as ``--task`` reads its recipe, under the real-model
-    preset, so ``--config configs/ares.yaml --model DIR`` trains as ``--task ares --model DIR`` does. Any other
-    file is the user's own settings, over the preset."""
-    from mmrl.config import CONFIG_DIR, is_recipe_file
-
-    task, config = args.task, args.config
-    if not config or not Path(config).is_file():
-        return task, config, None
-    path = Path(config).resolve()
-    if path.parent == CONFIG_DIR.resolve() and task in (None, path.stem):
-        return path.stem, None, None
-    return (task, None, config) if is_recipe_file(config) else (task, config, None)
-
-
 def _quiet_loading(quiet: bool) -> None:
     """No weight-loading bars from transformers with --quiet."""
     if quiet:
@@ -209,93 +107,6 @@ def _check_paths(cfg) -> None:
             raise ConfigError(f"data.{split}: file not found: {path}{_recipe_hint(cfg, 'data', split)}")
 
 
-REAL_MODEL_PRESET = Path(__file__).resolve().parent.parent / "configs" / "presets" / "real-model.yaml"
-REAL_MODEL_PARAMS = 100e6  # below this a --model folder is a tiny model; the toy recipes' values suit it
-
-
-def _estimated_params(model_dir: str | Path) -> float:
-    """A model folder's parameter count from its config.json (transformer blocks and embeddings; rough)."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    text = cfg.get("text_config") or cfg
-    h, layers = float(text.get("hidden_size", 0)), float(text.get("num_hidden_layers", 0))
-    inter = float(text.get("intermediate_size", 4 * h))
-    return layers * (4 * h * h + 3 * h * inter) + float(text.get("vocab_size", 0)) * h
-
-
-def recipe_published(args: argparse.Namespace) -> dict[str, str]:
-    """The published keys (dotted key -> source) of the recipe ``args`` name: ``--task``'s recipe file (with
-    what an overlay inherits, :func:`mmrl.config.task_published`) and a ``--config`` file's own ``published:``
-    record (configs/README.md)."""
-    from mmrl.config import recipe_record, settings_file, task_published
-
-    task, config, recipe = recipe_args(args)
-    own: dict[str, str] = {}
-    for file in (recipe, config):
-        if file:
-            task = task or settings_file(file).get("task")
-            own = {**own, **recipe_record(file)}
-    return {**task_published(task or "video-qa"), **own}
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        out.update(_flat(value, dotted) if isinstance(value, dict) and value else {dotted: value})
-    return out
-
-
-def _covers(published: str, key: str) -> bool:
-    """Whether published key ``published`` sets base key ``key`` (the same key, one inside it or around it)."""
-    p, k = published.split("[")[0], key
-    return p == k or k.startswith(p + ".") or p.startswith(k + ".")
-
-
-def model_folder(args: argparse.Namespace) -> str | None:
-    """The model folder a command's ``args`` name, however they name it: ``--model DIR``, a ``model.path=DIR``
-    override, ``model: {path: DIR}`` in a ``--config`` file (or a recipe's own); None for a tiny model built by
-    mmrl. Read from the settings resolved without the folder's own (which cannot name another folder)."""
-    if args.model:
-        return args.model
-    return config_from_args(args).model.path or None
-
-
-def _full_base(args: argparse.Namespace) -> dict[str, Any]:
-    """The real-model preset (a model of 100M+ parameters) and the folder's mmrl_eval.json, merged, for the
-    model folder ``args`` name by any route (:func:`model_folder`); {} when neither applies."""
-    from mmrl.checkpoint import read_eval_settings
-    from mmrl.config_io import deep_merge, load_yaml
-    from mmrl.model import check_model_dir
-
-    if getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
-        return {}
-    folder = model_folder(args)
-    if not folder or not Path(folder).is_dir():
-        return {}  # _check_paths names the missing folder
-    check_model_dir(folder)
-    base: dict[str, Any] = {}
-    if _estimated_params(folder) >= REAL_MODEL_PARAMS:
-        base = load_yaml(REAL_MODEL_PRESET)
-    return deep_merge(base, read_eval_settings(folder) or {})
-
-
-def own_model_base(args: argparse.Namespace) -> dict[str, Any] | None:
-    """``mmrl train`` and ``mmrl sft`` of a model folder, named by ``--model DIR``, ``model.path=DIR`` or a
-    config's ``model: {path: DIR}`` (:func:`model_folder`): the real-model preset
-    (``configs/presets/real-model.yaml``) for a model of 100M+ parameters, then the settings the folder was
-    trained with (its ``mmrl_eval.json``), both under the user's own YAML, flags and overrides and without the
-    keys the recipe publishes (its ``published:`` record: a paper's value wins over the preset; only toy values
-    and our choices give way); None with ``--recipe-settings``, ``--resume`` or no model folder."""
-    from mmrl.config_io import deep_merge
-
-    base, published = _full_base(args), recipe_published(args)
-    kept: dict[str, Any] = {}
-    for key, value in _flat(base).items():
-        if not any(_covers(p, key) for p in published):
-            kept = deep_merge(kept, _nest(key, value))
-    return kept or None
-
-
 def train_config(argv: list[str], extra: dict[str, Any] | None = None):
     """The config ``mmrl train ARGV`` runs with (the model folder's preset and settings included, however the
     folder is named), without printing: what ``mmrl compare`` checks an arm and a run folder against."""
@@ -305,19 +116,13 @@ def train_config(argv: list[str], extra: dict[str, Any] | None = None):
     return config_from_args(args, extra, base=own_model_base(args))
 
 
-def _nest(key: str, value: Any) -> dict[str, Any]:
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
 def own_model_config(args: argparse.Namespace, extra: dict[str, Any] | None = None, command: str = "train"):
     """The config of a command that trains ``--model DIR`` (``mmrl train``, ``mmrl sft``): the recipe with
     :func:`own_model_base` under the user's settings (``extra``: the command's own sections), and the lines
     saying which values the preset and the folder's settings changed and which published ones they left."""
     base = own_model_base(args)
     cfg = config_from_args(args, extra, base=base)
-    if _full_base(args):
+    if full_base(args):
         _say_changes(args, cfg, base or {}, extra=extra, command=command)
     return cfg
 
@@ -332,7 +137,7 @@ def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any], *, ex
     recipe_cfg = config_from_args(args, extra)
     recipe = {k: v for k, v, _ in describe(recipe_cfg)}
     changed = [f"{k}={v}" for k, v, _ in describe(cfg) if recipe.get(k) != v]
-    full = _flat(_full_base(args))
+    full = flat_keys(full_base(args))
     kept = []
     for key, source in recipe_published(args).items():
         try:
@@ -340,7 +145,7 @@ def _say_changes(args: argparse.Namespace, cfg: Any, base: dict[str, Any], *, ex
         except KeyError:
             continue
         if value == to_dict(value_at(recipe_cfg, key)) and any(
-                _covers(key, k) and (k != key or v != value) for k, v in full.items()):
+                covers(key, k) and (k != key or v != value) for k, v in full.items()):
             kept.append(f"{key}={value} ({source})")
     if args.quiet:
         return
@@ -572,27 +377,6 @@ def _checks(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             load_method("check", name)
         CHECKS.get(name)  # ConfigError naming the nearest and the known checks
     return {name: {"seed": args.consistency_seed} for name in names}
-
-
-def with_training_settings(args: argparse.Namespace, cfg):
-    """``cfg`` with the settings the model was trained with (its ``mmrl_eval.json``) under the user's own
-    YAML, flags and overrides; says which values they changed."""
-    from mmrl.checkpoint import EVAL_SETTINGS_FILE, read_eval_settings
-    from mmrl.config_io import describe
-
-    settings = read_eval_settings(cfg.model.path)
-    if not settings:
-        return cfg
-    trained = config_from_args(args, base=settings)
-    before = {k: v for k, v, _ in describe(cfg)}
-    changed = [f"{k}={v}" for k, v, _ in describe(trained) if before.get(k) != v]
-    where = Path(cfg.model.path) / EVAL_SETTINGS_FILE
-    if changed:
-        print(f"eval: evaluating as the model was trained ({where}): {' '.join(changed)}; a KEY=VALUE override "
-              "wins, --recipe-settings ignores them", flush=True)
-    elif not args.quiet:
-        print(f"eval: the model's training settings ({where}) equal the recipe's", flush=True)
-    return trained
 
 
 def _table(m: dict[str, Any]) -> str:

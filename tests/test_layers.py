@@ -7,6 +7,8 @@ inside functions included, read with ``ast``.
   module of its own), imports under ``if TYPE_CHECKING:`` included: a module that only names another's type
   still depends on it;
 * the model package (``mmrl.model``) imports nothing of the engine: only itself and ``mmrl_common``;
+* the methods (``mmrl.methods``) import nothing of the command line (``mmrl.cli``, ``mmrl.commands``): their
+  commands read settings through ``mmrl.recipe``;
 * no module writes an attribute of a :class:`~mmrl.model.Policy` or of a run config, or replaces one of their
   methods: a policy's settings change through ``Policy.configure``/``bind_ranks``, a config by a new object
   (``dataclasses.replace``).
@@ -165,6 +167,22 @@ def engine_imports(graph: dict[str, set[str]], package: str = "mmrl.model") -> l
 def test_the_model_package_imports_nothing_of_the_engine() -> None:
     bad = engine_imports(import_graph(module_files(ROOT, TREE)))
     assert not bad, "mmrl.model imports the engine:\n" + "\n".join(f"  {a} -> {b}" for a, b in bad)
+
+
+def command_line_imports(graph: dict[str, set[str]], package: str = "mmrl.methods",
+                         above: tuple[str, ...] = ("mmrl.cli", "mmrl.commands")) -> list[tuple[str, str]]:
+    """Imports of the command line (``above``) by ``package``'s modules: a method's own command reads its
+    settings through :mod:`mmrl.recipe`, below the command line."""
+    return sorted((mod, t) for mod, targets in graph.items() if mod == package or mod.startswith(package + ".")
+                  for t in targets if t in above or t.startswith(tuple(a + "." for a in above)))
+
+
+def test_the_methods_import_nothing_of_the_command_line() -> None:
+    bad = command_line_imports(import_graph(module_files(ROOT, TREE)))
+    assert not bad, "mmrl.methods imports the command line:\n" + "\n".join(f"  {a} -> {b}" for a, b in bad)
+    # the checker sees a planted import
+    planted = {"mmrl.methods.x": {"mmrl.commands", "mmrl.recipe"}, "mmrl.run": {"mmrl.cli"}}
+    assert command_line_imports(planted) == [("mmrl.methods.x", "mmrl.commands")]
 
 
 POLICY_OWNERS = ("policy", "ref", "reference")  # names a Policy goes by outside its own class

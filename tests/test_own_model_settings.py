@@ -8,8 +8,9 @@ import pytest
 from tiny_runs import as_7b, own_model
 
 from mmrl.cli import build_parser
-from mmrl.commands import REAL_MODEL_PARAMS, _estimated_params, _say_changes, config_from_args, own_model_base
+from mmrl.commands import _say_changes
 from mmrl.config_io import load_yaml
+from mmrl.recipe import REAL_MODEL_PARAMS, config_from_args, estimated_params, own_model_base
 
 
 @pytest.fixture()
@@ -25,7 +26,7 @@ def _cfg(*argv: str):
 
 def test_a_real_model_starts_from_the_preset_and_says_what_changed(tiny, capsys) -> None:
     big = as_7b(tiny)
-    assert _estimated_params(big) > REAL_MODEL_PARAMS
+    assert estimated_params(big) > REAL_MODEL_PARAMS
     preset = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "presets" / "real-model.yaml")
     args, base, cfg = _cfg("--model", str(big))
     assert cfg.train.lr == preset["train"]["lr"] == 1e-6 and cfg.model.dtype == "bf16"
@@ -83,7 +84,7 @@ def test_a_qwen3_5_folder_resolves_the_settings_of_a_qwen2_5_vl_one(tmp_path, fa
     cfg["text_config"].pop("intermediate_size", None)
     cfg["text_config"].update(sizes)
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert _estimated_params(folder) > REAL_MODEL_PARAMS
+    assert estimated_params(folder) > REAL_MODEL_PARAMS
     qwen25 = as_7b(own_model(tmp_path / "qwen2_5_vl"))
     for task in ("video-qa", "image-qa"):
         mine = _cfg("--task", task, "--model", str(folder))[2]
@@ -133,7 +134,7 @@ def test_config_show_sources_names_the_origin_of_every_value(tiny, tmp_path, cap
     paper's published value, the real-model preset, the folder's mmrl_eval.json, --config, a flag, an override),
     and every key has one."""
     from mmrl.cli import main
-    from mmrl.commands import setting_sources
+    from mmrl.recipe import setting_sources
 
     big = as_7b(tiny)
     (big / "mmrl_eval.json").write_text(json.dumps({"data": {"media": {"max_frames": 24}}}))

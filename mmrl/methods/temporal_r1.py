@@ -221,7 +221,7 @@ def report_markdown(report: dict[str, Any]) -> str:
 
 
 def add_select_variance_parser(sub: argparse._SubParsersAction) -> None:
-    from mmrl.commands import OVERRIDE_HELP
+    from mmrl.recipe import OVERRIDE_HELP
 
     p = sub.add_parser(
         "select-variance", help="keep the training records whose K answers by the starting model disagree",
@@ -246,8 +246,8 @@ def add_select_variance_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_select_variance(args: argparse.Namespace) -> int:
-    from mmrl.commands import recipe_args
     from mmrl.config import load_run_config
+    from mmrl.recipe import recipe_args
 
     extra: dict[str, Any] = {}
     if args.model:

@@ -391,7 +391,7 @@ def _trained_prompt(args: Any, cfg: Any, key: str) -> str:
     with (its ``mmrl_eval.json``) unless the user's YAML or overrides set one; the benchmark's own protocol
     decides everything else."""
     from mmrl.checkpoint import read_eval_settings
-    from mmrl.commands import config_from_args
+    from mmrl.recipe import config_from_args
 
     trained = ((read_eval_settings(cfg.model.path) or {}).get("prompt") or {}).get(key) \
         if cfg.model.path and not getattr(args, "recipe_settings", False) else None
@@ -420,7 +420,7 @@ def cli_eval(args: Any, cfg: Any) -> int:
     if spec is None:
         raise ConfigError(f"--agent {args.agent!r}: known agents are {', '.join(AGENTS)}")
     if cfg.model.path and not getattr(args, "recipe_settings", False) and not getattr(args, "benchmark", None):
-        from mmrl.commands import with_training_settings
+        from mmrl.recipe import with_training_settings
 
         cfg = with_training_settings(args, cfg)  # evaluate as the model was trained (its mmrl_eval.json)
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
