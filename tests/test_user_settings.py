@@ -58,9 +58,9 @@ def test_sft_writes_the_presets_settings_and_train_takes_them(tiny: Path, tmp_pa
                                                               capsys: pytest.CaptureFixture) -> None:
     """Through the CLI: the tiny model counted as a real one (the threshold lowered; its weights load), a
     2-step sft whose final/mmrl_eval.json holds the preset's values, which mmrl train --model final then uses."""
-    from mmrl import commands
+    from mmrl import commands, recipe
 
-    monkeypatch.setattr(commands, "REAL_MODEL_PARAMS", 0)
+    monkeypatch.setattr(recipe, "REAL_MODEL_PARAMS", 0)
     cheap = ["data.toy_size={train: 2, val: 1, test: 1}", "data.toy_tasks=[color]", "sft.batch_size=2",
              "train.cpu_threads=1"]
     out = tmp_path / "sft"
