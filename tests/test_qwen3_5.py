@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import types
 from pathlib import Path
@@ -25,14 +24,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from synthetic_media import model_weights
+from test_distributed import command, env, rl_rows, train  # noqa: F401 (env: a fixture)
 from test_packing import folders, mixed_batch, policy_of  # noqa: F401 (fixtures)
 
 from mmrl.model import Policy, lora, recurrent
 from mmrl.model.logprobs import forward_logprobs
 
 QWEN3_5 = ("qwen3_5", "qwen3_5_moe")
-MMRL = str(Path(sys.executable).with_name("mmrl"))
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
 def logprobs(policy: Policy, seqs, **options) -> torch.Tensor:
@@ -136,57 +134,30 @@ def test_a_moe_folder_in_the_published_per_expert_layout_loads_and_mmrl_writes_f
 
 
 # ------------------------------------------------------------------------------------------------ runs
-REWARD = '''
-from rewards import register_reward
-@register_reward("text_length")
-def text_length(completions, **_):
-    """Longer completions score higher: random models' rollouts differ, so advantages are not zero."""
-    return [len(c if isinstance(c, str) else c[-1]["content"]) / 10 for c in completions]
-'''
-
-
-def run_args(family: str, reward: Path, *extra: str) -> list[str]:
-    """A tiny run on images and videos (both toy tasks), with a reward that differs between rollouts."""
-    return ["train", "--quiet", f"model.tiny_family={family}", "model.init=random",
+def run_settings(family: str, environ: dict[str, str], *extra: str) -> list[str]:
+    """A tiny run on images and videos (both toy tasks), with test_distributed's reward that differs between
+    rollouts (its ``env`` fixture writes it)."""
+    return [f"model.tiny_family={family}", "model.init=random",
             "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color, color_image]",
             "data.media.video_min_pixels=4096", "data.media.video_max_pixels=4096",
             "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.seed_per_prompt=true",
             "train.prompts_per_step=2", "train.micro_batch_size=3", "train.log_every=0", "train.cpu_threads=1",
             "train.lr=1e-3", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
-            "rewards=[{name: text_length}]", "grpo.kl_coef=0.01", "grpo.entropy_coef=0.01", f"imports=[{reward}]",
-            *extra]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("qwen3_5")
-    (root / "text_length.py").write_text(REWARD)
-    return {**os.environ, "MMRL_CACHE": str(root / "cache"), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
-            "TQDM_DISABLE": "1", "REWARD": str(root / "text_length.py")}
-
-
-def run(cmd: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-
-
-def rl_rows(out: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["stage"] == "rl"]
+            "rewards=[{name: text_length}]", "grpo.kl_coef=0.01", "grpo.entropy_coef=0.01",
+            f"imports=[{environ['MMRL_TEST_REWARD']}]", *extra]
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("torchrun")
 @pytest.mark.parametrize("family", QWEN3_5)
-def test_trains_on_images_and_videos_and_two_zero3_ranks_equal_one_process(family: str, env: dict[str, str],
+def test_trains_on_images_and_videos_and_two_zero3_ranks_equal_one_process(family: str, env: dict[str, str],  # noqa: F811
                                                                           tmp_path: Path) -> None:
     # MoE: the routers' load-balancing loss off, as in test_distributed's MoE test: on, its tiny gradients reach
     # every weight and Adam turns their round-off into learning-rate-sized steps that differ between the runs
     moe = ["model.router_aux_loss_coef=0"] if family == "qwen3_5_moe" else []
-    args = run_args(family, Path(env["REWARD"]), "train.steps=2", "train.save_every=0", *moe)
-    run([MMRL, *args, "--out", str(tmp_path / "one")], env)
-    run([TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "mmrl", *args, "--out", str(tmp_path / "two"),
-         "train.deepspeed=zero3"], env)
+    settings = run_settings(family, env, "train.steps=2", "train.save_every=0", *moe)
+    train(tmp_path / "one", env, 1, run=settings)
+    train(tmp_path / "two", env, 2, "train.deepspeed=zero3", run=settings)
     one, two = rl_rows(tmp_path / "one"), rl_rows(tmp_path / "two")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
     assert all(abs(r["loss"]) > 1e-4 and r["grad_norm"] > 0 for r in one)
@@ -208,11 +179,11 @@ def test_trains_on_images_and_videos_and_two_zero3_ranks_equal_one_process(famil
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_bit_for_bit(env: dict[str, str], tmp_path: Path) -> None:
-    args = run_args("qwen3_5", Path(env["REWARD"]), "train.steps=4", "train.save_every=2", "model.lora={r: 4}")
-    run([MMRL, *args, "--out", str(tmp_path / "straight")], env)
+def test_killed_run_resumes_bit_for_bit(env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    settings = run_settings("qwen3_5", env, "train.steps=4", "train.save_every=2", "model.lora={r: 4}")
+    train(tmp_path / "straight", env, 1, run=settings)
     broken = tmp_path / "broken"
-    proc = subprocess.Popen([MMRL, *args, "--out", str(broken)], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command(broken, env, 1, run=settings), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while not (broken / "checkpoint-2").is_dir():  # killed once the first checkpoint is in place
@@ -222,7 +193,7 @@ def test_killed_run_resumes_bit_for_bit(env: dict[str, str], tmp_path: Path) -> 
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "the run had ended before the kill"
-    run([MMRL, *args, "--out", str(broken), "--resume"], env)
+    train(broken, env, 1, "--resume", run=settings)
     a, b = rl_rows(tmp_path / "straight"), rl_rows(broken)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert [(r["loss"], r["grad_norm"]) for r in a] == [(r["loss"], r["grad_norm"]) for r in b]
