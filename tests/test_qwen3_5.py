@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from synthetic_media import model_weights
-from test_distributed import command, env, rl_rows, train  # noqa: F401 (env: a fixture)
+from test_distributed import RUN, command, env, rl_rows, train  # noqa: F401 (env: a fixture)
 from test_packing import folders, mixed_batch, policy_of  # noqa: F401 (fixtures)
 
 from mmrl.model import Policy, lora, recurrent
@@ -135,15 +135,10 @@ def test_a_moe_folder_in_the_published_per_expert_layout_loads_and_mmrl_writes_f
 
 # ------------------------------------------------------------------------------------------------ runs
 def run_settings(family: str, environ: dict[str, str], *extra: str) -> list[str]:
-    """A tiny run on images and videos (both toy tasks), with test_distributed's reward that differs between
-    rollouts (its ``env`` fixture writes it)."""
-    return [f"model.tiny_family={family}", "model.init=random",
-            "data.toy_size={train: 4, val: 2, test: 2}", "data.toy_tasks=[color, color_image]",
+    """test_distributed's run (its reward differs between rollouts; its ``env`` fixture writes it) on ``family``,
+    images and videos (both toy tasks), at the video budget Qwen3-VL's 32-px merged patches need."""
+    return [*RUN, f"model.tiny_family={family}", "data.toy_tasks=[color, color_image]",
             "data.media.video_min_pixels=4096", "data.media.video_max_pixels=4096",
-            "rollout.group_size=4", "rollout.max_new_tokens=4", "rollout.seed_per_prompt=true",
-            "train.prompts_per_step=2", "train.micro_batch_size=3", "train.log_every=0", "train.cpu_threads=1",
-            "train.lr=1e-3", "sft.steps=0", "eval.before_rl=false", "eval.after_rl=false",
-            "rewards=[{name: text_length}]", "grpo.kl_coef=0.01", "grpo.entropy_coef=0.01",
             f"imports=[{environ['MMRL_TEST_REWARD']}]", *extra]
 
 
