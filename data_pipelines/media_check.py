@@ -13,7 +13,7 @@ overwritten with other bytes of the same size, its modification time put back, i
 console (ffmpeg, decord) are held back while checking: the reason returned says what is wrong.
 
 In a distributed run (:func:`spread_checks`, which ``mmrl train`` sets up through
-``mmrl.distributed.World.spread_media_checks``) the processes share the work out: the files that any
+``mmrl.engine.distributed.World.spread_media_checks``) the processes share the work out: the files that any
 process's cache has no verdict for are split among all of them, each checks its share, and the verdicts are
 gathered, so that a large video set is checked by every GPU's process, on every node, at once.
 """

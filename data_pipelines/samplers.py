@@ -54,12 +54,12 @@ class Sampler:
 
     def attach(self, ctx: Any) -> None:
         """Called once by the trainer after the sampler is built (and again after a curriculum stage
-        builds a new one) with the run's :class:`mmrl.plugins.StepContext`. Samplers that score their pool
+        builds a new one) with the run's :class:`mmrl.engine.plugins.StepContext`. Samplers that score their pool
         with the current policy keep it: ``ctx.rescore(indices, n=..., chunk=...)`` rolls out and scores the
-        sampler's own prompt indices, a chunk at a time, as :class:`mmrl.batch.RolloutBatch` objects."""
+        sampler's own prompt indices, a chunk at a time, as :class:`mmrl.engine.batch.RolloutBatch` objects."""
 
     def update(self, batch: Any) -> None:
-        """Rollout feedback after every step: ``batch`` is the step's :class:`mmrl.batch.RolloutBatch` with
+        """Rollout feedback after every step: ``batch`` is the step's :class:`mmrl.engine.batch.RolloutBatch` with
         every drawn group (kept by dynamic sampling or not). ``batch.prompt_index`` holds the indices this
         sampler drew, ``batch.group_index`` the groups, ``batch.rewards`` the totals,
         ``batch.component("accuracy")`` one reward component, ``batch.completions`` the texts."""

@@ -1,7 +1,7 @@
 """mmrl speed measurements (``make bench`` runs ``python -m perf``). They report timings; they assert nothing.
 
 (The public evaluation benchmarks, MVBench, Video-MME and the others, live in ``data_pipelines/benchmarks/``
-and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
+and ``mmrl/benchmarks/``; this package only times mmrl itself.)
 
 * ``update``: the GRPO update at Qwen2.5-VL-3B's depth (36 decoder layers, 32 vision blocks) and tiny width, one
   video prompt of 1,024 vision tokens x G=8 answers, before (sdpa, 2 rows a micro-batch: the real-model preset
@@ -27,7 +27,7 @@ and ``mmrl/benchmarks_eval/``; this package only times mmrl itself.)
   backward) at 16 sequences x 512 response tokens on a tiny Qwen2.5-VL (hidden 64, 2 layers) with Qwen's
   real 151,936-token vocabulary: the full log-softmax at once ("before", ``chunk_tokens=0``) vs. chunks of
   ``PolicyOptions.logprob_chunk_tokens`` rows ("after"), entropies without and with gradient, and the ratio
-  after/before. Each mode runs in a fresh process (:func:`mmrl.memory.measure_in_subprocess`); on CUDA it
+  after/before. Each mode runs in a fresh process (:func:`mmrl.engine.memory.measure_in_subprocess`); on CUDA it
   counts live tensor bytes, on CPU the resident set. Where the machine cannot hold the unchunked modes at
   16 sequences it halves the sequences until it can, and says so (``--memory-seqs``, ``--memory-tokens``,
   ``--device``; ``--only memory`` runs it alone).

@@ -49,7 +49,7 @@ PROMPTS = 2
 
 def _setup(root: Path):
     from mmrl.model import MediaInput, load_policy
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
     from video import sample_video
 
     # a video budget that keeps 112x112 frames as they are: grid (8, 8, 8) = 512 patches, 128 tokens per video
@@ -125,7 +125,7 @@ def bench_rollout(policy, prompts, reps: int) -> dict[str, tuple[float, int]]:
 def bench_build(root: Path, reps: int) -> list[tuple[str, float]]:
     """Median seconds to build the small toy world and a tiny model of each family, each into a new folder."""
     from data_pipelines.toy import make_toy
-    from mmrl.tiny_models import FAMILIES, make_tiny
+    from mmrl.toy.tiny_models import FAMILIES, make_tiny
 
     builds: dict[str, Callable[[Path], object]] = {
         "toy world, size small (make_toy)": lambda out: make_toy(out, seed=0, size="small", progress=False),
@@ -176,7 +176,7 @@ def memory_case(model_dir: str, vocab: int, seqs: int, tokens: int, chunk: int |
     from transformers import AutoConfig, AutoProcessor
 
     from mmrl.model import Policy, TokenSeq
-    from mmrl.tiny_models import build_model
+    from mmrl.toy.tiny_models import build_model
 
     torch.set_num_threads(threads)
     config = AutoConfig.from_pretrained(model_dir)
@@ -218,12 +218,12 @@ class OutOfMemory:
 def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", shrink: bool = True
                  ) -> tuple[dict, list[tuple]]:
     """Peak memory of one training micro-batch in each of :data:`MEM_MODES`, each in a fresh process
-    (:func:`mmrl.memory.measure_in_subprocess`). Where the machine cannot hold the full log-softmax of
+    (:func:`mmrl.engine.memory.measure_in_subprocess`). Where the machine cannot hold the full log-softmax of
     ``seqs`` x ``tokens`` rows, the number of sequences is halved until it can (said in the returned info)."""
     # by its import name: spawned children cannot find functions of the ``python -m perf`` main module
-    from mmrl.memory import GB, available_bytes, measure_in_subprocess
+    from mmrl.engine.memory import GB, available_bytes, measure_in_subprocess
     from mmrl.model import PolicyOptions, resolve_device
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
     from perf.__main__ import memory_case
 
     dev = resolve_device(device)
@@ -253,7 +253,7 @@ def bench_memory(root: Path, seqs: int, tokens: int, *, device: str = "auto", sh
 
 
 def _print_memory(info: dict, rows: list[tuple]) -> None:
-    from mmrl.memory import GB
+    from mmrl.engine.memory import GB
 
     print(f"memory: peak of ONE training micro-batch (forward_logprobs with entropies + scalar loss + backward), "
           f"tiny {FAMILY} (hidden {MEM_SIZE['hidden_size']}, {MEM_SIZE['layers']} layers) with a "

@@ -10,12 +10,12 @@ import json
 import sys
 from pathlib import Path
 
-from mmrl import distributed
 from mmrl.config import TrainConfig
-from mmrl.memory import measure
+from mmrl.engine import distributed
+from mmrl.engine.memory import measure
+from mmrl.engine.optim import make_updater
 from mmrl.model import load_policy
 from mmrl.model.weights import collect_on_main, stream_weights
-from mmrl.optim import make_updater
 
 
 def main(model_dir: str, mode: str, save_dir: str, out: str) -> None:

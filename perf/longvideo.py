@@ -33,7 +33,7 @@ SIZES: dict[str, dict[str, int]] = {
 def setup(root: Path, size: str) -> tuple[Any, list, list[int], float]:
     """The policy (tiny Qwen2.5-VL of ``size``), the 2 encoded video prompts, the video grid, parameters (M)."""
     from mmrl.model import MediaInput, load_policy
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
     from perf.toy_media import FAMILY, toy_video
     from video import sample_video
 
@@ -58,7 +58,7 @@ def bench_longvideo(root: Path, *, reps: int = 5, size: str = "tiny") -> dict[st
     """Median seconds of one rollout call (2 prompts x G=8 x 16 tokens) with prefill-once on and off."""
     import torch
 
-    from mmrl.rollout import HFBackend, SamplingParams
+    from mmrl.engine.rollout import HFBackend, SamplingParams
 
     t0 = time.perf_counter()
     policy, prompts, grid, params = setup(root, size)

@@ -101,8 +101,8 @@ def mmrl_trainer(model_dir: Path, images: list[Path], out: Path, *, group: int, 
 
     from data_pipelines.loaders import load_samples
     from mmrl.config import load_run_config
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import PolicyOptions, load_policy
-    from mmrl.trainer import GRPOTrainer
 
     register_bench_reward()
     out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +198,7 @@ def compare(root: Path, *, size: dict[str, int], steps: int = 3, rounds: int = 3
     from safetensors.torch import load_file
     from transformers import TrainerCallback
 
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
     from perf.pairs import median_pair_ratio, pair_ratios
 
     model_dir = root / "model"
@@ -354,7 +354,7 @@ def overhead(root: Path, *, size: dict[str, int], steps: int = 4, group: int = 8
     """mmrl's framework overhead: the share of a GRPO step's time spent outside model forward passes,
     backward passes and ``generate`` (media preparation, batching, rewards, advantages, logging), measured
     with timers around those three on the same image setting as :func:`compare` (first step untimed)."""
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model_dir = root / "model"
     if not (model_dir / "config.json").exists():
@@ -422,9 +422,9 @@ def video_step(root: Path, *, steps: int = 3, group: int = 8, tokens: int = 16, 
 
     from data_pipelines.loaders import load_samples
     from mmrl.config import load_run_config
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
-    from mmrl.tiny_models import make_tiny
-    from mmrl.trainer import GRPOTrainer
+    from mmrl.toy.tiny_models import make_tiny
     from perf.toy_media import toy_video
 
     register_bench_reward()
@@ -490,11 +490,11 @@ def generation(root: Path, *, reps: int = 5, group: int = 8, tokens: int = 16) -
     except ImportError:
         return None
     from mmrl.config import MediaConfig, PromptConfig
-    from mmrl.media import MediaPreparer
+    from mmrl.engine.media import MediaPreparer
+    from mmrl.engine.prompts import encode_prompt
+    from mmrl.engine.rollout import HFBackend, SamplingParams, make_backend
     from mmrl.model import load_policy
-    from mmrl.prompts import encode_prompt
-    from mmrl.rollout import HFBackend, SamplingParams, make_backend
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model_dir = root / "model"
     if not (model_dir / "config.json").exists():

@@ -1,12 +1,12 @@
 """``python -m perf --only memory`` (also part of ``make bench``): the optimizer update's peak memory per
 parameter, and a ZeRO-3 checkpoint's peak on rank 0 and on the other ranks.
 
-* **Update** (:class:`mmrl.optim.LocalUpdater`, bf16 model with fp32 master weights and fp32 Adam moments):
+* **Update** (:class:`mmrl.engine.optim.LocalUpdater`, bf16 model with fp32 master weights and fp32 Adam moments):
   the peak of building the masters and two updates (forward/backward and the optimizer step; the second is
   the steady state, where the moments exist), in a fresh process, per parameter, plus the bf16 weights already
   loaded (2 bytes). The floor is 16: weights 2, bf16 gradients 2,
   masters 4, moments 8. The masters' gradients are cast a chunk at a time
-  (:data:`mmrl.optim.MASTER_CHUNK_ELEMENTS`), each bf16 gradient freed once cast; the same update with one
+  (:data:`mmrl.engine.optim.MASTER_CHUNK_ELEMENTS`), each bf16 gradient freed once cast; the same update with one
   chunk of every tensor shows what casting every gradient before the step costs (the update before this
   change also kept every bf16 gradient alive meanwhile: 2 more, 20 in all).
 * **ZeRO-3 checkpoint** (2 gloo ranks on the CPU, ``perf/checkpoint_probe.py``): each rank's peak while a
@@ -37,9 +37,9 @@ def update_case(model_dir: str, chunk: int | None, threads: int) -> Callable[[],
     """Setup (not measured): the model in bf16 and one text micro-batch. ``work``: the update."""
     import numpy as np
 
-    from mmrl import optim
     from mmrl.config import TrainConfig
-    from mmrl.distributed import World
+    from mmrl.engine import optim
+    from mmrl.engine.distributed import World
     from mmrl.model import TokenSeq, load_policy
 
     torch.set_num_threads(threads)
@@ -66,9 +66,9 @@ def update_case(model_dir: str, chunk: int | None, threads: int) -> Callable[[],
 
 
 def bench_update(root: Path) -> dict:
-    from mmrl.memory import measure_in_subprocess
-    from mmrl.optim import MASTER_CHUNK_ELEMENTS
-    from mmrl.tiny_models import make_tiny
+    from mmrl.engine.memory import measure_in_subprocess
+    from mmrl.engine.optim import MASTER_CHUNK_ELEMENTS
+    from mmrl.toy.tiny_models import make_tiny
     from perf.update_memory import update_case
 
     model_dir = make_tiny(FAMILY, root / "update-model", seed=0, **SIZE)
@@ -98,7 +98,7 @@ def print_update(info: dict) -> None:
 
 def bench_zero3_checkpoint(root: Path) -> list[dict]:
     """Both ways of gathering a checkpoint, each in its own 2-rank torchrun (gloo, CPU)."""
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model_dir = make_tiny(FAMILY, root / "ckpt-model", seed=0, **SIZE)
     torchrun = str(Path(sys.executable).with_name("torchrun"))

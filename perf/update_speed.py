@@ -70,9 +70,9 @@ class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
 def _trainer(root: Path, model_dir: Path, data: Path, settings: dict[str, Any], name: str) -> Any:
     from mmrl.config import load_run_config
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import configure_policy
-    from mmrl.trainer import GRPOTrainer
     from perf.trl_compare import register_bench_reward
 
     register_bench_reward()
@@ -109,7 +109,7 @@ def measure(root: Path, *, reps: int = 2) -> dict[str, Any]:
     warm-up of each) and count its operations once each."""
     import copy
 
-    from mmrl.tiny_models import make_sized
+    from mmrl.toy.tiny_models import make_sized
     from perf.toy_media import toy_video
 
     model_dir = root / "model-3b-depth"

@@ -18,9 +18,9 @@ from probe_exit import leave
 from tiny_runs import TINY_RUN
 
 from mmrl.config import load_run_config
+from mmrl.engine.trainer import GRPOTrainer
 from mmrl.model import load_policy
 from mmrl.run import load_split, resolve_model
-from mmrl.trainer import GRPOTrainer
 
 
 def main(stage: str, out: str) -> None:

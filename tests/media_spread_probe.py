@@ -18,7 +18,7 @@ from pathlib import Path
 from probe_exit import leave
 
 from data_pipelines.media_check import LAST_CHECK, check_files
-from mmrl import distributed
+from mmrl.engine import distributed
 from mmrl_common.errors import DataError
 from mmrl_common.paths import cache_dir
 

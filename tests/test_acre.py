@@ -16,8 +16,8 @@ from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cach
 
 from data_pipelines.schema import Sample
 from mmrl import cli
+from mmrl.engine.service import Answer
 from mmrl.methods import acre  # noqa: F401  (registers the acre reward)
-from mmrl.service import Answer
 from mmrl_common.errors import ConfigError
 from rewards import consistency as C
 from rewards.registry import CombinedReward
@@ -214,9 +214,9 @@ def test_letter_balance() -> None:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory):
     from mmrl.config import load_run_config
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     cfg = load_run_config("video-qa", overrides=[
         *TINY_RUN, "imports=[mmrl.methods.acre]",
@@ -322,10 +322,10 @@ def test_the_reanswer_environment_shuffles_and_the_reward_reads_the_trained_turn
 
 def test_the_trained_second_turn_is_in_the_loss_mask() -> None:
     """The re-answer is the policy's own turn: its tokens are trained; the shuffled options are masked."""
+    from mmrl.engine.rollout import SamplingParams, run_episodes
     from mmrl.methods.acre import ReanswerEnvironment
     from mmrl.model import Generation, load_policy
-    from mmrl.rollout import SamplingParams, run_episodes
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     policy = load_policy(ensure_tiny("qwen2_5_vl"))
     tok = policy.tokenizer
@@ -360,7 +360,7 @@ def test_the_benchmark_form_reletters_and_reads_the_cases(tmp_path: Path) -> Non
     when there is one; the answers, in the shuffled lettering, are mapped back and each row gets its case."""
     from data_pipelines.benchmarks import load_benchmark
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.benchmarks_eval.protocols import plain_options, shuffled_options
+    from mmrl.benchmarks.protocols import plain_options, shuffled_options
     from mmrl.methods.acre import consistency_on_benchmark
 
     assert shuffled_options(["A. cat", "B. dog", "C. owl"], [2, 0, 1]) == ["A. owl", "B. cat", "C. dog"]

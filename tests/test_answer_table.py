@@ -12,7 +12,7 @@ column was written from the scorers' rules, not from mmrl's output:
   the ``Best option:(`` pre-fill: ``"(" +`` the first line of the generation, lower-cased, its first
   space-separated token compared by substring with ``"(x)"``. The completion is the generation after the
   pre-fill. Checked below by a re-implementation; mmrl is checked on both the completion and on
-  ``"(" +`` its first line (what ``mmrl.benchmarks_eval.scoring.response_text`` passes on).
+  ``"(" +`` its first line (what ``mmrl.benchmarks.scoring.response_text`` passes on).
 * ``lmms`` — lmms-eval's shared ``_task_utils/mcq_extract.extract_mcq_answer`` (HEAD 75571cf, used by its
   Video-MME task since 2026) with the question's letters as choices, after lmms-eval's pipeline has removed
   ``<think>`` blocks: priority start > end > answer phrase > "(X)" > "X." > "X:" > "X)" > "X " > anywhere,

@@ -13,12 +13,12 @@ import pytest
 import torch
 from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fixture)
 
-from mmrl.batch import RolloutBatch, update_plan
 from mmrl.config import RunConfig
+from mmrl.engine.batch import RolloutBatch, update_plan
+from mmrl.engine.rollout import Episode
 from mmrl.grpo import GRPOConfig, compute_policy_loss
 from mmrl.methods.ares import AresPlugin
 from mmrl.model import TokenSeq
-from mmrl.rollout import Episode
 from mmrl_common.errors import ConfigError
 from rewards.ares import (
     BucketKLController,
@@ -299,7 +299,7 @@ def test_plugin_setting_errors():
 # ------------------------------------------------------------------------------------------ a tiny run
 @pytest.mark.slow
 def test_tiny_run_logs_buckets_and_trains_with_the_weights(tmp_path, module_cache):  # noqa: F811
-    from mmrl.checkpoint import latest_checkpoint, load_trainer_state
+    from mmrl.engine.checkpoint import latest_checkpoint, load_trainer_state
 
     # the paper's recipe (ares-paper): both KL parts and branching on (2 roots + 2 branches a group here), 3 rows a
     # controller call

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mmrl.engine.rollout import Episode, SamplingParams
 from mmrl.methods.ares import branched_episodes, plan_branches
 from mmrl.model import Generation, TokenSeq
-from mmrl.rollout import Episode, SamplingParams
 from mmrl_common.errors import ConfigError
 from rewards.entropy import branch_points
 

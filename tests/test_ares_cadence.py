@@ -47,7 +47,7 @@ def test_the_recipe_calls_it_as_the_code() -> None:
 
 @pytest.mark.slow
 def test_two_runs_differing_in_micro_batch_size_move_the_controller_alike(tmp_path, module_cache):  # noqa: F811
-    from mmrl.checkpoint import latest_checkpoint, load_trainer_state
+    from mmrl.engine.checkpoint import latest_checkpoint, load_trainer_state
 
     states = []
     for micro in (1, 8):

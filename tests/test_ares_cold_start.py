@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from mmrl.engine.sft import reasoning_target
 from mmrl.methods.ares.cold_start import adaptive_target, pick_by_length, record_pass_rate
-from mmrl.sft import reasoning_target
 from mmrl_common.errors import MmrlError
 from rewards.ares import adacs_target_length
 

@@ -16,7 +16,7 @@ from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache
 
 from mmrl import cli
 from mmrl.config import value_at
-from mmrl.config_io import to_dict
+from mmrl.config.io import to_dict
 
 CODE = {  # the released code's method, against the paper's additions below
     "plugins.ares.count_mode": "triggers",         # vllm_rollout_spmd.py: a trigger word + a window >= tau

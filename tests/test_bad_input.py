@@ -23,7 +23,7 @@ from data_pipelines.toy import ToyConfig
 from data_pipelines.toy.video_tasks import color_task
 from data_pipelines.validate import run_validate
 from mmrl.config import MediaConfig
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
 from mmrl_common.errors import DataError, MediaError
 from video.reader import open_video
 from video.writer import write_mp4

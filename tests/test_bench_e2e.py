@@ -8,9 +8,9 @@ import pytest
 
 from data_pipelines.benchmarks import load_benchmark
 from data_pipelines.benchmarks.fixtures import write_fixture
-from mmrl.benchmarks_eval import read_predictions, run_benchmark, summarize
+from mmrl.benchmarks import read_predictions, run_benchmark, summarize
 from mmrl.model import load_policy
-from mmrl.tiny_models import ensure_tiny
+from mmrl.toy.tiny_models import ensure_tiny
 from mmrl_common.errors import MmrlError
 
 BENCHMARKS = ("mvbench", "videomme", "longvideobench", "mmvu", "vqa-rad", "pathvqa", "slake", "toy")
@@ -110,8 +110,8 @@ def test_qwen_protocol_with_subtitles(roots, tiny, policy, tmp_path) -> None:
 
 
 def test_cli_on_a_train_style_checkpoint(roots, policy, tmp_path, capsys) -> None:
-    from mmrl.checkpoint import save_checkpoint
     from mmrl.cli import main
+    from mmrl.engine.checkpoint import save_checkpoint
 
     ckpt = save_checkpoint(tmp_path / "run", 3, policy.model, policy.processor, state={})
     args = ["eval", "--benchmark", "slake", "--data-root", str(roots["slake"]), "--model", str(ckpt),
@@ -188,7 +188,7 @@ def _reversed_check_rows(samples, rows, ask, **_):
     reverse order and the answer forced to start with ``(C)``-style text naming C."""
     from dataclasses import replace
 
-    from mmrl.benchmarks_eval.protocols import shuffled_options
+    from mmrl.benchmarks.protocols import shuffled_options
 
     mc = [i for i, s in enumerate(samples) if s.problem_type == "multiple_choice"]
     perm = {i: list(range(len(samples[i].options)))[::-1] for i in mc}
@@ -202,7 +202,7 @@ def _reversed_check_rows(samples, rows, ask, **_):
 
 
 def _register_test_check() -> None:
-    from mmrl.evaluate import CHECKS, register_check
+    from mmrl.engine.evaluate import CHECKS, register_check
 
     if "reask_test" not in CHECKS:
         register_check("reask_test", summarize=lambda preds: {"n": sum("same" in p for p in preds)},
@@ -217,7 +217,7 @@ def test_a_check_reasks_under_the_benchmarks_protocol(name, roots, tiny, policy,
     (Video-MME's "A. ..." labels re-lettered) only the option lines change; a forced start is part of the
     answer the benchmark reads. The check's fields are in the records, its section in metrics and results.md;
     a folder made with a check resumes with it and refuses a run without it."""
-    from mmrl.benchmarks_eval.protocols import plain_options
+    from mmrl.benchmarks.protocols import plain_options
 
     _register_test_check()
     m = run_benchmark(name, roots[name], tiny, policy=policy, out=tmp_path, checks={"reask_test": {}}, **FAST)

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from mmrl.lmms_bridge import build_command, run_lmms_eval
-from mmrl.tiny_models import ensure_tiny
+from mmrl.benchmarks.lmms_bridge import build_command, run_lmms_eval
+from mmrl.toy.tiny_models import ensure_tiny
 from mmrl_common.errors import MmrlError
 
 
@@ -24,7 +24,7 @@ def test_command_for_a_checkpoint(tmp_path) -> None:
 
 
 def test_missing_extra_says_how_to_install(tmp_path, monkeypatch) -> None:
-    import mmrl.lmms_bridge as bridge
+    import mmrl.benchmarks.lmms_bridge as bridge
 
     assert bridge.lmms_available() == (importlib.util.find_spec("lmms_eval") is not None)
     monkeypatch.setattr(bridge, "lmms_available", lambda: False)  # as on a machine without the extra

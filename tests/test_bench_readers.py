@@ -12,9 +12,9 @@ from data_pipelines.benchmarks._common import MediaIndex, find_media
 from data_pipelines.benchmarks.fixtures import write_fixture
 from data_pipelines.benchmarks.lvb import lvb_subtitles
 from data_pipelines.benchmarks.videomme import parse_srt
-from mmrl.benchmarks_eval.media import BenchMediaPreparer, lvb_indices, mvbench_folder_indices
-from mmrl.benchmarks_eval.protocols import make_protocol
-from mmrl.benchmarks_eval.runner import media_config
+from mmrl.benchmarks.media import BenchMediaPreparer, lvb_indices, mvbench_folder_indices
+from mmrl.benchmarks.protocols import make_protocol
+from mmrl.benchmarks.runner import media_config
 from mmrl_common.errors import DataError
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from data_pipelines.schema import Sample
-from mmrl.benchmarks_eval.protocols import MVBENCH_PREFILL, build_prompt, make_protocol, subtitle_lines
-from mmrl.benchmarks_eval.scoring import score_item, summarize
+from mmrl.benchmarks.protocols import MVBENCH_PREFILL, build_prompt, make_protocol, subtitle_lines
+from mmrl.benchmarks.scoring import score_item, summarize
 
 
 def mc(answer: str, options=("red", "green", "blue", "yellow"), **meta) -> Sample:
@@ -70,7 +70,7 @@ def test_longvideobench_counts_unparsed_wrong_and_gives_lmms_evals_random_option
 
 
 def test_results_md_leads_with_the_headline_and_lists_failed_media() -> None:
-    from mmrl.benchmarks_eval.report import markdown
+    from mmrl.benchmarks.report import markdown
 
     preds = [_rec(True, True, task="a"), _rec(False, True, task="b"), _rec(True, True, task="b")]
     metrics = {"title": "MVBench", "model": "m", "protocol_text": "protocol official", "split": "test", "n": 3,
@@ -147,7 +147,7 @@ def test_lmms_eval_protocol_prompts_and_settings() -> None:
 
 
 def test_lmms_eval_frames_keep_the_size_chosen_for_all_decoded_frames() -> None:
-    from mmrl.benchmarks_eval.media import lmms_eval_decoded, lmms_eval_indices
+    from mmrl.benchmarks.media import lmms_eval_decoded, lmms_eval_indices
 
     # a 60 s clip at 30 fps: qwen-vl-utils decodes 120 frames at 2 fps, lmms-eval keeps 32 of them
     decoded = lmms_eval_decoded(1800, 30.0)
@@ -159,7 +159,7 @@ def test_lmms_eval_frames_keep_the_size_chosen_for_all_decoded_frames() -> None:
 
 
 def test_longvideobench_subtitles_interleave_with_frames() -> None:
-    from mmrl.benchmarks_eval.protocols import interleave_subtitles
+    from mmrl.benchmarks.protocols import interleave_subtitles
 
     frames = [0.0, 2.0, 4.0, 6.0]
     cues = [(0.5, 1.5, "hello"), (2.5, 2.6, "short"), (10.0, 12.0, "late"), (4.5, 7.0, "end")]

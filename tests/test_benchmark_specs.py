@@ -20,8 +20,8 @@ from data_pipelines.benchmarks import (
     load_benchmark,
 )
 from data_pipelines.benchmarks._common import BENCHMARKS, SCORINGS
-from mmrl.benchmarks_eval.protocols import Protocol, build_prompt, make_protocol
-from mmrl.benchmarks_eval.scoring import CONVENTIONS
+from mmrl.benchmarks.protocols import Protocol, build_prompt, make_protocol
+from mmrl.benchmarks.scoring import CONVENTIONS
 from video.sampling import available_policies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,9 +98,9 @@ def _named_constants(path: Path) -> list[tuple[int, str]]:
 
 
 def test_the_evaluator_names_no_benchmark_of_its_own() -> None:
-    files = [*sorted((ROOT / "mmrl" / "benchmarks_eval").glob("*.py")), ROOT / "mmrl" / "lmms_bridge.py",
-             ROOT / "mmrl" / "evaluate.py", ROOT / "data_pipelines" / "benchmarks" / "fixtures.py",
-             ROOT / "data_pipelines" / "benchmarks" / "__init__.py"]
+    files = [*sorted((ROOT / "mmrl" / "benchmarks").glob("*.py")), ROOT / "mmrl" / "engine" / "evaluate.py",
+             ROOT / "data_pipelines" / "benchmarks" / "fixtures.py", ROOT / "data_pipelines" / "benchmarks" / "__init__.py"]
+    assert all(f.is_file() for f in files) and ROOT / "mmrl" / "benchmarks" / "lmms_bridge.py" in files, files
     found = {str(f.relative_to(ROOT)): hits for f in files if (hits := _named_constants(f))}
     assert not found, f"benchmark names written into shared code (read the spec instead): {found}"
 
@@ -108,7 +108,7 @@ def test_the_evaluator_names_no_benchmark_of_its_own() -> None:
 @pytest.fixture
 def readme_benchmark(tmp_path: Path):
     """The README's module saved as a file outside the package and imported as ``imports:`` entries are."""
-    from mmrl.imports import import_entry
+    from mmrl.config.user_modules import import_entry
 
     path = tmp_path / "my_bench.py"
     path.write_text(readme_module())
@@ -122,10 +122,10 @@ def readme_benchmark(tmp_path: Path):
 
 def test_readme_benchmark_is_read_evaluated_and_reported_with_no_other_edit(readme_benchmark, tmp_path) -> None:
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.benchmarks_eval import read_predictions, run_benchmark
-    from mmrl.lmms_bridge import build_command
+    from mmrl.benchmarks import read_predictions, run_benchmark
+    from mmrl.benchmarks.lmms_bridge import build_command
     from mmrl.model import load_policy
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
     from mmrl_common.errors import MmrlError
 
     spec = readme_benchmark

@@ -13,7 +13,7 @@ import pytest
 
 from data_pipelines.loaders import load_samples
 from mmrl.config import load_run_config
-from mmrl.evaluate import reward_columns
+from mmrl.engine.evaluate import reward_columns
 from mmrl_common.errors import ConfigError
 from rewards.answers import last_boxed
 from rewards.format import check_format

@@ -33,7 +33,7 @@ STEPS = ["train.steps=4", "train.save_every=2", "train.keep_checkpoints=2", "grp
 TRIM = """
 import sys, time
 from pathlib import Path
-from mmrl.run_log import RunLog
+from mmrl.engine.run_log import RunLog
 log = RunLog(Path(sys.argv[1]), enabled=True)
 print("ready", flush=True)
 t0 = time.perf_counter()
@@ -165,7 +165,7 @@ def test_flipped_bits_in_the_latest_weights_fall_back_to_the_previous_checkpoint
     assert "checkpoint-2 is intact: resuming from it" in out
     assert "resumed from" in out and "(step 2)" in out
     _same_end(straight, run)
-    from mmrl.checkpoint import check_digest
+    from mmrl.engine.checkpoint import check_digest
 
     for ckpt in (straight / "checkpoint-2", straight / "checkpoint-4", run / "checkpoint-4"):
         assert check_digest(ckpt) is None  # the resumed run wrote checkpoint-4 again, whole

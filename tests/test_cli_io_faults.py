@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrl.checkpoint import load_trainer_state
 from mmrl.cli import main
+from mmrl.engine.checkpoint import load_trainer_state
 from mmrl_common.errors import MmrlError
 
 REPO = Path(__file__).resolve().parents[1]

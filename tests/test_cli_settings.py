@@ -16,7 +16,7 @@ import torch
 
 from mmrl import cli
 from mmrl.config import load_run_config
-from mmrl.config_io import describe
+from mmrl.config.io import describe
 from mmrl.run import set_cpu_threads
 
 

@@ -11,7 +11,7 @@ import pytest
 from tiny_runs import TINY_RUN
 
 from mmrl.cli import main
-from mmrl.compare import (
+from mmrl.cli.compare import (
     LOG,
     RunData,
     curve_points,
@@ -192,7 +192,7 @@ def test_runs_made_with_other_settings_are_refused_unless_forced(tmp_path: Path,
     import yaml
 
     from mmrl.config import load_run_config
-    from mmrl.config_io import to_dict
+    from mmrl.config.io import to_dict
 
     out = tmp_path / "out"
     spec_path = write_spec(tmp_path, f"arms: {{grpo: {{}}, kl: {{overrides: [grpo.kl_coef=0.05]}}}}\n"

@@ -15,7 +15,7 @@ from scipy.stats import t as student_t
 from test_compare import make_run, write_spec
 
 from mmrl.cli import main
-from mmrl.compare import LOG
+from mmrl.cli.compare import LOG
 
 # eval_after_rl.accuracy per seed: seeds 0..3. "method" beats grpo on every seed by 0.08..0.15 although the
 # two arms' own intervals overlap (the seeds move both arms alike); "same" ties, wins and loses once, and its

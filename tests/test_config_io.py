@@ -2,7 +2,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mmrl.config_io import apply_overrides, from_dict, parse_override
+from mmrl.config.io import apply_overrides, from_dict, parse_override
 from mmrl_common.errors import ConfigError
 
 
@@ -65,7 +65,7 @@ def test_a_recipe_naming_another_task_is_merged_over_it() -> None:
 def test_a_recipe_loop_is_a_clear_error(tmp_path, monkeypatch) -> None:
     import pytest
 
-    from mmrl import config as config_mod
+    from mmrl.config import schema as config_mod
     from mmrl_common.errors import ConfigError
 
     (tmp_path / "a.yaml").write_text("task: b\n")

@@ -13,7 +13,7 @@ import yaml
 from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache is a fixture)
 
 from mmrl import cli
-from mmrl.config_io import describe
+from mmrl.config.io import describe
 
 
 @pytest.fixture()

@@ -107,7 +107,7 @@ def test_parquet_and_datasets_records_keep_only_the_sampling_keys_they_were_writ
     import datasets
 
     from mmrl.config import MediaConfig
-    from mmrl.media import MediaPreparer
+    from mmrl.engine.media import MediaPreparer
 
     _video(tmp_path / "v.mp4")
     Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(tmp_path / "a.png")

@@ -213,7 +213,7 @@ def test_scan_tissue_shows_where_it_is():
 def test_a_task_version_moves_only_the_keys_of_data_that_hold_it(monkeypatch: pytest.MonkeyPatch):
     from data_pipelines.toy import toy_key
     from data_pipelines.toy.registry import get_task, task_versions
-    from mmrl.toy_base import BaseRecipe, base_key
+    from mmrl.toy.base import BaseRecipe, base_key
 
     shape, both, base = toy_key(0, tasks=["shape"]), toy_key(0, tasks=["color", "shape"]), base_key(BaseRecipe())
     no_color = base_key(BaseRecipe(tasks=("shape", "count")))

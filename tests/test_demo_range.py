@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from tiny_runs import TINY_RUN, module_cache, run_cli  # noqa: F401 (module_cache is a fixture)
 
-from mmrl import demo_range
 from mmrl.config import load_run_config
+from mmrl.toy import demo_range
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -246,7 +246,7 @@ def test_zero3_generation_gathers_the_weights_once_per_call(env: dict[str, str],
     """HF generation under ZeRO-3 gathers the whole model once per generate call (one all-gather per
     parameter, counted by DeepSpeed's own comms logger), not per module per token; ranks that generate
     different numbers of tokens do not wait on each other; training works afterwards."""
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
     out = tmp_path / "probe.json"
@@ -279,7 +279,7 @@ def _one_and_two_ranks(args: list[str], env: dict[str, str], tmp_path: Path) -> 
 def test_eval_on_two_ranks_scores_every_question_once(env: dict[str, str], tmp_path: Path) -> None:
     """``mmrl eval`` under torchrun: each rank answers its share (5 questions: 3 and 2), the predictions are
     gathered in order, and the score equals the single-process one."""
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
     args = ["eval", "--quiet", "--model", str(model), "data.toy_size={train: 1, val: 1, test: 5}",
@@ -299,7 +299,7 @@ def test_benchmark_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp
     in question order and scores them as one process does; the fixture's question without its video is
     counted wrong and listed on both."""
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
     root = write_fixture("videomme", tmp_path / "videomme", n=4)
@@ -327,7 +327,7 @@ def test_agent_eval_on_two_ranks_equals_one_process(env: dict[str, str], tmp_pat
     one process scores them. (The held-out agent evaluation shares and gathers the same way: the plug-in test
     below runs it on 2 ranks.)"""
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
     root = write_fixture("toy", tmp_path / "toy", n=2)

@@ -13,13 +13,13 @@ import torch
 
 from data_pipelines.schema import MediaItem, Sample
 from mmrl.config import MediaConfig, PromptConfig
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
+from mmrl.engine.prompts import encode_prompt
+from mmrl.engine.rollout import SamplingParams, get_environment, run_episodes
 from mmrl.methods.earl.agent import replay
 from mmrl.methods.earl.environment import FrameSelectionEnvironment, parse_selection
 from mmrl.model import Generation, Policy, load_policy
-from mmrl.prompts import encode_prompt
-from mmrl.rollout import SamplingParams, get_environment, run_episodes
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 from video import open_video
 from video.sampling import resize_frames
@@ -270,7 +270,7 @@ def test_frames_layout_labels_every_frame_in_the_prompt_and_the_observations(pol
     """prompt.video_layout=frames: each initial frame is its own one-frame video after "Frame k @ t s:", equal to
     that source frame; the environment shows its new frames the same way; the episode still trains only the
     assistant turns and runs through the model."""
-    from mmrl.prompts import frame_label, media_parts
+    from mmrl.engine.prompts import frame_label, media_parts
 
     cfg = PromptConfig(answer_format="answer", video_layout="frames")
     prompt, marked = encode_prompt(policy, MediaPreparer(MEDIA), sample, cfg)
@@ -380,7 +380,7 @@ def test_benchmark_layout_is_the_trained_one_unless_overridden(model_dir: Path, 
     import shutil
 
     from mmrl.cli import build_parser
-    from mmrl.commands import config_from_args
+    from mmrl.cli.commands import config_from_args
     from mmrl.methods.earl.agent import _trained_layout
 
     def layout(model: Path, *extra: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmrl.evaluate import RewardState
+from mmrl.engine.evaluate import RewardState
 from mmrl_common.errors import ConfigError, DataError
 from rewards import CombinedReward
 from rewards.evidence import evidence_action, evidence_correct, evidence_relevance, weight

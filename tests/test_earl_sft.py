@@ -16,7 +16,7 @@ from data_pipelines.loaders import load_samples
 from data_pipelines.toy import make_toy
 from mmrl.cli import main
 from mmrl.config import MediaConfig, load_run_config
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
 from mmrl.methods.earl.environment import FrameSelectionEnvironment, cells, parse_selection
 from mmrl.methods.earl.trajectories import synthesize
 from mmrl_common.errors import DataError
@@ -112,9 +112,9 @@ def test_output_trains_with_mmrl_sft(written: Path, tmp_path: Path) -> None:
 
 
 def test_mismatched_records_are_refused(written: Path) -> None:
+    from mmrl.engine.prompts import encode_prompt
     from mmrl.methods.earl.agent import sft_sequence
     from mmrl.model import load_policy
-    from mmrl.prompts import encode_prompt
     from mmrl.run import resolve_model
 
     cfg = load_run_config("earl", overrides=[*TINY_RUN, *TOY_MODEL])

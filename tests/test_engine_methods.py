@@ -31,8 +31,8 @@ import torch
 
 from data_pipelines.samplers import UniformSampler, register_sampler
 from mmrl.grpo.shaping import ShapingOutput, register_shaper
-from mmrl.plugins import Callback, register_plugin
-from mmrl.service import Ask
+from mmrl.engine.plugins import Callback, register_plugin
+from mmrl.engine.service import Ask
 from rewards import register_reward
 
 LOG = Path(__file__).with_name("seen.json")
@@ -47,7 +47,7 @@ def record(key, value):
 @register_reward("t_reask", locate_errors=False)
 def reask(completions, rollout_service, options, id, rollout_batch, **kw):
     """1 when the re-asked answer (options reversed) names the same option text as the first answer."""
-    from mmrl.service import parse_answer
+    from mmrl.engine.service import parse_answer
 
     out = []
     samples = rollout_batch.samples

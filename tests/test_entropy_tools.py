@@ -101,7 +101,7 @@ def test_hwe_count_trigger_mode():
 def tiny_logits(tmp_path_factory):
     """Next-token logits of every position of a real tiny Qwen2.5-VL (random weights) on a text prompt."""
     from mmrl.model import load_policy
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     mp = pytest.MonkeyPatch()
     mp.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))

@@ -20,7 +20,7 @@ from tiny_runs import TINY_RUN, module_cache  # noqa: F401 -- module_cache is a 
 
 from mmrl import cli
 from mmrl.config import EvalConfig, load_run_config, resume_run_config
-from mmrl.evaluate import evaluate, summarize
+from mmrl.engine.evaluate import evaluate, summarize
 from mmrl.run import load_split, resolve_model
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -82,8 +82,8 @@ def test_every_saved_model_folder_carries_its_evaluation_settings(own_run: dict)
 
 def test_readme_eval_line_scores_what_the_run_scored(own_run: dict, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
+    from mmrl.engine.service import RolloutService
     from mmrl.model import load_policy
-    from mmrl.service import RolloutService
 
     final, out = own_run["run"] / "final", tmp_path / "eval"
     assert cli.main(["eval", "--model", str(final), "--eval-data", str(own_run["test_file"]), "--out", str(out)]) == 0

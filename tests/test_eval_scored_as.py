@@ -1,8 +1,8 @@
 """Evaluation reports say what each problem type's number is (an open question's "accuracy" is token F1,
 partial credit, not exact match)."""
 
-from mmrl.commands import _table
-from mmrl.evaluate import summarize
+from mmrl.cli.commands import _table
+from mmrl.engine.evaluate import summarize
 from rewards import get_reward
 
 

@@ -119,10 +119,10 @@ def test_a_training_runs_evaluation_follows_on_bad_sample_too(with_broken_video:
     """The service a run evaluates through (RolloutService.from_config) carries data.on_bad_sample, so the
     in-run evaluation and mmrl eval decide alike."""
     from mmrl.config import load_run_config
-    from mmrl.evaluate import evaluate
+    from mmrl.engine.evaluate import evaluate
+    from mmrl.engine.service import RolloutService
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.service import RolloutService
     from mmrl_common.errors import MediaError
 
     cfg = load_run_config("video-qa", overrides=[*CHEAP, "data.check_media=exists", f"data.test={with_broken_video}",
@@ -140,7 +140,7 @@ def test_a_training_runs_evaluation_follows_on_bad_sample_too(with_broken_video:
 
 def test_eval_benchmark_checks_its_folder_before_loading_the_model(tmp_path: Path, module_cache: None,  # noqa: F811
                                                                    capsys: pytest.CaptureFixture) -> None:
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     model = tmp_path / "model"
     shutil.copytree(ensure_tiny("qwen2_5_vl"), model)

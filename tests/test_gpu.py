@@ -12,7 +12,7 @@ from synthetic_media import image, prompt, video
 from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fixture)
 
 from mmrl.model import load_policy
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 
 pytestmark = pytest.mark.gpu

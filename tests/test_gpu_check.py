@@ -142,7 +142,7 @@ def test_the_profile_check_catches_a_processor_that_shrinks_the_sampled_frames(t
     from transformers import AutoProcessor
 
     from mmrl.model import MediaInput
-    from mmrl.tiny_models import build_processor, make_tiny, resolve_size
+    from mmrl.toy.tiny_models import build_processor, make_tiny, resolve_size
     from perf.gpu_check import FAMILY, PROCESSOR
     from perf.gpu_check.stages import sampled_vision_tokens
 
@@ -345,8 +345,8 @@ def test_the_allocation_history_summary_finds_the_most_allocated_moment_and_what
     def frames(*where: str) -> list[dict]:
         return [{"filename": f"/x/{w.split(':')[0]}", "line": int(w.split(":")[1]), "name": "f"} for w in where]
 
-    master = frames("torch/optim/adamw.py:10", "mmrl/optim.py:50")
-    grad = frames("torch/autograd/graph.py:5", "mmrl/trainer.py:700")
+    master = frames("torch/optim/adamw.py:10", "mmrl/engine/optim.py:50")
+    grad = frames("torch/autograd/graph.py:5", "mmrl/engine/trainer.py:700")
     act = frames("torch/nn/functional.py:3", "mmrl/model/policy.py:90")
     events = [{"action": "alloc", "addr": 1, "size": 4 * GB, "frames": master},
               {"action": "alloc", "addr": 2, "size": 2 * GB, "frames": grad},
@@ -362,7 +362,7 @@ def test_the_allocation_history_summary_finds_the_most_allocated_moment_and_what
     out = peak_allocations(snapshot)
     assert out["peak_allocated_gb"] == 9.0 and out["peak_after_event"] == 3 and out["blocks"] == 4
     top = {row["where"]: row["gb"] for row in out["top"]}
-    assert top == {"mmrl/optim.py:50 f": 4.0, "mmrl/trainer.py:700 f": 2.0, "mmrl/model/policy.py:90 f": 1.0,
+    assert top == {"mmrl/engine/optim.py:50 f": 4.0, "mmrl/engine/trainer.py:700 f": 2.0, "mmrl/model/policy.py:90 f": 1.0,
                    "(allocated before the recorded events)": 2.0}
     assert out["top"][0]["innermost"] == "torch/optim/adamw.py:10 f"
 

@@ -58,9 +58,9 @@ def _weights(trainer) -> dict[str, torch.Tensor]:
 
 
 def make_trainer(tmp_path: Path, *overrides: str):
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     cfg = load_run_config("video-qa", overrides=[*TINY_RUN, "grpo.entropy_coef=0.01", "train.warmup_steps=0",
                                                  *overrides])
@@ -82,7 +82,7 @@ def test_a_learning_rate_that_slips_past_the_settings_never_reaches_the_weights(
 
 
 def test_an_update_that_makes_weights_infinite_stops_the_run_before_a_rollout_or_checkpoint(tmp_path: Path) -> None:
-    from mmrl.trainer import Diverged
+    from mmrl.engine.trainer import Diverged
 
     # a finite learning rate, yet the first step's weight decay (p *= 1 - lr * wd) overflows every weight
     trainer = make_trainer(tmp_path, "train.lr=3e38", "train.weight_decay=100", "train.steps=3",
@@ -96,7 +96,7 @@ def test_an_update_that_makes_weights_infinite_stops_the_run_before_a_rollout_or
 def test_one_bad_element_in_one_weight_stops_the_run(tmp_path: Path, bad: float) -> None:
     """The check after an optimizer step (a few fused max-magnitude calls over every weight) finds a single
     non-finite element in the middle of one weight, and passes the finite weights it was given."""
-    from mmrl.trainer import Diverged
+    from mmrl.engine.trainer import Diverged
 
     trainer = make_trainer(tmp_path)
     trainer._check_weights([1e-3])  # every weight finite: no stop

@@ -169,7 +169,7 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_before_the_run():
 
 
 def test_a_stopped_judge_stops_train_before_the_run_folder_is_written(tmp_path, capsys, module_cache):  # noqa: F811
-    from mmrl.run_lock import run_contents
+    from mmrl.run.lock import run_contents
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -206,7 +206,7 @@ def test_train_with_a_judge_retries_and_a_resume_asks_nothing_cached(tmp_path, c
 @pytest.mark.slow
 def test_eval_mmvu_scores_the_open_questions_with_the_judge(tmp_path, capsys, module_cache):  # noqa: F811
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     root = write_fixture("mmvu", tmp_path / "mmvu", n=4)  # 4 multiple-choice, 1 open-ended, 1 without its video
     out = tmp_path / "out"

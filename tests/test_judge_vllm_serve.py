@@ -29,7 +29,7 @@ MODEL = "tiny-judge"
 
 @pytest.fixture(scope="module")
 def judge_url(module_cache, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     folder = ensure_tiny("qwen2_5_vl")
     with socket.socket() as s:

@@ -1,6 +1,6 @@
 """The kill-and-resume guarantee at random points (issue 46): a real ``mmrl train`` is SIGKILLed several times,
 at points drawn from a seeded generator (two or more of them inside a checkpoint write: while the temporary
-``.tmp-checkpoint-<step>`` folder that :func:`mmrl.checkpoint.publish_checkpoint` renames exists, as soon as it
+``.tmp-checkpoint-<step>`` folder that :func:`mmrl.engine.checkpoint.publish_checkpoint` renames exists, as soon as it
 appears or between its files), and restarted each time with the same command plus ``--resume`` until it
 finishes. Its final weights are bitwise those of an unbroken run with the same settings, and its metrics rows
 are the unbroken run's, row for row (wall-clock and memory readings left out)."""

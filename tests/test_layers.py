@@ -7,8 +7,12 @@ inside functions included, read with ``ast``.
   module of its own), imports under ``if TYPE_CHECKING:`` included: a module that only names another's type
   still depends on it;
 * the model package (``mmrl.model``) imports nothing of the engine: only itself and ``mmrl_common``;
-* the methods (``mmrl.methods``) import nothing of the command line (``mmrl.cli``, ``mmrl.commands``): their
-  commands read settings through ``mmrl.recipe``;
+* the packages of ``mmrl`` are its layers (``LAYERS``, top to bottom: the command line, the methods, the
+  benchmarks, the run, the toy world, the engine, the settings, the model and the GRPO maths): no module imports
+  a layer above its own, and no module lives outside them;
+* the methods (``mmrl.methods``) import nothing of the command line (``mmrl.cli``) nor the pipeline
+  (``mmrl.run.pipeline``, or the ``mmrl.run`` front that loads it): their commands read settings through
+  ``mmrl.run.recipe`` and borrow ``mmrl.run.helpers``;
 * no module writes an attribute of a :class:`~mmrl.model.Policy` or of a run config, or replaces one of their
   methods: a policy's settings change through ``Policy.configure``/``bind_ranks``, a config by a new object
   (``dataclasses.replace``).
@@ -169,20 +173,77 @@ def test_the_model_package_imports_nothing_of_the_engine() -> None:
     assert not bad, "mmrl.model imports the engine:\n" + "\n".join(f"  {a} -> {b}" for a, b in bad)
 
 
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (  # top to bottom
+    ("the command line", ("mmrl.cli", "mmrl.__main__")),
+    ("the methods", ("mmrl.methods",)),
+    ("the benchmarks", ("mmrl.benchmarks",)),
+    ("the run", ("mmrl.run",)),
+    ("the toy world", ("mmrl.toy",)),
+    ("the engine", ("mmrl.engine",)),
+    ("the settings", ("mmrl.config",)),
+    ("the model and the GRPO maths", ("mmrl.model", "mmrl.grpo")),
+    ("the package's version", ("mmrl",)),
+)
+"""The packages of ``mmrl`` as its layers: a module imports modules of its own layer and of the layers below
+it, never above (the methods register themselves by name; the run finds them through the registries)."""
+
+
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
+    """The index of ``module``'s layer in ``layers`` (0: the top), None for a module outside ``mmrl``."""
+    for i, (_, prefixes) in enumerate(layers):
+        if any(module == p or module.startswith(p + ".") for p in prefixes if p != "mmrl") or module == "mmrl" \
+                and "mmrl" in prefixes:
+            return i
+    return None
+
+
+def against_the_layers(graph: dict[str, set[str]], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS
+                       ) -> list[tuple[str, str]]:
+    """The imports of a module of a layer from a layer above it."""
+    bad = []
+    for mod, targets in graph.items():
+        mine = layer_of(mod, layers)
+        for t in targets:
+            theirs = layer_of(t, layers)
+            if mine is not None and theirs is not None and theirs < mine:
+                bad.append((mod, t))
+    return sorted(bad)
+
+
+def test_the_packages_of_mmrl_are_its_layers() -> None:
+    files = module_files(ROOT, TREE)
+    outside = [m for m in files if (m == "mmrl" or m.startswith("mmrl.")) and layer_of(m) is None]
+    flat = [m for m in files if m.count(".") == 1 and m.startswith("mmrl.") and m != "mmrl.__main__"
+            and not (ROOT / m.replace(".", "/") / "__init__.py").is_file()]
+    assert not outside and not flat, f"modules of mmrl outside its layer packages: {outside or flat}"
+    bad = against_the_layers(import_graph(files))
+    assert not bad, "imports of a layer above:\n" + "\n".join(
+        f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})" for a, b in bad)
+    # the checker sees a planted import upwards, and none in an import downwards or within a layer
+    planted = {"mmrl.engine.trainer": {"mmrl.run.pipeline", "mmrl.config", "mmrl.engine.batch"},
+               "mmrl.cli.commands": {"mmrl.engine.trainer"}, "mmrl.config.schema": {"mmrl"}}
+    assert against_the_layers(planted) == [("mmrl.engine.trainer", "mmrl.run.pipeline")]
+
+
 def command_line_imports(graph: dict[str, set[str]], package: str = "mmrl.methods",
-                         above: tuple[str, ...] = ("mmrl.cli", "mmrl.commands")) -> list[tuple[str, str]]:
-    """Imports of the command line (``above``) by ``package``'s modules: a method's own command reads its
-    settings through :mod:`mmrl.recipe`, below the command line."""
+                         above: tuple[str, ...] = ("mmrl.cli", "mmrl.run.pipeline"),
+                         fronts: tuple[str, ...] = ("mmrl.run",)) -> list[tuple[str, str]]:
+    """Imports of the command line or the pipeline (``above``, or a package front that loads it: ``fronts``) by
+    ``package``'s modules: a method's own command reads its settings through :mod:`mmrl.run.recipe` and
+    borrows the run's helpers from :mod:`mmrl.run.helpers`."""
     return sorted((mod, t) for mod, targets in graph.items() if mod == package or mod.startswith(package + ".")
-                  for t in targets if t in above or t.startswith(tuple(a + "." for a in above)))
+                  for t in targets if t in above or t in fronts or t.startswith(tuple(a + "." for a in above)))
 
 
-def test_the_methods_import_nothing_of_the_command_line() -> None:
+def test_the_methods_import_nothing_of_the_command_line_or_the_pipeline() -> None:
     bad = command_line_imports(import_graph(module_files(ROOT, TREE)))
-    assert not bad, "mmrl.methods imports the command line:\n" + "\n".join(f"  {a} -> {b}" for a, b in bad)
+    assert not bad, "mmrl.methods imports the command line or the pipeline:\n" + "\n".join(
+        f"  {a} -> {b}" for a, b in bad)
     # the checker sees a planted import
-    planted = {"mmrl.methods.x": {"mmrl.commands", "mmrl.recipe"}, "mmrl.run": {"mmrl.cli"}}
-    assert command_line_imports(planted) == [("mmrl.methods.x", "mmrl.commands")]
+    planted = {"mmrl.methods.x": {"mmrl.cli.commands", "mmrl.run.recipe"}, "mmrl.methods.y": {"mmrl.run"},
+               "mmrl.methods.z": {"mmrl.run.pipeline", "mmrl.run.helpers"}, "mmrl.run.pipeline": {"mmrl.cli"}}
+    assert command_line_imports(planted) == [("mmrl.methods.x", "mmrl.cli.commands"), ("mmrl.methods.y", "mmrl.run"),
+                                             ("mmrl.methods.z", "mmrl.run.pipeline")]
 
 
 POLICY_OWNERS = ("policy", "ref", "reference")  # names a Policy goes by outside its own class
@@ -246,12 +307,12 @@ def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) 
     for pkg, files in {
         "mmrl_common": {"__init__.py": "", "errors.py": ""},
         "rewards": {"__init__.py": "", "a.py": "from rewards import b\n",
-                    "b.py": "def f():\n    from rewards.a import x\n    import mmrl.trainer\n",
+                    "b.py": "def f():\n    from rewards.a import x\n    import mmrl.engine.trainer\n",
                     "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rewards import d\n",
                     "d.py": "from rewards import c\n"},
         "vision": {"__init__.py": ""}, "video": {"__init__.py": ""}, "data_pipelines": {"__init__.py": ""},
-        "mmrl": {"__init__.py": "", "trainer.py": "from mmrl.methods import acre\n",
-                 "methods/__init__.py": "", "methods/acre.py": "from mmrl import trainer\n"},
+        "mmrl": {"__init__.py": "", "engine/__init__.py": "", "engine/trainer.py": "from mmrl.methods import acre\n",
+                 "methods/__init__.py": "", "methods/acre.py": "from mmrl.engine import trainer\n"},
     }.items():
         for name, text in files.items():
             path = tmp_path / pkg / name
@@ -259,9 +320,9 @@ def test_the_checker_finds_a_planted_cycle_and_an_upward_import(tmp_path: Path) 
             path.write_text(text)
     graph = import_graph(module_files(tmp_path))
     assert cycles(import_graph(module_files(tmp_path), type_only=False)) == [
-        ["mmrl.methods.acre", "mmrl.trainer"], ["rewards.a", "rewards.b"]]  # c <-> d is a type-only import
+        ["mmrl.engine.trainer", "mmrl.methods.acre"], ["rewards.a", "rewards.b"]]  # c <-> d is a type-only import
     assert ["rewards.c", "rewards.d"] in cycles(graph)
-    assert upward(graph) == [("mmrl.trainer", "mmrl.methods.acre"), ("rewards.b", "mmrl.trainer")]
+    assert upward(graph) == [("mmrl.engine.trainer", "mmrl.methods.acre"), ("rewards.b", "mmrl.engine.trainer")]
 
 
 # A reference to the team's research notes outside the repository (the shared folder beside it): nobody who
@@ -396,9 +457,9 @@ def test_the_private_check_finds_planted_private_imports(tmp_path: Path) -> None
 
 def test_the_checkers_find_planted_engine_imports_and_foreign_writes(tmp_path: Path) -> None:
     for name, text in {
-        "mmrl/__init__.py": "", "mmrl/trainer.py": "", "mmrl/model/__init__.py": "",
-        "mmrl/model/vision.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mmrl.trainer import T\n",
-        "mmrl/run.py": ("def f(policy, cfg, trainer, x):\n    policy.padding_free = True\n    cfg.train.lr = 1.0\n"
+        "mmrl/__init__.py": "", "mmrl/engine/trainer.py": "", "mmrl/model/__init__.py": "",
+        "mmrl/model/vision.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mmrl.engine.trainer import T\n",
+        "mmrl/run/pipeline.py": ("def f(policy, cfg, trainer, x):\n    policy.padding_free = True\n    cfg.train.lr = 1.0\n"
                         "    trainer.ref.media = {}\n    self.policy.encode = print\n    setattr(policy, 'a', 1)\n"
                         "    policy.base.rope_deltas = None\n    x.y = 2\n"),
         "mmrl/ok.py": "class A:\n    def f(self, cfg):\n        self.cfg = cfg\n        self.n = 1\n",
@@ -406,6 +467,6 @@ def test_the_checkers_find_planted_engine_imports_and_foreign_writes(tmp_path: P
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     files = module_files(tmp_path, ("mmrl",))
-    assert engine_imports(import_graph(files)) == [("mmrl.model.vision", "mmrl.trainer")]
+    assert engine_imports(import_graph(files)) == [("mmrl.model.vision", "mmrl.engine.trainer")]
     assert [w.split(": ", 1)[1] for w in foreign_writes(files, tmp_path)] == [
         "policy.padding_free", "cfg.train.lr", "trainer.ref.media", "self.policy.encode", "policy.<setattr>"]

@@ -6,7 +6,7 @@
   and without gradient; the unchunked path (chunk 0) does too;
 * no full-vocabulary tensor of the whole micro-batch is kept for backward, and the measured peak memory of a
   micro-batch (forward + backward) with a large vocabulary is at most a third of the unchunked one;
-* :mod:`mmrl.memory` measures a known allocation, in-process and in a fresh process.
+* :mod:`mmrl.engine.memory` measures a known allocation, in-process and in a fresh process.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmrl.memory import measure, measure_in_subprocess, peak_gb, reset_peak
+from mmrl.engine.memory import measure, measure_in_subprocess, peak_gb, reset_peak
 from mmrl.model import Policy, PolicyOptions, TokenSeq, load_policy
-from mmrl.tiny_models import build_model, make_tiny
+from mmrl.toy.tiny_models import build_model, make_tiny
 
 FAMILY = "qwen2_5_vl"
 

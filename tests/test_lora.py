@@ -22,6 +22,7 @@ from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401  (module_cac
 
 from mmrl import cli
 from mmrl.config import LoraSettings, load_run_config
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.model import Policy, checkpointing_switch, load_policy
 from mmrl.model.lora import (
     ADAPTER_DIR,
@@ -33,7 +34,6 @@ from mmrl.model.lora import (
     merged_export,
     save_adapters,
 )
-from mmrl.plugins import Callback, register_plugin
 from mmrl_common.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -159,7 +159,7 @@ def _greedy(policy: Policy, seqs: list) -> list[list[int]]:
 
 def _lora_policy(family: str, seed: int = 0) -> Policy:
     """The tiny base model with adapters whose B weights are random (a real change of the answers)."""
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     policy = load_policy(ensure_tiny(family), device="cpu")
     apply_lora(policy, LoraSettings(r=4))
@@ -176,7 +176,7 @@ def test_the_runs_merged_export_answers_as_its_adapters(lora_run: Path, tmp_path
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     base_dir = ensure_tiny("qwen2_5_vl")
     adapted = load_policy(base_dir, device="cpu")
@@ -251,7 +251,7 @@ def test_merged_export_loads_and_gives_the_adapter_models_greedy_answers(family:
 
 
 def test_reference_logprobs_with_adapters_disabled_are_the_base_models(tmp_path: Path) -> None:
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     policy = _lora_policy("qwen2_5_vl")
     base = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu")

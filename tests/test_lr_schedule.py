@@ -16,7 +16,7 @@ from tiny_runs import TINY_RUN, module_cache, rl_rows, run_cli  # noqa: F401 (mo
 
 import mmrl.methods.medcco  # noqa: F401 (registers the curriculum plug-in)
 import rewards.medical  # noqa: F401 (registers the rewards)
-from mmrl.optim import LrSchedule, lr_lambda
+from mmrl.engine.optim import LrSchedule, lr_lambda
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 

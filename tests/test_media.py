@@ -10,7 +10,7 @@ import pytest
 from data_pipelines.loaders import load_samples
 from data_pipelines.toy import make_toy
 from mmrl.config import MediaConfig
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 (module_cach
 
 import mmrl.methods.medcco  # noqa: F401 (registers the plug-in)
 import rewards.medical  # noqa: F401 (registers the rewards)
-from mmrl.checkpoint import load_trainer_state
 from mmrl.config import load_run_config
-from mmrl.plugins import Callback, register_plugin
+from mmrl.engine.checkpoint import load_trainer_state
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.run import load_split, train
 from mmrl_common.errors import ConfigError
 from rewards.registry import register_reward
@@ -118,9 +118,9 @@ def test_a_stage_can_start_with_a_fresh_optimizer_and_its_own_learning_rate(tmp_
 
 @pytest.fixture(scope="module")
 def make_trainer(tmp_path_factory: pytest.TempPathFactory):
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     def build(switch: str):
         cfg = config(stages(switch, replay=0.0) % "rules", "train.steps=50")
@@ -194,7 +194,9 @@ def test_resume_in_the_middle_of_stage_two(tmp_path: Path) -> None:
     # nor a second optimizer reset: AdamW counts on from the stage's fresh start (step 3 was its first)
     assert [p["adam_steps"] for p in PROBES["resume"]] == [[2], [3]]
     uninterrupted = config(*base)  # the stage's peak lr (0.05) kept: 0.05 times the factor of steps 4, 5 of the
-    from mmrl.optim import LrSchedule  # schedule restarted with the optimizer at the switch (position 2)
+    from mmrl.engine.optim import (
+        LrSchedule,  # schedule restarted with the optimizer at the switch (position 2)
+    )
 
     t = uninterrupted.train
     factor = LrSchedule(t.lr_schedule, t.warmup_steps, 5, t.min_lr_ratio)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rewards.medical as M
-from mmrl.batch import RolloutBatch, TokenSeq
+from mmrl.engine.batch import RolloutBatch, TokenSeq
 from mmrl_common.errors import ConfigError
 from rewards.metrics import bleu, bleu1, exact_match, rouge_n
 from rewards.registry import CombinedReward, RewardError, register_reward

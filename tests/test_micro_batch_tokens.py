@@ -20,9 +20,9 @@ import torch
 from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache is a fixture)
 
 from mmrl import cli
-from mmrl.batch import RolloutBatch, micro_batch_rows, shared_prefixes, update_plan
 from mmrl.config import AUTO_TOKENS_FLOOR, TrainConfig, auto_micro_batch_tokens, group_tokens, load_run_config
-from mmrl.config_io import load_yaml
+from mmrl.config.io import load_yaml
+from mmrl.engine.batch import RolloutBatch, micro_batch_rows, shared_prefixes, update_plan
 from mmrl.model import TokenSeq
 from mmrl.model.packing import token_budget_chunks
 

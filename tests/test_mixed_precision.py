@@ -10,7 +10,7 @@ import torch
 from synthetic_media import weights
 from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
-from mmrl.checkpoint import load_trainer_state
+from mmrl.engine.checkpoint import load_trainer_state
 
 pytestmark = pytest.mark.slow  # real bf16 training runs
 

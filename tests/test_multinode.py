@@ -27,7 +27,7 @@ from model_names import assert_published_names
 from synthetic_media import model_weights
 from tiny_runs import TINY_RUN
 
-from mmrl.distributed import World
+from mmrl.engine.distributed import World
 from mmrl_common.errors import ConfigError
 
 pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.slow]  # one torchrun group at a time
@@ -51,7 +51,7 @@ WAIT_S = 600  # a launch that has not ended by then is stopped and the test fail
 def shared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """What the nodes share: the tiny model, the toy colour videos as a user's data file, the reward module."""
     from data_pipelines.toy.build import make_toy
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     root = tmp_path_factory.mktemp("shared")
     model = make_tiny("qwen2_5_vl", root / "model", seed=0)

@@ -1,5 +1,5 @@
 """``rollout.vllm.offload_optimizer``: the fp32 master weights and AdamW's state leave device memory while the
-vLLM engine is awake and come back for the update (:meth:`mmrl.optim.LocalUpdater.state_in_host_memory`).
+vLLM engine is awake and come back for the update (:meth:`mmrl.engine.optim.LocalUpdater.state_in_host_memory`).
 
 On a CPU the move is the GPU's: each storage is copied into a host buffer and shrunk to nothing, then grown
 and refilled. The unit tests check that the storages are really emptied while away and that the same tensors
@@ -18,8 +18,8 @@ from synthetic_media import weights
 from tiny_runs import module_cache, rl_rows, run_cli, run_rl, stop_after  # noqa: F401  (module_cache: a fixture)
 
 from mmrl.config import load_run_config
-from mmrl.distributed import World
-from mmrl.optim import LocalUpdater, offload_in_rollouts
+from mmrl.engine.distributed import World
+from mmrl.engine.optim import LocalUpdater, offload_in_rollouts
 from mmrl_common.errors import ConfigError, MmrlError
 
 TRAIN = SimpleNamespace(lr=1e-2, adam_betas=[0.9, 0.999], weight_decay=0.01, fused_adamw=True, max_grad_norm=1.0)

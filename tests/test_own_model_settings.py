@@ -8,9 +8,9 @@ import pytest
 from tiny_runs import as_7b, own_model
 
 from mmrl.cli import build_parser
-from mmrl.commands import _say_changes
-from mmrl.config_io import load_yaml
-from mmrl.recipe import REAL_MODEL_PARAMS, config_from_args, estimated_params, own_model_base
+from mmrl.cli.commands import _say_changes
+from mmrl.config.io import load_yaml
+from mmrl.run.recipe import REAL_MODEL_PARAMS, config_from_args, estimated_params, own_model_base
 
 
 @pytest.fixture()
@@ -75,7 +75,7 @@ def test_a_qwen3_5_folder_resolves_the_settings_of_a_qwen2_5_vl_one(tmp_path, fa
     every setting a Qwen2.5-VL-7B folder gets."""
     import shutil
 
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     folder = tmp_path / family
     shutil.copytree(ensure_tiny(family), folder)
@@ -101,9 +101,9 @@ def test_every_way_of_naming_a_folder_gives_its_settings(tiny, tmp_path, capsys)
     ``mmrl train``, ``mmrl sft`` and ``mmrl config show`` alike (before, only ``--model`` did: the others got the
     toy recipe's values without a word)."""
     from mmrl.cli import main
-    from mmrl.commands import sft_config, train_config
-    from mmrl.compare import Arm, arm_argv
-    from mmrl.config_io import to_dict
+    from mmrl.cli.commands import sft_config, train_config
+    from mmrl.cli.compare import Arm, arm_argv
+    from mmrl.config.io import to_dict
 
     big = as_7b(tiny)
     (big / "mmrl_eval.json").write_text(json.dumps({"data": {"media": {"max_frames": 24}}}))
@@ -134,7 +134,7 @@ def test_config_show_sources_names_the_origin_of_every_value(tiny, tmp_path, cap
     paper's published value, the real-model preset, the folder's mmrl_eval.json, --config, a flag, an override),
     and every key has one."""
     from mmrl.cli import main
-    from mmrl.recipe import setting_sources
+    from mmrl.run.recipe import setting_sources
 
     big = as_7b(tiny)
     (big / "mmrl_eval.json").write_text(json.dumps({"data": {"media": {"max_frames": 24}}}))

@@ -25,8 +25,8 @@ import pytest
 import torch
 from synthetic_media import image, prompt, video
 
-from mmrl.batch import shared_prefixes
 from mmrl.config import TrainConfig, load_run_config
+from mmrl.engine.batch import shared_prefixes
 from mmrl.model import (
     FAMILIES,
     Policy,
@@ -40,7 +40,7 @@ from mmrl.model import (
     shared_prefix,
 )
 from mmrl.model.types import has_linear_attention
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 
 # The families whose log-prob passes take mmrl's shortcuts (packing, the shared prefix); Qwen3.5's recurrent
@@ -366,8 +366,8 @@ def test_token_budget_chunks_keep_a_group_whole_where_it_fits() -> None:
 
 
 def _stub_trainer(budget: int, size: int, rank: int, *, micro: int = 2):
-    from mmrl.distributed import World
-    from mmrl.trainer import GRPOTrainer
+    from mmrl.engine.distributed import World
+    from mmrl.engine.trainer import GRPOTrainer
 
     stub = SimpleNamespace(cfg=SimpleNamespace(train=TrainConfig(micro_batch_size=micro, micro_batch_tokens=budget)),
                            world=World(rank=rank, size=size))
@@ -422,8 +422,8 @@ def test_update_by_token_budget_equals_update_by_rows(tmp_path: Path, tmp_path_f
     passes has the loss and gradients of the update by a row count with padded passes."""
     from tiny_runs import TINY_RUN
 
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.run import load_split, resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path_factory.mktemp("cache")))
     cfg = load_run_config("video-qa", overrides=[

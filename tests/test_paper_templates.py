@@ -11,7 +11,7 @@ import pytest
 from data_pipelines.schema import Sample
 from mmrl.cli import main
 from mmrl.config import PromptConfig, load_run_config
-from mmrl.prompts import build_messages, user_text
+from mmrl.engine.prompts import build_messages, user_text
 from rewards.registry import get_reward
 
 # grpo.py QUESTION_TEMPLATE, with {Question} filled in by the code

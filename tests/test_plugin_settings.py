@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmrl.plugins import PLUGINS, Callback, build_plugins, register_plugin
+from mmrl.engine.plugins import PLUGINS, Callback, build_plugins, register_plugin
 from mmrl_common.errors import ConfigError
 
 

@@ -21,7 +21,7 @@ from PIL import Image
 from synthetic_media import RopeProbe
 
 from mmrl.model import FAMILIES, MediaInput, Policy, TokenSeq, load_policy
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 from mmrl_common.errors import MmrlError
 from video import sample_video
 from video.writer import write_mp4

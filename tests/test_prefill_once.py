@@ -29,7 +29,7 @@ from synthetic_media import RopeProbe, image, prompt, video
 
 from mmrl.config import RolloutConfig
 from mmrl.model import FAMILIES, Generation, Policy, PolicyOptions, TokenSeq, load_policy
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 
 G = 4
 
@@ -226,7 +226,7 @@ def test_plain_call_where_prefill_once_does_not_apply(policy_of) -> None:
 
 def test_config_key_reaches_the_policy(policy_of, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mmrl.config import load_run_config
-    from mmrl.rollout import backend_from_config
+    from mmrl.engine.rollout import backend_from_config
 
     assert RolloutConfig().prefill_once is True
     assert PolicyOptions.prefill_once is True

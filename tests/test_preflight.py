@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from mmrl.config import RunConfig, load_run_config
-from mmrl.health import RunHealth
-from mmrl.preflight import ALLOW_UNTESTED, TESTED, installed_version
+from mmrl.config.preflight import ALLOW_UNTESTED, TESTED, installed_version
+from mmrl.engine.health import RunHealth
 from mmrl_common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ import pytest
 
 from data_pipelines.schema import Sample
 from mmrl.config import PromptConfig
-from mmrl.prompt_templates import register_template
-from mmrl.prompts import build_messages, user_text
+from mmrl.config.prompt_templates import register_template
+from mmrl.engine.prompts import build_messages, user_text
 from mmrl_common.errors import ConfigError
 
 SAMPLE = Sample(id="s0", problem_type="multiple_choice", question="  Which way does it move? ",
@@ -58,7 +58,7 @@ def test_register_template_makes_a_new_name_valid():
         assert messages[0] == {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
         assert [part["type"] for part in messages[1]["content"]] == ["video", "text"]
     finally:
-        from mmrl.prompt_templates import TEMPLATES
+        from mmrl.config.prompt_templates import TEMPLATES
 
         TEMPLATES.unregister("test_terse")
     with pytest.raises(ConfigError, match="unknown prompt template 'test_terse'"):
@@ -66,7 +66,7 @@ def test_register_template_makes_a_new_name_valid():
 
 
 def test_benchmark_prompt_template_typo_is_an_error_too():
-    from mmrl.benchmarks_eval.protocols import build_prompt, make_protocol
+    from mmrl.benchmarks.protocols import build_prompt, make_protocol
 
     with pytest.raises(ConfigError, match=r"--prompt-template: unknown template 'direkt'; did you mean 'direct'\? "
                                           r"valid: official, direct, reasoning"):

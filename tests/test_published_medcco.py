@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import mmrl.methods.medcco  # noqa: F401 (registers the plug-in and the medical rewards)
-from mmrl.compare import load_spec
+from mmrl.cli.compare import load_spec
 from mmrl.config import load_run_config
 
 ROOT = Path(__file__).resolve().parent.parent

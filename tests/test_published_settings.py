@@ -16,9 +16,9 @@ import pytest
 from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache: a fixture)
 
 from mmrl import cli
-from mmrl.compare import load_spec
+from mmrl.cli.compare import load_spec
 from mmrl.config import CONFIG_DIR, load_run_config, recipe_record, settings_file, value_at
-from mmrl.config_io import to_dict
+from mmrl.config.io import to_dict
 
 METHODS = ["acre", "ares", "ares-paper", "earl", "medcco", "t-grpo", "temporal-grounding", "vas"]
 OVERLAYS = [m for m in METHODS if settings_file(CONFIG_DIR / f"{m}.yaml").get("task") != m]
@@ -42,12 +42,12 @@ def big(tmp_path_factory: pytest.TempPathFactory, module_cache: None) -> Path:  
 
 def _trained(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[Any, str]:
     """The config ``mmrl train`` hands to its run (the run itself is not started) and what it printed."""
-    import mmrl.commands
+    import mmrl.cli.commands
     import mmrl.run
 
     seen: list[Any] = []
     monkeypatch.setattr(mmrl.run, "train", lambda cfg, **_: seen.append(cfg) or {})
-    monkeypatch.setattr(mmrl.commands, "_check_paths", lambda cfg: None)  # medcco's/earl's own data paths
+    monkeypatch.setattr(mmrl.cli.commands, "_check_paths", lambda cfg: None)  # medcco's/earl's own data paths
     assert cli.main(["train", *argv]) == 0
     (cfg,) = seen
     return cfg, capsys.readouterr().out

@@ -113,7 +113,7 @@ def test_a_moe_folder_in_the_published_per_expert_layout_loads_and_mmrl_writes_f
 
     from mmrl.model import load_policy
     from mmrl.model.weights import save_pretrained
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     ours = make_tiny("qwen3_5_moe", tmp_path / "ours", seed=0)
     assert any(k.endswith(".mlp.experts.gate_up_proj") for k in load_file(ours / "model.safetensors"))
@@ -208,7 +208,7 @@ def test_killed_run_resumes_bit_for_bit(env: dict[str, str], tmp_path: Path) -> 
 def test_mmrl_eval_runs_a_qwen3_5_folder_on_the_mvbench_fixture(tmp_path: Path, capsys) -> None:
     from data_pipelines.benchmarks.fixtures import write_fixture
     from mmrl.cli import main
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     root = write_fixture("mvbench", tmp_path / "mvbench", n=4)
     folder = ensure_tiny("qwen3_5")

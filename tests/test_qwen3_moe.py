@@ -19,7 +19,7 @@ from tiny_runs import module_cache, rl_rows, run_cli, run_rl  # noqa: F401 - fix
 
 from mmrl.model import FAMILIES, Policy, inputs, load_policy
 from mmrl.model.types import dense_family, is_moe
-from mmrl.tiny_models import SPECIAL_TOKENS, ensure_tiny, make_tiny
+from mmrl.toy.tiny_models import SPECIAL_TOKENS, ensure_tiny, make_tiny
 from mmrl_common.errors import ConfigError, MmrlError
 
 MOE = "qwen3_vl_moe"
@@ -39,8 +39,10 @@ def moe_policy(moe_dir: Path) -> Policy:
 
 # ------------------------------------------------------------------------------------------------ the family list
 def test_every_family_list_reads_the_one_in_model_types() -> None:
-    from mmrl import config, lmms_bridge, tiny_models
+    from mmrl import config
+    from mmrl.benchmarks import lmms_bridge
     from mmrl.model import rope
+    from mmrl.toy import tiny_models
 
     assert MOE in FAMILIES
     assert typing.get_args(typing.get_type_hints(config.ModelConfig)["tiny_family"]) == FAMILIES
@@ -96,7 +98,7 @@ def test_moe_sizes_are_refused_for_a_dense_family_and_checked(tmp_path: Path) ->
 
 def test_dense_cache_keys_are_unchanged_by_the_moe_sizes() -> None:
     """The MoE size fields stay out of a dense family's settings: its cached tiny models keep their folder."""
-    from mmrl.tiny_models import settings
+    from mmrl.toy.tiny_models import settings
 
     for family in FAMILIES:
         keys = set(settings(family)["size"])
@@ -118,7 +120,7 @@ def test_folders_hold_the_fused_experts_in_the_published_layout_and_load_back(mo
     before) still loads."""
     from transformers import AutoModelForImageTextToText
 
-    from mmrl.checkpoint import load_weights
+    from mmrl.engine.checkpoint import load_weights
     from mmrl.model.weights import save_pretrained
 
     text = json.loads((moe_dir / "config.json").read_text())["text_config"]
@@ -196,7 +198,7 @@ def test_moe_greedy_generation_matches_training_logprobs(moe_policy: Policy) -> 
 
 # ------------------------------------------------------------------------------------------------ lmms-eval
 def test_lmms_eval_bridge_needs_an_active_size_in_a_moe_path(moe_dir: Path, tmp_path: Path) -> None:
-    from mmrl.lmms_bridge import build_command
+    from mmrl.benchmarks.lmms_bridge import build_command
 
     with pytest.raises(MmrlError, match=r"lmms-eval's qwen3_vl class loads as a mixture of experts"):
         build_command(moe_dir, "mvbench", out=tmp_path / "o")

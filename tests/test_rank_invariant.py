@@ -13,7 +13,7 @@ from synthetic_media import image, prompt, video
 
 from mmrl.model import FAMILIES, RankBinding, TokenSeq, load_policy
 from mmrl.model.logprob_head import token_logprobs as _token_logprobs
-from mmrl.tiny_models import ensure_tiny
+from mmrl.toy.tiny_models import ensure_tiny
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

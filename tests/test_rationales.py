@@ -10,7 +10,7 @@ import pytest
 
 from data_pipelines.schema import Sample
 from data_pipelines.toy.rationales import LOOK, draw_trace, toy_facts, toy_rationale
-from mmrl.sft import answer_text, reasoning_target
+from mmrl.engine.sft import answer_text, reasoning_target
 from mmrl_common.errors import MmrlError
 
 

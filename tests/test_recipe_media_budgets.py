@@ -21,7 +21,7 @@ from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache
 
 from data_pipelines.schema import MediaItem, Sample
 from mmrl import cli
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
 from video.writer import write_mp4
 
 # Video-R1's src/qwen-vl-utils/src/qwen_vl_utils/vision_process.py

@@ -12,7 +12,7 @@ import pytest
 from data_pipelines.loaders import load_samples
 from mmrl.cli import main as cli_main
 from mmrl.config import PromptConfig
-from mmrl.prompts import user_text
+from mmrl.engine.prompts import user_text
 
 
 def _rec(i: int, options: list[str], answer: str = "A", **kw) -> dict:

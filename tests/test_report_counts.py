@@ -95,7 +95,7 @@ def test_the_report_says_what_the_files_hold(files: dict, tmp_path: Path, capfd:
 
 
 def test_a_run_without_held_out_data_says_so(files: dict) -> None:
-    from mmrl.report import data_line
+    from mmrl.run.report import data_line
 
     cfg = load_run_config("video-qa", overrides=[*TINY_RUN, f"data.train={files['train']}"])
     _, info = load_split(cfg, "test", show_progress=False)

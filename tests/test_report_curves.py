@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from mmrl import report
+from mmrl.run import report
 
 
 def _write_metrics(run: Path, rows: list[dict]) -> None:
@@ -71,7 +71,7 @@ def test_every_plot_of_a_run_and_of_a_compare_keeps_its_title_inside(tmp_path: P
     """The figures plot_curves (report.md) and compare.plot_curves (compare.md) draw, caught before closing."""
     import matplotlib.pyplot as plt
 
-    from mmrl import compare
+    from mmrl.cli import compare
 
     figures = []
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))

@@ -30,8 +30,8 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 # ------------------------------------------------------------------------------------------ unit: fingerprints
 def test_a_data_files_fingerprint_sees_an_edit_that_keeps_its_size_and_time(tmp_path: Path) -> None:
-    from mmrl import run_inputs
-    from mmrl.run_inputs import data_difference, fingerprint
+    from mmrl.run import inputs as run_inputs
+    from mmrl.run.inputs import data_difference, fingerprint
 
     f = tmp_path / "train.jsonl"
     f.write_text('{"answer": "A"}\n')
@@ -53,7 +53,7 @@ def test_a_data_files_fingerprint_sees_an_edit_that_keeps_its_size_and_time(tmp_
 
 
 def test_a_folder_or_a_glob_of_shards_is_fingerprinted_file_by_file(tmp_path: Path) -> None:
-    from mmrl.run_inputs import data_difference, fingerprint
+    from mmrl.run.inputs import data_difference, fingerprint
 
     data = tmp_path / "data"
     data.mkdir()
@@ -77,9 +77,9 @@ def test_a_folder_or_a_glob_of_shards_is_fingerprinted_file_by_file(tmp_path: Pa
 def test_config_yaml_paths_are_absolute_and_compare_as_the_same_file(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from mmrl.config import load_run_config
-    from mmrl.config_io import to_dict
+    from mmrl.config.io import to_dict
     from mmrl.run import settings_differences
-    from mmrl.run_inputs import absolute_paths
+    from mmrl.run.inputs import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     cfg = load_run_config("video-qa", overrides=["data.train=data/train.jsonl", "data.test=shards/test-*.parquet",
@@ -103,10 +103,10 @@ def test_config_yaml_paths_are_absolute_and_compare_as_the_same_file(tmp_path: P
 
 def test_compare_reuses_a_run_whose_config_yaml_holds_the_specs_relative_paths_absolute(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmrl.compare import Arm, config_differences
+    from mmrl.cli.compare import Arm, config_differences
     from mmrl.config import load_run_config
-    from mmrl.config_io import to_dict
-    from mmrl.run_inputs import absolute_paths
+    from mmrl.config.io import to_dict
+    from mmrl.run.inputs import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     arm = Arm("base", task="video-qa", overrides=["data.train=data/train.jsonl", "model.path=models/m"])
@@ -122,9 +122,9 @@ def test_compare_reuses_a_run_whose_config_yaml_holds_the_specs_relative_paths_a
 
 @pytest.mark.slow
 def test_checkpoint_weights_of_another_model_give_one_line_naming_both(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
-    from mmrl.checkpoint import load_weights, save_model
+    from mmrl.engine.checkpoint import load_weights, save_model
     from mmrl.model import load_policy
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     small = load_policy(ensure_tiny("qwen2_5_vl", hidden_size=64, intermediate_size=192), device="cpu")
     big = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu")
@@ -139,7 +139,7 @@ def test_checkpoint_weights_of_another_model_give_one_line_naming_both(tmp_path:
 # ------------------------------------------------------------------------------------------ unit: logged LR
 @pytest.mark.slow
 def test_the_logged_learning_rate_is_the_one_the_steps_update_used(tmp_path: Path, module_cache: None) -> None:  # noqa: F811
-    from mmrl.optim import lr_lambda
+    from mmrl.engine.optim import lr_lambda
 
     rows = tiny_runs.run_rl(tmp_path, "train.steps=4", "train.warmup_steps=2", "train.lr=1e-3",
                             "train.min_lr_ratio=0.1")
@@ -151,7 +151,7 @@ def test_the_logged_learning_rate_is_the_one_the_steps_update_used(tmp_path: Pat
 
 def test_the_logged_sft_learning_rate_is_the_one_its_step_used(tmp_path: Path, module_cache: None,  # noqa: F811
                                                                 capsys: pytest.CaptureFixture) -> None:
-    from mmrl.optim import lr_lambda
+    from mmrl.engine.optim import lr_lambda
 
     rc, _, err = run_cli(capsys, "sft", "--quiet", "--steps", "3", "--out", str(tmp_path / "sft"), *TINY_RUN,
                      "sft.warmup_steps=2", "sft.lr=1e-3")
@@ -241,7 +241,7 @@ def test_resume_on_edited_or_other_data_is_refused_and_forced_the_report_says_fr
 @pytest.mark.slow
 def test_resume_with_another_model_is_refused_in_one_line_and_writes_nothing(
         started: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     run, model = started["run"], started["model"]
     small = ensure_tiny("qwen2_5_vl", hidden_size=64, intermediate_size=192)

@@ -153,7 +153,7 @@ def test_bad_settings_name_the_key():
 
 
 def test_a_stopped_server_stops_train_before_the_model_loads(tmp_path, capsys, module_cache):  # noqa: F811
-    from mmrl.run_lock import run_contents
+    from mmrl.run.lock import run_contents
 
     url = f"http://127.0.0.1:{free_port()}/score"
     rc, _, err = run_cli(capsys, "train", "--quiet", "--out", str(tmp_path / "run"), *TINY_RUN,

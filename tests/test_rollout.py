@@ -15,12 +15,12 @@ from data_pipelines.loaders import load_samples
 from data_pipelines.schema import MediaItem, Sample
 from data_pipelines.toy import make_toy
 from mmrl.config import MediaConfig, PromptConfig
-from mmrl.environments import ZoomEnvironment
-from mmrl.media import MediaPreparer
+from mmrl.engine.environments import ZoomEnvironment
+from mmrl.engine.media import MediaPreparer
+from mmrl.engine.prompts import encode_prompt
+from mmrl.engine.rollout import HFBackend, Observation, SamplingParams, observation_fragment, run_episodes
 from mmrl.model import IMAGE, Policy, TokenSeq, load_policy
-from mmrl.prompts import encode_prompt
-from mmrl.rollout import HFBackend, Observation, SamplingParams, observation_fragment, run_episodes
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 from video.writer import write_mp4
 
 FAMILY = "qwen2_5_vl"
@@ -255,9 +255,9 @@ def test_rollout_service_answers_as_evaluation_in_any_model_mode(model_dir: Path
     from tiny_runs import TINY_RUN
 
     from mmrl.config import load_run_config
-    from mmrl.evaluate import evaluate
+    from mmrl.engine.evaluate import evaluate
+    from mmrl.engine.service import RolloutService
     from mmrl.model import checkpointing_switch
-    from mmrl.service import RolloutService
 
     toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
     samples = load_samples(toy / "test.jsonl").samples

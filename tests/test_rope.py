@@ -21,7 +21,7 @@ import torch
 from synthetic_media import RopeProbe, image, prompt, video
 
 from mmrl.model import FAMILIES, MediaInput, Policy, TokenSeq, inputs, load_policy
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 
 VIDEO_FRAMES = 16  # temporal patch 2 -> 8 temporal grid steps
 # hand-derived: merged temporal index t' of each of the 8 temporal patches. Qwen2.5-VL: t' = floor(t x

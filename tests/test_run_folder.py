@@ -63,7 +63,7 @@ def copy(made: dict[str, Path], which: str, tmp_path: Path) -> Path:
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from mmrl import run_lock
+    from mmrl.run import lock as run_lock
     lock = run_lock.acquire(sys.argv[1], command="the-holder --out " + sys.argv[1])
     print("held", flush=True)
     sys.stdin.read()  # until the test closes stdin or kills it
@@ -72,7 +72,7 @@ HOLDER = textwrap.dedent("""
 
 
 def hold(run: Path) -> subprocess.Popen:
-    """Another live process holding ``run``'s lock through :mod:`mmrl.run_lock`."""
+    """Another live process holding ``run``'s lock through :mod:`mmrl.run.lock`."""
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -83,7 +83,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holders_lock_is
         tmp_path: Path, module_cache: None, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
     from mmrl.config import load_run_config
     from mmrl.run import train
-    from mmrl.run_lock import RunFolderBusy, holder
+    from mmrl.run.lock import RunFolderBusy, holder
 
     run = tmp_path / "run"
     proc = hold(run)
@@ -116,8 +116,8 @@ def test_several_ranks_all_stop_when_rank_0_is_refused(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import os, sys, datetime, json
         import torch.distributed as dist
-        from mmrl.distributed import World
-        from mmrl.run_lock import acquire_on_main
+        from mmrl.engine.distributed import World
+        from mmrl.run.lock import acquire_on_main
         rank = int(os.environ["RANK"])
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
         try:

@@ -19,11 +19,11 @@ import torch
 from tiny_runs import TINY_RUN, module_cache, rl_rows  # noqa: F401 -- module_cache is a fixture
 
 from data_pipelines.schema import Sample
-from mmrl.batch import RolloutBatch
 from mmrl.config import RunConfig, load_run_config, resume_run_config
-from mmrl.health import RunHealth
+from mmrl.engine.batch import RolloutBatch
+from mmrl.engine.health import RunHealth
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.model import TokenSeq
-from mmrl.plugins import Callback, register_plugin
 from mmrl.run import train
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -109,7 +109,7 @@ def test_collapse_onto_one_answer_is_told_from_following_the_data() -> None:
 
 
 def test_informative_groups_is_the_share_of_groups_with_unequal_rewards() -> None:
-    from mmrl.trainer import GRPOTrainer
+    from mmrl.engine.trainer import GRPOTrainer
 
     # group 0: all right (no signal); group 1: one right of four; group 2: all wrong
     batch = _batch(["red"] * 4 + ["red", "blue", "blue", "blue"] + ["green"] * 4, ["red", "red", "blue"])

@@ -14,7 +14,7 @@ from model_names import assert_published_names
 from safetensors.torch import load_file, save_file
 from tiny_runs import module_cache, run_rl  # noqa: F401  (module_cache is a fixture)
 
-from mmrl.checkpoint import load_weights
+from mmrl.engine.checkpoint import load_weights
 from mmrl.model import load_policy
 
 SHORT = ["sft.steps=1", "sft.batch_size=2", "train.steps=1", "train.save_every=1"]

@@ -12,7 +12,7 @@ import pytest
 import rewards  # noqa: F401 (registers the built-in rewards)
 from data_pipelines.schema import Sample
 from mmrl.config import load_run_config
-from mmrl.sft import SFT_TARGETS, TargetContext
+from mmrl.engine.sft import SFT_TARGETS, TargetContext
 
 
 def _sample() -> Sample:

@@ -11,10 +11,10 @@ from test_train import TINY
 def test_a_killed_cold_start_says_it_runs_again_from_step_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture) -> None:
     from mmrl.config import load_run_config
+    from mmrl.engine.run_log import RunLog
+    from mmrl.engine.sft import run_sft
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.run_log import RunLog
-    from mmrl.sft import run_sft
 
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
     cfg = load_run_config(overrides=[*TINY, "sft.target=gold", "sft.steps=2", "sft.batch_size=2"])

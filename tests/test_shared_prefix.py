@@ -35,7 +35,7 @@ from mmrl.model import (
     load_policy,
     shared_prefix,
 )
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 
 
 def answer(policy: Policy, n: int, seed: int) -> list[int]:

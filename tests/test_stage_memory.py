@@ -1,4 +1,4 @@
-"""Peak memory by stage of a training step (:class:`mmrl.memory.StagePeaks`): ``memory/<stage>_gb`` in
+"""Peak memory by stage of a training step (:class:`mmrl.engine.memory.StagePeaks`): ``memory/<stage>_gb`` in
 ``metrics.jsonl`` for the rollout, the reference pass, the update, the optimizer step and each checkpoint.
 
 * a stage's reading covers an allocation made inside it; a stage measured twice keeps its larger peak;
@@ -21,7 +21,7 @@ import pytest
 import torch
 from tiny_runs import TINY_RUN, module_cache  # noqa: F401 (module_cache is a fixture)
 
-from mmrl.memory import StagePeaks, measure_in_subprocess
+from mmrl.engine.memory import StagePeaks, measure_in_subprocess
 
 # about 30M parameters (the size perf/update_memory.py measures), so that the 2 bytes a parameter that tell
 # the two checkpoints apart (60 MB) stand well above the resident set's noise
@@ -49,8 +49,8 @@ def test_stage_peaks_cover_each_stage_and_keep_the_largest() -> None:
 
 def _bf16_run(run_dir: str, overrides: list[str]) -> Callable[[], None]:
     """Setup in the measuring process: the master chunk, the run's config. ``work``: the run."""
-    from mmrl import optim
     from mmrl.config import load_run_config
+    from mmrl.engine import optim
     from mmrl.run import train
 
     optim.MASTER_CHUNK_ELEMENTS = CHUNK
@@ -69,7 +69,7 @@ def test_checkpoint_needs_no_more_memory_than_the_optimizer_step(tmp_path: Path)
     overrides = [*TINY_RUN, f"model.tiny_size={SIZE}", "model.dtype=bf16", "grpo.entropy_coef=0.01",
                  "train.steps=2", "train.save_every=1"]  # step 2: the first steady-state checkpoint
     # a fresh process whose C allocator returns every freed block of 1 MB or more to the system at once: its
-    # resident set follows the live tensors (mmrl.memory)
+    # resident set follows the live tensors (mmrl.engine.memory)
     measure_in_subprocess(_bf16_run, str(run), overrides)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = {r["step"]: r for r in rows if r["stage"] == "rl"}

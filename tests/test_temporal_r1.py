@@ -147,8 +147,8 @@ def test_variance_filter_sampler_draws_only_the_prompts_whose_rollouts_disagree(
     only kept prompts; a resumed run keeps the selection without re-scoring."""
     from tiny_runs import rl_rows
 
-    from mmrl.checkpoint import load_trainer_state
     from mmrl.config import load_run_config
+    from mmrl.engine.checkpoint import load_trainer_state
     from mmrl.run import train
 
     over = [*TINY_RUN, "data.toy_tasks=[grounding, color]", "data.toy_size={train: 4, val: 1, test: 1}",

@@ -21,10 +21,10 @@ from transformers import AutoProcessor
 
 from data_pipelines.schema import MediaItem, Sample
 from mmrl import cli
-from mmrl.compare import load_spec
+from mmrl.cli.compare import load_spec
 from mmrl.config import CONFIG_DIR, load_run_config
-from mmrl.prompts import build_messages, user_text
-from mmrl.tiny_models import ensure_tiny
+from mmrl.engine.prompts import build_messages, user_text
+from mmrl.toy.tiny_models import ensure_tiny
 
 SCRIPT_VALUE = ("You FIRST think about the reasoning process as an internal monologue and then provide the final "
                 "answer.\n The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "

@@ -76,9 +76,9 @@ def test_shuffle_frames_moves_only_the_frames() -> None:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory: pytest.TempPathFactory):
     from mmrl.config import load_run_config
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     cfg = load_run_config("video-qa", overrides=[*TINY_RUN, "imports=[mmrl.methods.tgrpo]",
                                                  "plugins={t_grpo: {}}"])
@@ -152,7 +152,7 @@ def test_length_bonus_by_hand() -> None:
 
 
 def test_evaluation_with_shuffled_frames(trainer, tmp_path: Path) -> None:
-    from mmrl.evaluate import evaluate
+    from mmrl.engine.evaluate import evaluate
 
     samples = trainer.train_samples[:3]
     metrics, preds = evaluate(trainer.service, samples, max_new_tokens=4, show_progress=False,

@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw
 
 from mmrl import cli
 from mmrl.model.types import dense_family, has_linear_attention, media_family
-from mmrl.tiny_models import (
+from mmrl.toy.tiny_models import (
     FAMILIES,
     INFO_FILE,
     SPECIAL_TOKENS,
@@ -325,7 +325,7 @@ def test_ensure_tiny_builds_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_rope_theta_setting(tmp_path: Path) -> None:
-    from mmrl.tiny_models import settings_hash
+    from mmrl.toy.tiny_models import settings_hash
 
     path = make_tiny("qwen2_5_vl", tmp_path / "rt", layers=1, rope_theta=10000)
     rope = json.loads((path / "config.json").read_text())["text_config"]["rope_parameters"]

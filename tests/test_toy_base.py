@@ -46,7 +46,7 @@ def test_pretraining_describes_what_the_media_show(tmp_path: Path) -> None:
 
 def test_toy_base_build_is_a_model_folder_a_run_starts_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mmrl.model import load_policy
-    from mmrl.toy_base import INFO_FILE, BaseRecipe, base_dir, ensure_toy_base
+    from mmrl.toy.base import INFO_FILE, BaseRecipe, base_dir, ensure_toy_base
 
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
     recipe = BaseRecipe(tasks=("color",), per_task=4, steps=3, batch_size=4)
@@ -65,7 +65,7 @@ def test_processes_that_need_the_base_at_once_build_it_once(tmp_path: Path,
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from mmrl import toy_base
+    from mmrl.toy import base as toy_base
 
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
     recipe = toy_base.BaseRecipe(tasks=("color",), per_task=4, steps=3, batch_size=4)
@@ -88,9 +88,9 @@ def test_the_demo_starts_from_the_base_shipped_with_mmrl_on_every_machine(tmp_pa
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """`make demo` builds no base: every machine starts from the same weights (issue 49: a build differs with the
     CPU), ahead of an earlier cached build of the same recipe."""
-    from mmrl import toy_base
     from mmrl.config import load_run_config
     from mmrl.run import resolve_model
+    from mmrl.toy import base as toy_base
 
     monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
     cfg = load_run_config("video-qa")
@@ -156,7 +156,7 @@ def test_letter_share_poses_word_list_requests_as_lettered_options(tmp_path: Pat
 
 def test_toy_base_overrides_key_and_validation() -> None:
     from mmrl.config import ModelConfig
-    from mmrl.toy_base import BaseRecipe, base_key
+    from mmrl.toy.base import BaseRecipe, base_key
     from mmrl_common.errors import ConfigError
 
     assert base_key(BaseRecipe(letter_share=0.0)) == base_key(BaseRecipe())
@@ -168,7 +168,7 @@ def test_toy_base_overrides_key_and_validation() -> None:
         ModelConfig(toy_base={"letter_share": 1.5})
     import argparse
 
-    from mmrl.toy_base import _cmd_make_toy_base
+    from mmrl.toy.base import _cmd_make_toy_base
 
     args = argparse.Namespace(family="qwen2_5_vl", seed=0, letter_share=2.0, out="unused", quiet=True)
     with pytest.raises(ConfigError, match="^--letter-share=2.0: a share"):  # the CLI names its flag
@@ -217,7 +217,7 @@ def test_pointer_drill_names_the_option_whose_letter_answers() -> None:
 
 
 def test_pointer_phase_runs_before_the_pretraining(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from mmrl.toy_base import INFO_FILE, BaseRecipe, make_toy_base
+    from mmrl.toy.base import INFO_FILE, BaseRecipe, make_toy_base
 
     recipe = BaseRecipe(tasks=("color",), per_task=4, steps=2, batch_size=4, pointer_steps=2, size={"layers": 1})
     out = make_toy_base(tmp_path / "base", recipe, progress=True)
@@ -231,7 +231,7 @@ def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: p
     from mmrl.config import ModelConfig
     from mmrl.model import load_policy
     from mmrl.run import resolve_model
-    from mmrl.toy_base import INFO_FILE, BaseRecipe, base_key
+    from mmrl.toy.base import INFO_FILE, BaseRecipe, base_key
     from mmrl_common.errors import ConfigError
 
     assert base_key(BaseRecipe(size=())) == base_key(BaseRecipe())  # the default base keeps its key
@@ -264,8 +264,8 @@ def test_toy_base_of_another_size_is_its_own_base(tmp_path: Path, monkeypatch: p
 def test_make_toy_base_takes_the_size_options(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from mmrl.tiny_models import size_options
-    from mmrl.toy_base import add_models_parser
+    from mmrl.toy.base import add_models_parser
+    from mmrl.toy.tiny_models import size_options
 
     sub = argparse.ArgumentParser().add_subparsers()
     add_models_parser(sub)

@@ -14,7 +14,7 @@ from data_pipelines.toy.draw import COLORS
 from data_pipelines.toy.pretrain import make_pretrain
 from data_pipelines.toy.registry import ToyConfig, get_task, world_config
 from mmrl.cli import main as cli_main
-from mmrl.toy_recipe import BaseRecipe, base_key
+from mmrl.config.toy import BaseRecipe, base_key
 from mmrl_common.errors import DataError
 
 VIDEO_QA = ["color", "shape", "count", "motion", "order", "needle"]

@@ -104,7 +104,7 @@ def test_wandb_offline_run_holds_every_step(tmp_path: Path, module_cache: None, 
 
 
 def test_wandb_is_offline_without_an_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mmrl.run_log import wandb_mode
+    from mmrl.engine.run_log import wandb_mode
 
     for var in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(var, raising=False)
@@ -130,7 +130,7 @@ def test_tracker_errors_name_the_key_and_the_extra(monkeypatch: pytest.MonkeyPat
 
 def test_prompt_text_shows_the_rendered_prompt_with_counted_placeholders(tmp_path: Path) -> None:
     from mmrl.model import MediaInput, load_policy
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     policy = load_policy(make_tiny("qwen2_5_vl", tmp_path / "m", seed=0), device="cpu")
     content = [{"type": "image"}, {"type": "text", "text": "What colour is the ball?"}]

@@ -24,7 +24,7 @@ import yaml
 from synthetic_media import weights
 
 from mmrl import cli
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 
 MMRL = str(Path(sys.executable).with_name("mmrl"))
 # Everything that matters for speed is pinned here, so recipe edits do not slow the tests down.
@@ -212,9 +212,9 @@ def test_sft_command_writes_a_model(cache: Path, tmp_path: Path, monkeypatch: py
 def sft_on_tiny(cache: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str):
     """Run ``run_sft`` on the tiny toy set; returns (result, the sequences it trained on, samples, policy)."""
     from mmrl.config import load_run_config
+    from mmrl.engine.sft import run_sft
     from mmrl.model import load_policy
     from mmrl.run import load_split, resolve_model
-    from mmrl.sft import run_sft
 
     monkeypatch.setenv("MMRL_CACHE", str(cache))
     cfg = load_run_config(overrides=[*TINY, *overrides])

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.usefixtures("module_cache")
 
 
 def make_trainer(tmp_path: Path, *overrides: str):
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     cfg = load_run_config("video-qa", overrides=[*TINY_RUN, *overrides])
     samples, _ = load_split(cfg, "train", show_progress=False)
@@ -45,7 +45,7 @@ def _nan_grad(logp, old_logp, advantages, mask, cfg):
 
 @pytest.mark.parametrize("loss", ["t_nan_loss", "t_nan_grad"])
 def test_non_finite_loss_or_gradient_skips_the_optimizer_step(tmp_path: Path, loss: str) -> None:
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     rows = run_rl(tmp_path, f"grpo.policy_loss={loss}", "train.save_every=1")
     assert [r["skipped_updates"] for r in rows] == [1, 2]

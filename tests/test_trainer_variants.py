@@ -14,7 +14,7 @@ import torch
 from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
 from mmrl.config import load_run_config
-from mmrl.plugins import Callback, register_plugin
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.run import train
 
 pytestmark = pytest.mark.usefixtures("module_cache")
@@ -61,7 +61,7 @@ def test_loss_variants_run(tmp_path: Path, overrides: list[str]) -> None:
 def test_frozen_vision_tower_does_not_change(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     run_rl(tmp_path, "model.freeze_vision=true", "model.freeze_merger=true", "grpo.entropy_coef=0.05")
     before = load_file(next(ensure_tiny("qwen2_5_vl").glob("*.safetensors")))
@@ -175,10 +175,10 @@ def test_rollout_log_steps_match_metrics_and_resume_keeps_the_run_config(tmp_pat
 def test_evaluation_releases_media_after_each_batch(tmp_path: Path) -> None:
     from data_pipelines.loaders import load_samples
     from data_pipelines.toy import make_toy
-    from mmrl.evaluate import evaluate
+    from mmrl.engine.evaluate import evaluate
+    from mmrl.engine.service import RolloutService
     from mmrl.model import load_policy
-    from mmrl.service import RolloutService
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     toy = make_toy(tmp_path / "toy", 0, size={"train": 0, "val": 0, "test": 4}, tasks=["color"], progress=False)
     samples = load_samples(toy / "test.jsonl").samples

@@ -18,7 +18,7 @@ from transformers import TrainerState
 from trl.rewards import accuracy_reward, get_soft_overlong_punishment, think_format_reward
 
 from mmrl.config import load_run_config
-from mmrl.plugins import Callback, register_plugin
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.run import load_split, train
 from rewards import CombinedReward, register_reward, unregister_reward
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.batch import RolloutBatch
-from mmrl.distributed import World
+from mmrl.engine.batch import RolloutBatch
+from mmrl.engine.distributed import World
+from mmrl.engine.trainer import balance_stats
 from mmrl.model import TokenSeq
-from mmrl.trainer import balance_stats
 
 
 def batch_of(group_sizes: list[int]) -> RolloutBatch:

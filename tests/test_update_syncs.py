@@ -32,9 +32,9 @@ pytestmark = pytest.mark.usefixtures("module_cache")
 
 
 def make_trainer(tmp_path: Path, *overrides: str):
+    from mmrl.engine.trainer import GRPOTrainer
     from mmrl.model import load_policy
     from mmrl.run import resolve_model
-    from mmrl.trainer import GRPOTrainer
 
     cfg = load_run_config("video-qa", overrides=[*TINY_RUN, *overrides])
     samples, _ = load_split(cfg, "train", show_progress=False)
@@ -51,7 +51,7 @@ def scored_batch(trainer):
 
 
 def test_update_statistics_equal_the_per_micro_batch_host_sums(tmp_path: Path, monkeypatch) -> None:
-    import mmrl.trainer as trainer_module
+    import mmrl.engine.trainer as trainer_module
 
     # two optimizer steps (mini-batches of 4 rows, off-policy: clip fractions move), micro-batches of 3 rows,
     # a KL term and an entropy bonus, the rollout's own log-probs (the gap)

@@ -14,7 +14,7 @@ import pytest
 from tiny_runs import as_7b, module_cache, own_model  # noqa: F401 (module_cache is a fixture)
 
 from mmrl import cli
-from mmrl.config_io import load_yaml
+from mmrl.config.io import load_yaml
 
 PRESET = load_yaml(Path(__file__).resolve().parent.parent / "configs" / "presets" / "real-model.yaml")
 
@@ -35,8 +35,8 @@ def _assert_preset(settings: dict) -> None:
 
 
 def test_sft_on_a_7b_sized_model_takes_the_real_model_preset(tiny: Path, capsys: pytest.CaptureFixture) -> None:
-    from mmrl.checkpoint import eval_settings
-    from mmrl.commands import sft_config
+    from mmrl.cli.commands import sft_config
+    from mmrl.engine.checkpoint import eval_settings
 
     big = as_7b(tiny)
     cfg = sft_config(cli.build_parser(only="sft").parse_args(["sft", "--model", str(big)]))
@@ -58,7 +58,8 @@ def test_sft_writes_the_presets_settings_and_train_takes_them(tiny: Path, tmp_pa
                                                               capsys: pytest.CaptureFixture) -> None:
     """Through the CLI: the tiny model counted as a real one (the threshold lowered; its weights load), a
     2-step sft whose final/mmrl_eval.json holds the preset's values, which mmrl train --model final then uses."""
-    from mmrl import commands, recipe
+    from mmrl.cli import commands
+    from mmrl.run import recipe
 
     monkeypatch.setattr(recipe, "REAL_MODEL_PARAMS", 0)
     cheap = ["data.toy_size={train: 2, val: 1, test: 1}", "data.toy_tasks=[color]", "sft.batch_size=2",

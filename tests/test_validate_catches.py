@@ -23,8 +23,8 @@ from tiny_runs import TINY_RUN, module_cache  # noqa: F401 -- module_cache is a 
 from data_pipelines.loaders import DEFAULT_MAX_QUESTION_CHARS
 from mmrl.cli import main as cli_main
 from mmrl.config import load_run_config
-from mmrl.media import MediaPreparer
-from mmrl.prompts import user_text
+from mmrl.engine.media import MediaPreparer
+from mmrl.engine.prompts import user_text
 from mmrl.run import load_split
 from video.writer import write_mp4
 

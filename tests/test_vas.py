@@ -27,7 +27,7 @@ from data_pipelines.diversity import (
     sentence_bleu,
 )
 from data_pipelines.samplers import make_sampler
-from mmrl.batch import RolloutBatch
+from mmrl.engine.batch import RolloutBatch
 from mmrl.methods.vas import VarianceAwareSampler
 from mmrl.model import TokenSeq
 from mmrl_common.errors import ConfigError

@@ -1,6 +1,6 @@
 """The versions mmrl accepts of the packages whose internals it uses, and the kernels Qwen3.5 wants on a GPU.
 
-Versions: pyproject.toml, constraints.txt and :mod:`mmrl.preflight` agree on each tested range; an untested
+Versions: pyproject.toml, constraints.txt and :mod:`mmrl.config.preflight` agree on each tested range; an untested
 transformers or PEFT is refused naming the internals mmrl relies on; vLLM 0.33 (reviewed) is accepted, 0.34 is
 refused saying what it changes. The installed versions are real package metadata (a ``dist-info`` folder put
 first on the path, as pip leaves one), nothing of the check replaced.
@@ -26,16 +26,8 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from mmrl import preflight
-from mmrl.config import load_run_config
-from mmrl.model import kernels
-from mmrl.model.kernels import (
-    KERNELS,
-    linear_attention_kernels,
-    linear_attention_layers,
-    warn_linear_attention_kernels,
-)
-from mmrl.preflight import (
+from mmrl.config import load_run_config, preflight
+from mmrl.config.preflight import (
     ALLOW_UNTESTED,
     INTERNALS,
     KNOWN_CHANGES,
@@ -45,6 +37,13 @@ from mmrl.preflight import (
     check_version,
     installed_version,
     untested_version,
+)
+from mmrl.model import kernels
+from mmrl.model.kernels import (
+    KERNELS,
+    linear_attention_kernels,
+    linear_attention_layers,
+    warn_linear_attention_kernels,
 )
 from mmrl_common.errors import ConfigError
 from perf.gpu_check import image
@@ -200,7 +199,7 @@ def test_vllm_034_is_refused_saying_what_it_changes(tmp_path: Path, monkeypatch:
     msg = str(err.value)
     assert "rollout.backend=vllm uses vllm 0.34.0, but mmrl is tested with vllm>=0.32,<0.34 only" in msg
     for where in ("vllm/entrypoints/llm.py", "vllm/v1/worker/gpu_worker.py", "vllm/model_executor/utils.py",
-                  "reload_weights", "mmrl/vllm_moe_repack.py"):
+                  "reload_weights", "mmrl/engine/backends/vllm_moe_repack.py"):
         assert where in msg, where
     assert "pip install 'mmrl[vllm]'" in msg
     # a release no change is known of is refused without one

@@ -18,8 +18,8 @@ import pytest
 
 from data_pipelines.loaders import load_samples
 from mmrl.config import load_run_config
-from mmrl.evaluate import reward_columns
-from mmrl.prompt_templates import instruction
+from mmrl.config.prompt_templates import instruction
+from mmrl.engine.evaluate import reward_columns
 from mmrl_common.errors import ConfigError
 from rewards.accuracy import SCORED_AS
 from rewards.registry import CombinedReward, get_reward

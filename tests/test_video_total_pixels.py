@@ -13,7 +13,7 @@ import pytest
 
 from data_pipelines.schema import MediaItem, Sample
 from mmrl.config import MediaConfig, load_run_config
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
 from mmrl_common.errors import ConfigError
 from video import sample_video
 from video.writer import write_mp4

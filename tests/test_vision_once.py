@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file
 from tiny_runs import TINY_RUN, module_cache, run_rl  # noqa: F401 (module_cache is a fixture)
 
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.model import MediaInput, Policy
-from mmrl.plugins import Callback, register_plugin
 
 pytestmark = pytest.mark.usefixtures("module_cache")
 
@@ -133,7 +133,7 @@ def test_the_trainer_logs_the_steps_vision_calls(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ passes
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmrl.tiny_models import make_tiny
+    from mmrl.toy.tiny_models import make_tiny
 
     return make_tiny("qwen2_5_vl", tmp_path_factory.mktemp("vision-once") / "m", seed=0)
 

@@ -22,11 +22,11 @@ from data_pipelines.loaders import load_samples
 from data_pipelines.schema import Sample
 from data_pipelines.toy import make_toy
 from mmrl.config import MediaConfig, PromptConfig
-from mmrl.media import MediaPreparer
+from mmrl.engine.media import MediaPreparer
+from mmrl.engine.prompts import encode_prompt
+from mmrl.engine.rollout import HFBackend, SamplingParams, make_backend, run_episodes
 from mmrl.model import Policy, TokenSeq, load_policy
-from mmrl.prompts import encode_prompt
-from mmrl.rollout import HFBackend, SamplingParams, make_backend, run_episodes
-from mmrl.tiny_models import make_tiny
+from mmrl.toy.tiny_models import make_tiny
 from mmrl_common.errors import ConfigError
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
@@ -129,7 +129,7 @@ def test_sampled_logprobs_equal_training_logprobs(rig: Rig, kind: str) -> None:
 def test_multi_turn_episodes_run_through_vllm(rig: Rig) -> None:
     """run_episodes with the vLLM backend: a later turn sees the earlier ones (prompt ids with a completion
     and an environment turn after the media), and its log-probs equal training's."""
-    from mmrl.environments import ZoomEnvironment
+    from mmrl.engine.environments import ZoomEnvironment
 
     prompt = rig.prompts["image"]
     sample = Sample(id="z", problem_type="open", question="?", answer="x", media=[])
@@ -237,9 +237,9 @@ def test_training_with_vllm_rollouts(tmp_path: Path, toy: dict[str, Sample], fam
 @pytest.mark.vllm
 def test_moe_experts_are_packed_again_after_a_push_and_only_once(tmp_path: Path, toy: dict[str, Sample]) -> None:
     """Qwen3-VL MoE on vLLM's CPU build: a push leaves the experts unpacked (vLLM packs them only at the first
-    load) and the backend packs them again (``mmrl.vllm_moe_repack``), so the engine answers as transformers does
+    load) and the backend packs them again (``mmrl.engine.backends.vllm_moe_repack``), so the engine answers as transformers does
     (the family tests above check every push); asked again, the check finds them packed and leaves them alone."""
-    from mmrl.vllm_moe_repack import PROBE_END, repack_unpacked_experts
+    from mmrl.engine.backends.vllm_moe_repack import PROBE_END, repack_unpacked_experts
 
     policy = load_policy(make_tiny("qwen3_vl_moe", tmp_path / "moe", seed=0))
     policy.model.eval()
@@ -293,7 +293,7 @@ def test_benchmark_evaluation_through_vllm(tmp_path: Path) -> None:
     """``mmrl eval --benchmark ... rollout.backend=vllm``: the benchmark runner answers through the engine (its
     context bounded by the protocol), greedily as the HF backend does, question for question."""
     from data_pipelines.benchmarks.fixtures import write_fixture
-    from mmrl.benchmarks_eval import read_predictions, run_benchmark
+    from mmrl.benchmarks import read_predictions, run_benchmark
 
     model = make_tiny("qwen2_5_vl", tmp_path / "model", seed=0)
     root = write_fixture("mvbench", tmp_path / "mvbench", n=4)

@@ -22,12 +22,12 @@ from data_pipelines.loaders import load_samples
 from data_pipelines.schema import MediaItem, Sample
 from data_pipelines.toy import make_toy
 from mmrl.config import load_run_config
-from mmrl.media import MediaPreparer
+from mmrl.engine.backends.vllm import TEXT_TOKENS, engine_args, settings_from_config
+from mmrl.engine.media import MediaPreparer
+from mmrl.engine.prompts import encode_prompt
+from mmrl.engine.rollout import HFBackend, SamplingParams, backend_from_config
 from mmrl.model import load_policy
-from mmrl.prompts import encode_prompt
-from mmrl.rollout import HFBackend, SamplingParams, backend_from_config
-from mmrl.tiny_models import make_tiny
-from mmrl.vllm_backend import TEXT_TOKENS, engine_args, settings_from_config
+from mmrl.toy.tiny_models import make_tiny
 from mmrl_common.errors import MmrlError
 from video.writer import write_mp4
 

@@ -33,7 +33,7 @@ def own_model(out: Path) -> Path:
     own model folder."""
     import shutil
 
-    from mmrl.tiny_models import ensure_tiny
+    from mmrl.toy.tiny_models import ensure_tiny
 
     shutil.copytree(ensure_tiny("qwen2_5_vl"), out)
     (out / "mmrl_eval.json").unlink(missing_ok=True)
@@ -84,7 +84,7 @@ written before): add ``"plugins={test-stop-at: {}}"`` to a run's overrides and s
 
 
 def _register_stop_plugin() -> None:
-    from mmrl.plugins import Callback, register_plugin
+    from mmrl.engine.plugins import Callback, register_plugin
 
     @register_plugin("test-stop-at")
     class StopAt(Callback):

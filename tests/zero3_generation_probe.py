@@ -19,11 +19,11 @@ import deepspeed
 import synthetic_media as sm
 from probe_exit import leave
 
-from mmrl import distributed
 from mmrl.config import TrainConfig
+from mmrl.engine import distributed
+from mmrl.engine.optim import make_updater
+from mmrl.engine.rollout import HFBackend, SamplingParams
 from mmrl.model import RankBinding, load_policy
-from mmrl.optim import make_updater
-from mmrl.rollout import HFBackend, SamplingParams
 
 
 def main(model_dir: str, out: str) -> None:

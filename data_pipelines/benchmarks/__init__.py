@@ -18,7 +18,7 @@ A missing or mis-laid-out folder raises :class:`LayoutError` saying what was exp
 
 Each benchmark is one :class:`Benchmark` spec registered from its own module (``mvbench.py``, ...): its reader,
 protocols and prompts, frame rule, headline metric and conventions, breakdowns, lmms-eval task names and
-fixture; the evaluator (:mod:`mmrl.benchmarks_eval`) and the lmms-eval bridge read the spec and nothing else.
+fixture; the evaluator (:mod:`mmrl.benchmarks`) and the lmms-eval bridge read the spec and nothing else.
 Add one with :func:`register_benchmark` (README, "Adding a benchmark").
 """
 

@@ -229,8 +229,8 @@ class Benchmark:
     default); ``aliases`` (other spellings); ``kind`` (``video_mc``, ``medical`` or ``toy``: what the samples
     hold, for people and listings).
 
-    Protocols and prompts (read by :func:`mmrl.benchmarks_eval.protocols.make_protocol` / ``build_prompt``):
-    ``official`` — the :class:`~mmrl.benchmarks_eval.protocols.Protocol` fields of ``--protocol official``
+    Protocols and prompts (read by :func:`mmrl.benchmarks.protocols.make_protocol` / ``build_prompt``):
+    ``official`` — the :class:`~mmrl.benchmarks.protocols.Protocol` fields of ``--protocol official``
     (``source`` says where they come from); ``prompt`` — the official prompt (None: the training prompt, the
     ``reasoning`` template); ``fixed_protocol`` — the official settings also under ``--protocol qwen`` (the toy
     world); ``lmms_eval`` / ``lmms_prompt`` — the fields and prompt of ``--protocol lmms-eval`` (None: not

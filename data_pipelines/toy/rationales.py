@@ -12,7 +12,7 @@ sentence is true of the video; nothing is a guess. Lengths therefore vary from o
 the enumerations make harder counts longer, which is what RL then shapes.
 
 Records of your own carry ``meta.rationale`` (a string: used as written; a list of sentences: drawn from the
-same way) -- see :func:`mmrl.sft.reasoning_target`.
+same way) -- see :func:`mmrl.engine.sft.reasoning_target`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,6 @@ A method module may import anything of the engine (the policy, the rollout servi
 the leaf packages; its pure formulas live in the leaves (``rewards.consistency``, ``rewards.ares``,
 ``rewards.evidence``, ``rewards.temporal``, ``rewards.medical``, ``video.resample``), where they are tested on
 their own. The core ``mmrl`` never imports this package (``tests/test_layers.py``): a method plugs in through
-the registries and :class:`mmrl.plugins.StepContext`. Adding one needs no engine edit: write a module like these
+the registries and :class:`mmrl.engine.plugins.StepContext`. Adding one needs no engine edit: write a module like these
 anywhere and name it under ``imports:``.
 """

@@ -25,11 +25,11 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from mmrl.environments import Environment, Observation, register_environment
-from mmrl.evaluate import register_check, score_text
-from mmrl.plugins import Callback, register_plugin
-from mmrl.prompts import format_options
-from mmrl.service import Ask, RolloutService
+from mmrl.engine.environments import Environment, Observation, register_environment
+from mmrl.engine.evaluate import register_check, score_text
+from mmrl.engine.plugins import Callback, register_plugin
+from mmrl.engine.prompts import format_options
+from mmrl.engine.service import Ask, RolloutService
 from mmrl_common.errors import ConfigError
 from rewards.accuracy import score_answer
 from rewards.answers import extract_answer, extract_choice, normalize_gold_choice
@@ -258,7 +258,7 @@ def consistency_on_benchmark(samples: Sequence[Any], rows: list[dict[str, Any]],
     template) and ``reuse_trace``, the second answer continues it, else the question is simply asked again.
     The rows gain ``letter``, ``gold_letter``, ``permutation``, ``shuffled_letter`` (original lettering),
     ``shuffled_completion`` (the continued trace included), ``shuffled_prompt`` and ``case``."""
-    from mmrl.benchmarks_eval.protocols import shuffled_options
+    from mmrl.benchmarks.protocols import shuffled_options
 
     requests = []
     for i, (s, row) in enumerate(zip(samples, rows)):

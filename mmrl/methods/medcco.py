@@ -74,13 +74,13 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 import rewards.medical  # noqa: F401  (registers the medical rewards the recipe names)
-from mmrl.plugins import Callback, register_plugin
-from mmrl.report import register_curve
+from mmrl.engine.plugins import Callback, register_plugin
+from mmrl.run.report import register_curve
 from mmrl_common.errors import ConfigError
 from rewards.medical import answer_type
 
 if TYPE_CHECKING:
-    from mmrl.batch import RolloutBatch
+    from mmrl.engine.batch import RolloutBatch
 
 __all__ = ["Curriculum", "component_spread", "sample_answer_type"]
 

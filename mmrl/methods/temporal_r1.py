@@ -51,7 +51,7 @@ def score_records(service: Any, rewards: Any, samples: Sequence[Any], *, k: int,
     """The ``k`` reward totals of each sample (sampled answers through ``service``, scored by ``rewards``)."""
     from tqdm import tqdm
 
-    from mmrl.evaluate import dataset_columns, reward_columns
+    from mmrl.engine.evaluate import dataset_columns, reward_columns
 
     out: list[list[float]] = []
     bar = tqdm(total=len(samples), desc="select-variance", unit="record", disable=not show_progress, leave=False)
@@ -163,9 +163,9 @@ def task_report(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def select_variance(cfg: Any, out: Path, *, k: int | None = None, tau: float = 0.01, split: str = "train",
                     limit: int | None = None, batch_size: int = 8, show_progress: bool = True) -> dict[str, Any]:
     """Score, select and write (see the module docstring); returns the report."""
+    from mmrl.engine.service import RolloutService
     from mmrl.model import load_policy
-    from mmrl.run import load_split, resolve_model, set_cpu_threads
-    from mmrl.service import RolloutService
+    from mmrl.run.helpers import load_split, resolve_model, set_cpu_threads
     from rewards import CombinedReward
 
     k = k or cfg.rollout.group_size
@@ -174,7 +174,7 @@ def select_variance(cfg: Any, out: Path, *, k: int | None = None, tau: float = 0
     if tau < 0:
         raise ConfigError(f"select-variance: --tau {tau}: a variance is never negative; use 0 (any disagreement) "
                           "or more")
-    from mmrl.checkpoint import seed_everything
+    from mmrl.engine.checkpoint import seed_everything
 
     set_cpu_threads(cfg.train.cpu_threads, show=show_progress)
     seed_everything(cfg.train.seed)  # the same answers on a re-run
@@ -221,7 +221,7 @@ def report_markdown(report: dict[str, Any]) -> str:
 
 
 def add_select_variance_parser(sub: argparse._SubParsersAction) -> None:
-    from mmrl.recipe import OVERRIDE_HELP
+    from mmrl.run.recipe import OVERRIDE_HELP
 
     p = sub.add_parser(
         "select-variance", help="keep the training records whose K answers by the starting model disagree",
@@ -247,7 +247,7 @@ def add_select_variance_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_select_variance(args: argparse.Namespace) -> int:
     from mmrl.config import load_run_config
-    from mmrl.recipe import recipe_args
+    from mmrl.run.recipe import recipe_args
 
     extra: dict[str, Any] = {}
     if args.model:

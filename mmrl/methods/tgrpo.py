@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmrl.evaluate import register_check, reward_columns, score_text
+from mmrl.engine.evaluate import register_check, reward_columns, score_text
+from mmrl.engine.plugins import Callback, register_plugin
+from mmrl.engine.service import Ask, RolloutService
 from mmrl.model import MediaInput
-from mmrl.plugins import Callback, register_plugin
-from mmrl.service import Ask, RolloutService
 from mmrl_common.errors import ConfigError
 from rewards import get_reward
 from rewards.consistency import draw_permutation

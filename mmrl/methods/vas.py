@@ -22,7 +22,7 @@ times as often as the highest; all equal: uniform). The released code has no flo
 sets ``floor`` 0 and ``weighting: minmax``); ``floor`` is ours and applies to ``minmax`` only.
 
 Every ``update_every`` steps, before the step's prompts are prepared, the sampler re-scores its pool with
-``score_rollouts`` rollouts per prompt of the current policy (``ctx.rescore``, :class:`mmrl.plugins.StepContext`:
+``score_rollouts`` rollouts per prompt of the current policy (``ctx.rescore``, :class:`mmrl.engine.plugins.StepContext`:
 no plug-in sees them; ``chunk_prompts`` prompts at a time, their encoded media dropped after each chunk);
 the first step scores every prompt. With ``online: true`` a prompt's scores are also replaced by those of
 its own training rollouts every step (:meth:`VarianceAwareSampler.update`), and a refresh re-scores only
@@ -338,7 +338,7 @@ class VarianceAwareSampler(Sampler):
 
 
 def _register_curves() -> None:
-    from mmrl.report import register_curve
+    from mmrl.run.report import register_curve
 
     register_curve("informative_groups", "share of drawn groups with unequal rewards (what GRPO learns from)",
                    "informative_groups.png")

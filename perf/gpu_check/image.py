@@ -90,7 +90,7 @@ NOT_CARRIED = {
 }
 
 # The training path: what the environment stage imports (the train and profile stages run these)
-TRAIN_MODULES = ("mmrl.model", "mmrl.run", "mmrl.trainer", "mmrl.cli", "mmrl.commands", "mmrl.tiny_models",
+TRAIN_MODULES = ("mmrl.model", "mmrl.run", "mmrl.engine.trainer", "mmrl.cli", "mmrl.cli.commands", "mmrl.toy.tiny_models",
                  "rewards", "video", "vision", "data_pipelines.toy.video_tasks")
 
 

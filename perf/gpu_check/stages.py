@@ -136,7 +136,7 @@ def model_folder(spec: dict[str, Any], rec: Recorder, *, tiny: bool = False) -> 
     the work folder, bf16), else (or with ``tiny``) mmrl's tiny Qwen2.5-VL."""
     import torch
 
-    from mmrl.tiny_models import make_sized, make_tiny
+    from mmrl.toy.tiny_models import make_sized, make_tiny
 
     work = Path(spec["work"])
     if tiny or not gpu_mode(spec):
@@ -183,7 +183,7 @@ def run_overrides(spec: dict[str, Any]) -> list[str]:
 def run_config(spec: dict[str, Any], model: Path) -> Any:
     """The configuration ``mmrl train --task video-qa --model MODEL OVERRIDES`` resolves to (the real-model preset
     included, as the command line applies it)."""
-    from mmrl.commands import add_train_parser, config_from_args, own_model_base
+    from mmrl.cli.commands import add_train_parser, config_from_args, own_model_base
 
     parser = argparse.ArgumentParser()
     add_train_parser(parser.add_subparsers())
@@ -572,7 +572,7 @@ def stage_train(spec: dict[str, Any], rec: Recorder) -> None:
     import torch
 
     from mmrl.cli import main as mmrl_main
-    from mmrl.run_log import read_metrics
+    from mmrl.engine.run_log import read_metrics
 
     cuda = gpu_mode(spec)
     cap_memory(spec, rec)
@@ -740,10 +740,10 @@ def stage_profile(spec: dict[str, Any], rec: Recorder) -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mmrl.distributed import device_for
-    from mmrl.media import MediaPreparer
+    from mmrl.engine.distributed import device_for
+    from mmrl.engine.media import MediaPreparer
+    from mmrl.engine.prompts import encode_prompt
     from mmrl.model import load_policy
-    from mmrl.prompts import encode_prompt
     from mmrl.run import configure_policy, load_split
 
     cuda = gpu_mode(spec)

@@ -8,7 +8,7 @@ What is published, what is our choice and where mmrl differs from the code: :mod
 * :mod:`.plugin` -- the ``ares`` plug-in: window entropy, HWE counts, difficulty buckets, the reward shaping
   and the dynamic KL (formulas in :mod:`rewards.ares` and :mod:`rewards.entropy`), the report's ARES plots;
 * :mod:`.branching` -- "when to explore": rollouts that branch at high-window-entropy points (the plug-in's
-  ``branching``, ares-paper's; a rollout strategy, :class:`mmrl.rollout.RolloutStrategy`);
+  ``branching``, ares-paper's; a rollout strategy, :class:`mmrl.engine.rollout.RolloutStrategy`);
 * :mod:`.triggers` -- the released code's reasoning-trigger words (``count_mode: triggers``, ares's);
 * :mod:`.cold_start` -- the adaptive cold start (AdaCS): ``sft.target: adaptive_reasoning``, reasoning traces
   whose length follows each question's pass rate.

@@ -1,6 +1,6 @@
 """ARES's "when to explore": rollouts that branch at high-window-entropy (HWE) points.
 
-A rollout strategy (:class:`mmrl.rollout.RolloutStrategy`, installed by the ``ares`` plug-in with
+A rollout strategy (:class:`mmrl.engine.rollout.RolloutStrategy`, installed by the ``ares`` plug-in with
 ``branching: true``). For each prompt's group of ``n``:
 
 1. ``roots`` full rollouts (``branch_roots``), with their token entropies;
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from mmrl.engine.rollout import Episode, RolloutBackend, SamplingParams, run_episodes
 from mmrl.model import Policy, TokenSeq
-from mmrl.rollout import Episode, RolloutBackend, SamplingParams, run_episodes
 from mmrl_common.errors import ConfigError
 from rewards.entropy import branch_points
 

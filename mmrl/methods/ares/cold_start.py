@@ -5,7 +5,7 @@
 1. its pass rate ``p``: the record's ``meta.pass_rate`` when it has one (AdaCS estimates it offline), else
    estimated once, the first time the cold start meets the question, from ``adacs_samples`` (8, as AdaCS)
    sampled answers of the model being cold-started, graded by the ``accuracy`` reward;
-2. ``adacs_candidates`` candidate targets (:func:`mmrl.sft.reasoning_target`: the record's
+2. ``adacs_candidates`` candidate targets (:func:`mmrl.engine.sft.reasoning_target`: the record's
    ``meta.rationale`` sentences or the toy world's true observations, drawn at random lengths);
 3. the target length ``L(p) = (1 - p) * L(0) + p * L(1)`` (:func:`rewards.ares.adacs_target_length`) and
    the candidate whose token length is closest to it (ties: the first drawn).
@@ -24,8 +24,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from mmrl.engine.sft import TargetContext, reasoning_target, register_sft_episode, register_target
 from mmrl.model import Policy
-from mmrl.sft import TargetContext, reasoning_target, register_sft_episode, register_target
 from mmrl_common.errors import MmrlError
 from rewards.accuracy import accuracy
 from rewards.ares import adacs_target_length

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mmrl.engine.plugins import Callback, register_plugin
 from mmrl.grpo.kl import get_kl
-from mmrl.plugins import Callback, register_plugin
-from mmrl.report import register_curve
+from mmrl.run.report import register_curve
 from mmrl_common.errors import ConfigError
 from rewards.ares import (
     BUCKETS,
@@ -46,8 +46,8 @@ from .cold_start import DEFAULTS as ADACS_DEFAULTS
 from .triggers import ARES_TRIGGERS
 
 if TYPE_CHECKING:
-    from mmrl.batch import RolloutBatch
-    from mmrl.plugins import StepContext
+    from mmrl.engine.batch import RolloutBatch
+    from mmrl.engine.plugins import StepContext
 
 for _piece, _title in (("length", "response length per difficulty bucket (tokens)"),
                        ("entropy", "mean token entropy per difficulty bucket (entropy collapse)"),

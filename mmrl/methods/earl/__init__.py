@@ -4,7 +4,7 @@
   local re-sampling, the observation with the new frames; the report's EARL plots);
 * :mod:`.reasoning` -- the templated reasoning of the cold-start demonstrations (``<think>`` before every call
   and before the answer);
-* :mod:`.agent` -- the multi-turn cold start (registered with :func:`mmrl.sft.register_sft_episode`), greedy
+* :mod:`.agent` -- the multi-turn cold start (registered with :func:`mmrl.engine.sft.register_sft_episode`), greedy
   evaluation through the environment (the ``agent_eval`` plug-in, ``mmrl eval --agent earl``);
 * :mod:`.trajectories` -- ``mmrl data earl-sft``: action-aware SFT trajectories from records with gold
   evidence.

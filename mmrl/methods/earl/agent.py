@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmrl.benchmarks_eval.runner import Answers
-from mmrl.evaluate import reward_columns, score_text, summarize
+from mmrl.benchmarks.runner import Answers
+from mmrl.engine.evaluate import reward_columns, score_text, summarize
+from mmrl.engine.plugins import Callback, register_plugin
+from mmrl.engine.sft import register_sft_episode
 from mmrl.model import Policy, TokenSeq
-from mmrl.plugins import Callback, register_plugin
-from mmrl.report import register_curve
-from mmrl.sft import register_sft_episode
+from mmrl.run.report import register_curve
 from mmrl_common.errors import ConfigError, DataError, MmrlError
 
 register_curve("agent_eval/accuracy", "Held-out accuracy through the agent loop (agent_eval)", "agent_eval.png")
@@ -46,7 +46,7 @@ turn for the environment to see a third call)."""
 def replay(policy: Policy, prompt: TokenSeq, env: Any, turns: Sequence[str], *, where: str = "") -> TokenSeq:
     """``prompt`` followed by the assistant ``turns`` (trained) and the environment's answers to all but the
     last (masked), as the rollout loop builds them."""
-    from mmrl.rollout import observation_fragment
+    from mmrl.engine.rollout import observation_fragment
 
     im_end = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     seq = prompt
@@ -79,8 +79,8 @@ def _check_grid(sample: Any, env: Any) -> None:
 
 def sft_sequence(cfg: Any, policy: Policy, sample: Any, prompt: TokenSeq, media: list[Any]) -> TokenSeq | None:
     """The multi-turn SFT sequence of ``sample`` (None: train the ordinary single answer)."""
-    from mmrl.rollout import get_environment
-    from mmrl.sft import answer_text
+    from mmrl.engine.rollout import get_environment
+    from mmrl.engine.sft import answer_text
 
     turns = sample.meta.get("sft_turns")
     name = cfg.rollout.environment
@@ -131,13 +131,13 @@ def evaluate_agent(policy: Policy, backend: Any, preparer: Any, prompt: Any, sam
                    batch_size: int = 16, nframes: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy episodes (through ``environment``, or single-turn when None) on ``samples``; ``nframes``
     replaces each video's initial frame count. Returns ``(metrics, predictions)``: ``accuracy`` (as
-    :func:`mmrl.evaluate.evaluate` scores it, on the final turn), ``frames`` (frames shown per answer),
+    :func:`mmrl.engine.evaluate.evaluate` scores it, on the final turn), ``frames`` (frames shown per answer),
     ``rounds`` (selection rounds per answer), ``iou`` (mean selection IoU over samples with gold),
     ``invalid_actions``, per-task accuracy. Under torchrun each rank plays its share of ``samples`` and every
     rank returns the metrics and predictions of all of them, in order."""
-    from mmrl.distributed import world
-    from mmrl.prompts import encode_prompt
-    from mmrl.rollout import SamplingParams, get_environment, rollout_session, run_episodes
+    from mmrl.engine.distributed import world
+    from mmrl.engine.prompts import encode_prompt
+    from mmrl.engine.rollout import SamplingParams, get_environment, rollout_session, run_episodes
     from rewards import get_reward
     from rewards.evidence import EvidenceSettings, gold_cells, selected_cells
 
@@ -238,7 +238,7 @@ class AgentEval(Callback):
         return out
 
     def _save(self, prefix: str, values: dict[str, Any]) -> None:
-        from mmrl.distributed import world
+        from mmrl.engine.distributed import world
 
         if not world().is_main:  # under torchrun every rank holds the same values; rank 0 writes
             return
@@ -274,7 +274,7 @@ def run_benchmark_agent(benchmark: str, data_root: str | Path, model: str | Path
     ``metrics.json`` into ``out``; returns the metrics: ``agent_loop`` and ``baseline`` scores (the benchmark's
     own), with frames and rounds per answer. Under torchrun each rank plays its share of the questions; rank 0
     writes the files and every rank returns the metrics."""
-    from mmrl.benchmarks_eval.runner import run_benchmark
+    from mmrl.benchmarks.runner import run_benchmark
 
     if agent not in AGENTS:
         raise ConfigError(f"--agent {agent!r}: known agents are {', '.join(AGENTS)}")
@@ -298,8 +298,8 @@ class _AgentAnswers(Answers):
     render = False  # the prompts are built here, the videos in ``video_layout``
 
     def __init__(self, run: Any, *, agent: str, backend: Any, batch_size: int, video_layout: str, think: bool):
+        from mmrl.engine.rollout import HFBackend, SamplingParams, get_environment
         from mmrl.methods.earl.environment import instructions
-        from mmrl.rollout import HFBackend, SamplingParams, get_environment
 
         self.agent, self.spec, self.policy, self.proto, self.name = agent, AGENTS[agent], run.policy, run.protocol, run.name
         self.env_cls = get_environment(self.spec["environment"])
@@ -310,10 +310,10 @@ class _AgentAnswers(Answers):
         self.tool_note = instructions(think=think)  # a model trained with reasoning turns is asked to reason
 
     def answer(self, prepared: list[Any], workers: Any) -> tuple[list[dict[str, Any]], int]:
-        from mmrl.benchmarks_eval.protocols import build_prompt
-        from mmrl.benchmarks_eval.scoring import score_item
-        from mmrl.prompts import media_parts, with_layout
-        from mmrl.rollout import run_episodes
+        from mmrl.benchmarks.protocols import build_prompt
+        from mmrl.benchmarks.scoring import score_item
+        from mmrl.engine.prompts import media_parts, with_layout
+        from mmrl.engine.rollout import run_episodes
 
         policy, proto, name, spec = self.policy, self.proto, self.name, self.spec
         records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in self.modes}
@@ -362,7 +362,7 @@ class _AgentAnswers(Answers):
 
     def metrics(self, run: Any, preds: dict[str, list[dict[str, Any]]], seconds: float) -> dict[str, Any]:
         """``agent_loop`` and ``baseline`` scores (the benchmark's own), with frames and rounds per answer."""
-        from mmrl.benchmarks_eval.scoring import summarize as summarize_benchmark
+        from mmrl.benchmarks.scoring import summarize as summarize_benchmark
 
         result: dict[str, Any] = {"benchmark": run.name, "agent": self.agent, "out": str(run.out),
                                   "n": len(run.samples), "protocol": run.protocol.settings(), "seconds": seconds}
@@ -390,8 +390,8 @@ def _trained_prompt(args: Any, cfg: Any, key: str) -> str:
     """``prompt.<key>`` (``video_layout``, ``answer_format``) for a benchmark: the value the model was trained
     with (its ``mmrl_eval.json``) unless the user's YAML or overrides set one; the benchmark's own protocol
     decides everything else."""
-    from mmrl.checkpoint import read_eval_settings
-    from mmrl.recipe import config_from_args
+    from mmrl.engine.checkpoint import read_eval_settings
+    from mmrl.run.recipe import config_from_args
 
     trained = ((read_eval_settings(cfg.model.path) or {}).get("prompt") or {}).get(key) \
         if cfg.model.path and not getattr(args, "recipe_settings", False) else None
@@ -410,17 +410,17 @@ def _trained_layout(args: Any, cfg: Any) -> str:
 def cli_eval(args: Any, cfg: Any) -> int:
     """``mmrl eval --agent NAME``: with ``--benchmark``, :func:`run_benchmark_agent`; otherwise the run's
     held-out split through the agent loop (:func:`evaluate_agent`) beside the plain single answer."""
-    from mmrl.distributed import world
-    from mmrl.media import MediaPreparer
+    from mmrl.engine.distributed import world
+    from mmrl.engine.media import MediaPreparer
+    from mmrl.engine.rollout import backend_from_config
     from mmrl.model import load_policy
-    from mmrl.rollout import backend_from_config
-    from mmrl.run import load_split, resolve_model, set_cpu_threads
+    from mmrl.run.helpers import load_split, resolve_model, set_cpu_threads
 
     spec = AGENTS.get(args.agent)
     if spec is None:
         raise ConfigError(f"--agent {args.agent!r}: known agents are {', '.join(AGENTS)}")
     if cfg.model.path and not getattr(args, "recipe_settings", False) and not getattr(args, "benchmark", None):
-        from mmrl.recipe import with_training_settings
+        from mmrl.run.recipe import with_training_settings
 
         cfg = with_training_settings(args, cfg)  # evaluate as the model was trained (its mmrl_eval.json)
     set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)

@@ -59,10 +59,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from mmrl.environments import Environment, Observation, register_environment
+from mmrl.engine.environments import Environment, Observation, register_environment
+from mmrl.engine.prompts import media_parts
 from mmrl.model import MediaInput
-from mmrl.prompts import media_parts
-from mmrl.report import register_curve
+from mmrl.run.report import register_curve
 from mmrl_common.errors import ConfigError, MmrlError
 from video.resample import cell_of, cells, frames_on_spans  # noqa: F401  (cells: re-exported)
 

@@ -45,9 +45,9 @@ def synthesize(src: str | Path, out: str | Path, *, frames: int = 32, video_poli
     ``skipped`` (by reason) and ``rounds`` (how many records have 0, 1, 2 selections)."""
     from data_pipelines.loaders import load_samples
     from mmrl.config import MediaConfig
-    from mmrl.media import MediaPreparer
+    from mmrl.engine.media import MediaPreparer
+    from mmrl.engine.sft import answer_text
     from mmrl.methods.earl.environment import FrameSelectionEnvironment
-    from mmrl.sft import answer_text
     from mmrl_common.errors import MediaError
 
     if answer_format not in ("answer", "think_answer"):

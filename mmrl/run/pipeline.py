@@ -1,0 +1,443 @@
+"""``mmrl train``: one run folder, stages in order, each resumable.
+
+Stages: cold-start SFT (optional) -> evaluation before RL -> GRPO -> evaluation after RL -> report. The
+run folder holds ``config.yaml`` and ``run_state.json`` (finished stages and their results). A run
+restarted with ``--resume`` skips finished stages and continues RL from its latest checkpoint, so a
+killed run ends with the same weights as one that was never interrupted.
+
+Before anything trains, every media file of the data is checked (``data.check_media``): a bad one stops the
+run at load with every problem listed as FILE:LINE, or with ``data.on_bad_sample=skip`` its record is left
+out and named. The random-answer cold start (``sft.target: random_answer``, the toy demo's) never runs on a
+model the user gave (``model.path``). Every model folder the run writes carries ``mmrl_eval.json`` (the
+prompt, generation and media settings) so that ``mmrl eval --model`` evaluates it as it was trained.
+"""
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmrl.config import RunConfig
+from mmrl.config.io import to_dict
+from mmrl.engine.run_log import RunLog
+from mmrl.run.folder import (
+    RunState,
+    check_run_folder,
+    check_run_folder_shared,
+    input_changes_refused,
+    note_schedule_change,
+    settings_differences,
+)
+from mmrl.run.helpers import (
+    load_split,
+    no_training_samples,
+    resolve_model,
+    set_cpu_threads,
+    shared_inputs,
+    split_path,
+)
+from mmrl.run.inputs import absolute_paths, record_inputs
+from mmrl_common.errors import MmrlError
+
+
+def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, overwrite: bool = False,
+          show_progress: bool = True, force_settings: bool = False) -> dict[str, Any]:
+    """Run (or with ``resume`` continue) the stages in ``run_dir``; returns the summary. A session that ends
+    with an error or Ctrl-C still adds its time to the run's total.
+
+    The run holds ``run_dir``'s lock (:mod:`mmrl.run.lock`) from start to end: a second writer is refused. A
+    folder that already holds a run needs ``resume`` (continue it) or ``overwrite`` (its contents moved aside
+    into ``<name>.replaced-<time>``, then a new run); nothing in the folder is written before that is
+    decided. Path settings are recorded absolute in ``config.yaml`` (a resume finds the model and data from any
+    working folder), and the data files' content and the model's identity in ``inputs.json``
+    (:mod:`mmrl.run.inputs`): a resume whose data or model changed is refused unless ``force_settings``."""
+    from mmrl.engine.distributed import world
+    from mmrl.run.lock import acquire_on_main
+
+    lock = acquire_on_main(run_dir, world(), show=show_progress)
+    states: list[RunState | RunLog] = []
+    try:
+        return _train(absolute_paths(cfg), run_dir=run_dir, resume=resume, overwrite=overwrite,
+                      show_progress=show_progress, force_settings=force_settings, states=states)
+    except BaseException:
+        for state in states:  # the run's time so far; the trackers' files closed
+            state.close() if isinstance(state, RunLog) else state.save()
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show_progress: bool,
+           force_settings: bool, states: list[RunState | RunLog]) -> dict[str, Any]:
+    from transformers.utils import logging as hf_logging
+
+    from mmrl.engine.checkpoint import (
+        eval_settings,
+        latest_checkpoint,
+        load_weights,
+        save_model,
+        seed_everything,
+    )
+    from mmrl.engine.distributed import device_for, world
+    from mmrl.engine.optim import zero3_sharded_loading
+    from mmrl.engine.sft import run_sft
+    from mmrl.engine.trainer import Diverged, GRPOTrainer
+    from mmrl.model import load_policy
+    from mmrl.run.report import write_report
+    from rewards.remote import preflight_rewards
+
+    hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
+    w = world()
+    show_progress = show_progress and w.is_main
+    cfg_path = run_dir / "config.yaml"
+    refusal, changes = None, []
+    if w.is_main:  # rank 0, holding the folder's lock, decides; every rank stops on a refusal
+        try:
+            check_run_folder(run_dir, cfg, resume=resume, overwrite=overwrite, show=show_progress)
+            if resume:
+                changes = settings_differences(cfg_path, cfg)
+                changes += input_changes_refused(run_dir, cfg, force_settings=force_settings)
+                note_schedule_change(cfg_path, cfg, run_dir)
+        except MmrlError as exc:
+            refusal = str(exc)
+    refusal = w.broadcast(refusal)
+    if refusal is not None:
+        raise MmrlError(refusal)
+    preflight_rewards(cfg.rewards, run_dir)  # service rewards (http, judge) reached before the folder is written
+    run_dir.mkdir(parents=True, exist_ok=True)
+    changes = w.broadcast(changes)
+    if changes and show_progress:
+        print(f"resume: continuing with settings other than the run's ({'; '.join(changes)}); once the run has "
+              "resumed, config.yaml records the new ones and run_state.json the changes", flush=True)
+    cfg_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    if w.is_main and not changes:  # other settings are recorded once the run has resumed (session_begins)
+        cfg_path.write_text(cfg_text)
+    check_run_folder_shared(w, cfg_path, w.broadcast(cfg_path.read_text() if w.is_main else None))
+    state = RunState(run_dir)
+    states.append(state)
+
+    def session_begins() -> None:
+        """A resume with other settings (``--force-settings``), once its checkpoint has loaded: config.yaml
+        records them, run_state.json the changes and the step they apply from, inputs.json the data and model
+        now. A session that fails before (data that do not load, a checkpoint that does not fit the model)
+        leaves the run folder's record as it was, so the next resume is checked against what the run used."""
+        if not changes:
+            return
+        ckpt = latest_checkpoint(run_dir)
+        if w.is_main:
+            cfg_path.write_text(cfg_text)
+            record_inputs(run_dir, cfg, model_dir)
+        state.data.setdefault("settings_changes", []).append(
+            {"from_step": int(ckpt.name.split("-")[1]) if ckpt else 0, "changes": changes})
+        state.save()
+
+    log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show_progress)
+    states.append(log)
+    threads = set_cpu_threads(cfg.train.cpu_threads, show=show_progress, earlier=state.data.get("torch_threads"))
+    state.data["torch_threads"] = threads  # a resume continues with the same count (bitwise the same steps)
+    state.save()
+
+    seed_everything(cfg.train.seed)
+    w.check_same_files(shared_inputs(cfg))  # several nodes: the same data and model on each
+    with w.node_first():  # each node's local rank 0 builds the node's cache (tiny model, toy world) first
+        model_dir = resolve_model(cfg)
+        for split in ("train", cfg.eval.split):
+            split_path(cfg, split, show_progress=show_progress)
+    if w.is_main and not changes:  # what the next resume checks: the data's content and the model's identity
+        record_inputs(run_dir, cfg, model_dir)
+    with w.spread_media_checks():  # every rank checks its share of the media files; the verdicts gathered
+        train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
+        eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
+    if cfg.eval.before_rl or cfg.eval.after_rl or cfg.train.eval_every:  # a held-out file with no question: said
+        from mmrl.engine.evaluate import require_questions
+
+        require_questions(eval_samples, eval_info)
+    if cfg.eval.limit:
+        eval_samples = eval_samples[:cfg.eval.limit]
+        if len(eval_samples) < eval_info.get("used", 0):  # the report counts what is evaluated
+            eval_info["left_out"]["eval.limit"] = eval_info["used"] - len(eval_samples)
+            eval_info["used"] = len(eval_samples)
+    if not train_samples:
+        raise MmrlError(no_training_samples(cfg, train_info))
+    check_rewards(cfg, train_samples[0])
+    # ZeRO-3 on several ranks: the model is built already partitioned, unless this run has a cold start (the
+    # SFT stage trains the whole model on each rank)
+    cold_start = cfg.sft.steps > 0 and not (cfg.sft.target == "random_answer" and cfg.model.path)
+    with zero3_sharded_loading(cfg.train, w, bf16=cfg.model.dtype == "bf16") if not cold_start \
+            else contextlib.nullcontext(False):
+        policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                             device=device_for(cfg.model.device))
+    if show_progress:
+        for line in gpu_advice(cfg, policy):
+            print(f"warning: {line}", flush=True)
+    lora_info = configure_policy(policy, cfg)
+    if lora_info is not None and show_progress:
+        from mmrl.model.lora import describe
+
+        print(describe(lora_info, cfg.model.lora), flush=True)
+    stages: dict[str, Any] = {"data": {"train": train_info, "eval": eval_info}}
+    if show_progress:
+        print(f"run folder: {run_dir}\nmodel: {model_dir} ({policy.family}, "
+              f"{sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f}M parameters)\n"
+              f"data: {len(train_samples)} train, {len(eval_samples)} {cfg.eval.split} samples", flush=True)
+
+    # Stage 1: cold start.
+    sft_dir = run_dir / "sft-model"
+    if cfg.sft.steps > 0 and cfg.sft.target == "random_answer" and cfg.model.path:
+        why = ("not run: sft.target=random_answer trains on random answers to teach a random-weight model the "
+               "answer format (the toy demo's cold start) and never runs on a model you give (model.path)")
+        stages["sft"] = {"skipped": why}
+        print(f"cold start {why}. For a cold start on your model use `mmrl sft --model DIR --data FILE "
+              f"--steps N` (gold answers), or add sft.target=gold sft.steps=N to this command.", flush=True)
+    elif cfg.sft.steps > 0:
+        if state.done("sft") and (sft_dir / "config.json").exists():
+            load_weights(policy.model, sft_dir)
+        else:
+            t0 = time.perf_counter()
+            seed_everything(cfg.train.seed + 1)
+            result = run_sft(cfg, policy, train_samples, log=log, show_progress=show_progress)
+            if w.is_main:
+                save_model(sft_dir, policy.model, policy.processor, eval_settings(cfg))
+            state.finish("sft", {**result, "steps": cfg.sft.steps, "target": cfg.sft.target,
+                                 "seconds": round(time.perf_counter() - t0, 1)})
+        stages["sft"] = state.get("sft")
+
+    trainer = GRPOTrainer(cfg, policy, train_samples, run_dir=run_dir, eval_samples=eval_samples, log=log,
+                          show_progress=show_progress)
+
+    # Stage 2: evaluation before RL (on the weights RL starts from).
+    if cfg.eval.before_rl and eval_samples:
+        if not state.done("eval_before_rl"):
+            if latest_checkpoint(run_dir) is not None:
+                raise MmrlError(f"{run_dir}: checkpoints exist but no pre-RL evaluation; start a new run")
+            state.finish("eval_before_rl", _timed(trainer.run_eval, "eval before RL"))
+        _print_eval("before RL", state.get("eval_before_rl"), show_progress)
+
+    # Stage 3: RL.
+    if not state.done("rl"):
+        seed_everything(cfg.train.seed + 2)
+        try:
+            with stop_on_signals(trainer, run_dir, show=w.is_main):  # SIGTERM, SIGINT: at a step boundary
+                trainer.resume()
+                session_begins()
+                trainer.train()
+        except Diverged as exc:  # most updates skipped as non-finite: the report says so, the run fails
+            stages["rl"] = {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
+                            "skipped_updates": trainer.skipped_updates, "stopped": str(exc)}
+            state.save()
+            if w.is_main:
+                write_report(run_dir, _summary(cfg, run_dir, model_dir, state, stages, threads))
+            raise
+        trainer.export(run_dir / "final")  # ZeRO-3: one module at a time, to rank 0
+        state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
+                            "skipped_samples": trainer.skipped_samples, "skipped_updates": trainer.skipped_updates,
+                            "checkpoint_seconds": trainer.save_seconds})
+    else:  # a new train.steps was refused at the start (check_run_folder)
+        with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
+            load_weights(policy.model, run_dir / "final")
+        session_begins()
+    stages["rl"] = state.get("rl")
+
+    # Stage 4: evaluation after RL.
+    if cfg.eval.after_rl and eval_samples:
+        if not state.done("eval_after_rl"):
+            state.finish("eval_after_rl", _timed(trainer.run_eval, "eval after RL"))
+        _print_eval("after RL", state.get("eval_after_rl"), show_progress)
+
+    summary = _summary(cfg, run_dir, model_dir, state, stages, threads)
+    state.save()
+    if w.is_main:
+        report = write_report(run_dir, summary)
+        if show_progress:
+            print(f"report: {report}")
+    log.close()
+    return summary
+
+
+def _summary(cfg: RunConfig, run_dir: Path, model_dir: Path, state: RunState, stages: dict[str, Any],
+             threads: int) -> dict[str, Any]:
+    """What ``summary.json`` and the report hold (``stages``: each stage's result so far)."""
+    return {
+        "task": cfg.task, "run_dir": str(run_dir), "model": str(model_dir), "eval_split": cfg.eval.split,
+        "eval_min_options": cfg.eval.min_options,
+        "eval_before_rl": state.get("eval_before_rl"), "eval_after_rl": state.get("eval_after_rl"),
+        "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
+        "settings_changes": state.data.get("settings_changes") or [],
+    }
+
+
+class Stopped(SystemExit):
+    """``mmrl train`` stopped on a signal; its exit status is 128 + the signal's number, as a shell reports a
+    process the signal ended: 143 for SIGTERM, 130 for SIGINT (Ctrl-C)."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+"""The signals after which RL stops at its next step boundary with a checkpoint (:func:`stop_on_signals`)."""
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Any, run_dir: Path, *, show: bool = True) -> Any:
+    """RL inside stops cleanly on SIGTERM (what schedulers send before they kill a job) or SIGINT (Ctrl-C):
+    the first one lets the step in flight finish; at that step's boundary every rank agrees to stop
+    (``World.max_int`` of the signal: a rank that got none stops at the same step), a checkpoint is
+    written, the console says at which step the run stopped and how to resume, and the process ends with
+    status 128 + the signal (:class:`Stopped`: 143 SIGTERM, 130 SIGINT). A second signal stops at once, as
+    before: SIGINT with ``KeyboardInterrupt``, SIGTERM with :class:`Stopped` (143), no checkpoint. The
+    handlers are installed only in the main thread, and the earlier ones restored on leaving."""
+    import signal
+    import sys
+    import threading
+
+    got: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if got:  # the second: at once
+            _say(show, f"\n{name} again: stopping at once, without a checkpoint\n")
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Stopped(signum)
+        got.append(signum)
+        _say(show, f"\n{name}: stopping after the step in flight, with a checkpoint (send it again to stop at "
+                   "once)\n")
+
+    main = threading.current_thread() is threading.main_thread()
+    signums = [getattr(signal, name) for name in STOP_SIGNALS]
+    previous = {sig: signal.signal(sig, on_signal) for sig in signums} if main else {}
+    trainer.stop_requested = lambda: got[0] if got else 0
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        trainer.stop_requested = lambda: 0
+    if trainer.stopped_by:
+        name = signal.Signals(trainer.stopped_by).name
+        if show:
+            print(f"stopped by {name} at step {trainer.step} of {trainer.cfg.train.steps}; checkpoint-{trainer.step} "
+                  f"written. Continue with: mmrl train --out {run_dir} --resume", file=sys.stderr, flush=True)
+        raise Stopped(trainer.stopped_by)
+
+
+def _say(show: bool, text: str) -> None:
+    """Write to stderr from a signal handler (``os.write``: no buffered stream is re-entered)."""
+    if show:
+        with contextlib.suppress(OSError):
+            os.write(2, text.encode())
+
+
+def configure_policy(policy: Any, cfg: RunConfig) -> Any:
+    """The run's training settings on a loaded policy, as ``mmrl train`` sets them (log-prob passes, what
+    trains, LoRA adapters injected in place, activation checkpointing); LoRA's description or None."""
+    from mmrl.model import PolicyOptions, checkpointing_switch
+
+    policy.configure(PolicyOptions.from_config(cfg))
+    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
+                         llm=not cfg.model.freeze_llm)
+
+    lora_info = None
+    if cfg.model.lora is not None:  # adapters injected in place; only they train from here on
+        from mmrl.model.lora import apply_lora
+
+        lora_info = apply_lora(policy, cfg.model.lora)
+    if cfg.model.gradient_checkpointing:
+        checkpointing_switch(policy.model, True)
+    return lora_info
+
+
+def check_rewards(cfg: RunConfig, sample: Any) -> None:
+    """Call the rewards brought from outside mmrl (``trl:NAME``, ``module.function``) on one training sample with
+    its reference answer as the completion, before the model loads: a reward that cannot read mmrl's columns
+    fails here, in seconds, with the sample named (not after the model loaded and the evaluation ran)."""
+    from mmrl.engine.evaluate import RewardState, dataset_columns, prompt_messages, reward_columns
+    from rewards import CombinedReward
+    from rewards.registry import REWARDS, RewardSpec
+
+    outside = [s for s in cfg.rewards if isinstance(s, RewardSpec) and isinstance(s.name, str)
+               and REWARDS.canonical(s.name) is None]
+    if not outside:
+        return
+    answer = sample.answer if not isinstance(sample.answer, (list, tuple)) else ", ".join(map(str, sample.answer))
+    text = (f"<think>checking</think><answer>{answer}</answer>" if cfg.prompt.answer_format == "think_answer"
+            else f"<answer>{answer}</answer>")
+    columns: dict[str, Any] = reward_columns([sample])
+    columns.update(prompts=[prompt_messages(sample, cfg.prompt)], completion_ids=[[]], transcript=[text],
+                   env_info=[None], entropies=None, trainer_state=RewardState(0, cfg.train.steps, "default"),
+                   log_extra=lambda *a: None, log_metric=lambda *a: None)
+    combined = CombinedReward(outside, where="rewards")
+    try:
+        combined.compute([text], columns, messages=[[{"role": "assistant", "content": text}]],
+                         dataset_columns=dataset_columns([sample]))
+    except MmrlError as exc:
+        raise MmrlError(f"{exc} (checked on the first training sample, {sample.id}, with its reference answer as "
+                        "the completion, before the model loads; the reward reads the columns id, problem_type, "
+                        "question, options, answer, meta and each meta key)") from None
+
+
+def gpu_advice(cfg: RunConfig, policy: Any) -> list[str]:
+    """What a run on a GPU is set up to waste or run out of: fp32 weights, no activation checkpointing,
+    micro-batches smaller than a group (rows, or a token budget under one group at the run's caps) or an attention
+    that calls once per vision window, for a model of billions of parameters (one line each; nothing on a CPU)."""
+    from mmrl.config import auto_micro_batch_tokens, group_tokens
+
+    if policy.device.type != "cuda":
+        return []
+    n = sum(p.numel() for p in policy.model.parameters())
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    out = []
+    if cfg.model.dtype == "fp32":
+        out.append(f"model.dtype=fp32 on a GPU: the {size} model trains at a fraction of bf16 speed and needs 16 "
+                   f"bytes a parameter before activations ({16 * n / 1e9:.0f} GB); model.dtype=bf16 keeps fp32 master "
+                   "weights, so small learning rates still move every weight")
+    if n >= 1e9 and not cfg.model.gradient_checkpointing:
+        out.append(f"model.gradient_checkpointing is off for a {size} model: a video micro-batch's activations can "
+                   "take tens of GB; set model.gradient_checkpointing=true")
+    tokens = int(cfg.train.micro_batch_tokens)
+    if n >= 1e9 and (tokens == 0 or tokens < group_tokens(cfg)[0]):
+        auto, why = auto_micro_batch_tokens(cfg)
+        now = (f"train.micro_batch_size={cfg.train.micro_batch_size} sequences per forward/backward for a {size} "
+               "model" if tokens == 0 else
+               f"train.micro_batch_tokens={tokens} for a {size} model is less than one group at this run's caps "
+               f"({group_tokens(cfg)[1]}): a group's passes each recompute its shared prompt, and")
+        out.append(f"{now}: a pass of a few thousand tokens keeps the GPU waiting on the host; "
+                   f"train.micro_batch_tokens=auto gives {auto:,} tokens a pass ({why}), whole groups with their "
+                   "shared prompt counted once (the loss is the same for any split; activations grow with the "
+                   "tokens of a pass)")
+    if n >= 1e9 and cfg.model.attn_implementation in ("sdpa", "eager"):
+        out.append(f"model.attn_implementation={cfg.model.attn_implementation} for a {size} model: the vision tower "
+                   "calls attention once per window (7,232 calls a forward at 4,096 vision tokens) and packed passes "
+                   "attend over a whole row; model.attn_implementation=varlen makes one call per layer (torch's "
+                   "varlen_attn, no extra package) with the same results")
+    return out
+
+
+def _timed(fn: Any, *args: Any) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    return {**fn(*args), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _rl_seconds(run_dir: Path) -> float:
+    """Seconds spent in RL steps over every session of the run (resumed parts included)."""
+    from mmrl.engine.run_log import read_metrics
+
+    return round(sum(r.get("time/step_s") or 0.0 for r in read_metrics(run_dir) if r.get("stage") == "rl"), 1)
+
+
+def _print_eval(tag: str, metrics: dict[str, Any] | None, show: bool) -> None:
+    from mmrl.engine.evaluate import describe_exclusions
+
+    if not show or not metrics:
+        return
+    acc = metrics.get("accuracy")
+    acc_s = f"{acc:.3f}" if isinstance(acc, float) else "n/a"
+    print(f"eval {tag}: accuracy {acc_s} on {metrics.get('n')} questions", flush=True)
+    for line in describe_exclusions(metrics):
+        print(line, flush=True)
