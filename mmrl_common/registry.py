@@ -13,12 +13,18 @@ One class, so every family behaves the same way:
 * registering a taken name raises (``register_error``) unless ``overwrite=True``; ``duplicates`` says which
   re-registrations are harmless (see :class:`Registry`);
 * entries may have aliases (other spellings that resolve to the name) and metadata (a small dict per entry);
-* ``normalize`` makes look-ups tolerant of spelling (case, ``_`` vs ``-``) for the families that want it.
+* ``normalize`` makes look-ups tolerant of spelling (case, ``_`` vs ``-``) for the families that want it;
+* an entry may be *declared* (:meth:`Registry.declare`) by name, with the module that registers its object and
+  the metadata that checking a config needs, before that module is imported: the name is valid, listed and
+  checked (:meth:`Registry.check`, :meth:`Registry.meta`) without importing the module (a light config schema
+  need not import torch for the names of a torch module), and the first look-up of the object
+  (:meth:`Registry.get`) imports it.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
@@ -58,6 +64,18 @@ def origin(obj: Any) -> str | None:
     return None
 
 
+class _Declared:
+    """The place of a declared entry's object until ``module``, which registers it, is imported."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def __repr__(self) -> str:
+        return f"<declared, registered by {self.module}>"
+
+
 class Registry(Generic[T]):
     """Maps names to objects of one family; ``kind`` names the family in error messages.
 
@@ -74,6 +92,14 @@ class Registry(Generic[T]):
 
     ``normalize``: a function mapping a spelling to a look-up key (e.g. lower case, ``_`` -> ``-``); names
     and aliases are then matched by key. Without it look-ups are exact.
+
+    Declared entries (:meth:`declare`): the name with the module that registers its object. Until the object
+    is registered the name counts as registered for everything but the object: ``in``, :meth:`names`,
+    :meth:`canonical`, :meth:`check`, :meth:`meta` and the unknown-name error see it; :meth:`get`,
+    :meth:`find`, :meth:`items`, :meth:`values` and :meth:`unregister` import the module first. The module's
+    own registration of the name fills the entry (its metadata updating the declared one); a registration of
+    the name from anywhere else imports the declaring module first, so it meets the declared object as a taken
+    name exactly as if that module had been imported before.
     """
 
     def __init__(self, kind: str, config_key: str | None = None, *, error: type[Exception] = ConfigError,
@@ -87,7 +113,8 @@ class Registry(Generic[T]):
         self.register_error = register_error
         self.duplicates = duplicates
         self._normalize = normalize
-        self._items: dict[str, T] = {}  # canonical name -> object, in registration order
+        self._items: dict[str, Any] = {}  # canonical name -> object (or _Declared), in registration order
+        self._declared: dict[str, str] = {}  # declared name -> the module that registers its object
         self._meta: dict[str, dict[str, Any]] = {}
         self._aliases: dict[str, str] = {}  # look-up key of an alias -> canonical name
 
@@ -107,6 +134,18 @@ class Registry(Generic[T]):
         """Register ``obj`` under ``name`` with optional ``aliases`` and ``meta``; returns ``obj``."""
         self._check_name(name)
         aliases = [aliases] if isinstance(aliases, str) else list(aliases)
+        pending = self._items.get(name)
+        if isinstance(pending, _Declared):
+            if getattr(obj, "__module__", None) != pending.module:  # not its own module: that one comes first
+                importlib.import_module(pending.module)
+            if isinstance(self._items.get(name), _Declared):  # the declaring module registers its object
+                for alias in aliases:
+                    self._check_alias(alias, name, overwrite)
+                self._items[name] = obj
+                self._meta[name] = {**self._meta.get(name, {}), **(meta or {})}
+                for alias in aliases:
+                    self._aliases[self._key(alias)] = name
+                return obj
         if name in self._items and not overwrite and not self._harmless(self._items[name], obj):
             where = origin(self._items[name])
             raise self.register_error(
@@ -114,11 +153,46 @@ class Registry(Generic[T]):
                 "pass overwrite=True to replace it or pick another name")
         for alias in aliases:
             self._check_alias(alias, name, overwrite)
+        if self._items.get(name, obj) is not obj:  # replaced: no longer the declaring module's object
+            self._declared.pop(name, None)
         self._items[name] = obj
         self._meta[name] = dict(meta or {})
         for alias in aliases:
             self._aliases[self._key(alias)] = name
         return obj
+
+    def declare(self, name: str, module: str, *, aliases: Iterable[str] = (),
+                meta: Mapping[str, Any] | None = None) -> None:
+        """Declare ``name`` as an entry whose object ``module`` registers when it is imported, with ``aliases``
+        and ``meta`` known now (see the class). Declaring a name twice from the same module is harmless;
+        a name taken otherwise is an error (``register_error``)."""
+        self._check_name(name)
+        if not isinstance(module, str) or not module.strip():
+            raise self.register_error(f"{self.kind} {name!r}: the declaring module must be a module name, "
+                                      f"got {module!r}")
+        aliases = [aliases] if isinstance(aliases, str) else list(aliases)
+        if name in self._items:
+            if self._declared.get(name) == module:
+                return
+            where = self._declared.get(name) or origin(self._items[name])
+            raise self.register_error(f"{self.kind} {name!r} is already registered{f' ({where})' if where else ''}")
+        for alias in aliases:
+            self._check_alias(alias, name, False)
+        self._items[name] = _Declared(module)
+        self._declared[name] = module
+        self._meta[name] = dict(meta or {})
+        for alias in aliases:
+            self._aliases[self._key(alias)] = name
+
+    def declared(self) -> dict[str, str]:
+        """The declared names (their objects registered or not) -> the module that registers each, in
+        declaration order (a name whose object was since replaced from elsewhere is no longer declared)."""
+        return dict(self._declared)
+
+    def loaded(self, name: str) -> bool:
+        """Whether the object of the entry ``name`` (or an alias) is registered (False only for a declared
+        entry whose module has not registered it yet); ``error`` for an unknown name."""
+        return not isinstance(self._items[self.check(name)], _Declared)
 
     def alias(self, alias: str, name: str, *, overwrite: bool = False) -> None:
         """Make ``alias`` another spelling of the registered ``name``."""
@@ -130,12 +204,13 @@ class Registry(Generic[T]):
 
     def unregister(self, name: str) -> T:
         """Remove ``name`` (or the entry an alias names) with its aliases and metadata; returns its object."""
-        canonical = self.canonical(name)
-        if canonical is None:
-            raise self.unknown(name)
+        canonical = self.check(name)
+        obj = self._load(canonical)
         self._meta.pop(canonical, None)
+        self._declared.pop(canonical, None)
         self._aliases = {k: v for k, v in self._aliases.items() if v != canonical}
-        return self._items.pop(canonical)
+        del self._items[canonical]
+        return obj
 
     def _check_name(self, name: object) -> None:
         if not isinstance(name, str) or not name.strip():
@@ -179,24 +254,38 @@ class Registry(Generic[T]):
                     return registered
         return None
 
-    def get(self, name: str) -> T:
-        """The object registered under ``name`` (or an alias); ``error`` naming the valid ones otherwise."""
+    def check(self, name: object) -> str:
+        """The canonical name of ``name`` (see :meth:`canonical`), the unknown-name error (``error``) when it
+        names nothing; imports nothing (a declared entry's module stays unimported)."""
         canonical = self.canonical(name)
         if canonical is None:
             raise self.unknown(name)
-        return self._items[canonical]
+        return canonical
+
+    def _load(self, canonical: str) -> T:
+        """The object of the entry ``canonical``, importing the module of a declared one first."""
+        obj = self._items[canonical]
+        if isinstance(obj, _Declared):
+            importlib.import_module(obj.module)
+            obj = self._items.get(canonical)
+            if isinstance(obj, _Declared) or canonical not in self._items:
+                raise self.register_error(f"{self.kind} {canonical!r} is declared to be registered by module "
+                                          f"{self._declared.get(canonical)!r}, which did not register it")
+        return obj
+
+    def get(self, name: str) -> T:
+        """The object registered under ``name`` (or an alias); ``error`` naming the valid ones otherwise."""
+        return self._load(self.check(name))
 
     def find(self, name: object) -> T | None:
         """The object registered under ``name`` (or an alias), None when it names nothing."""
         canonical = self.canonical(name)
-        return None if canonical is None else self._items[canonical]
+        return None if canonical is None else self._load(canonical)
 
     def meta(self, name: str) -> Mapping[str, Any]:
-        """The metadata registered with ``name`` (read-only; empty when none was given)."""
-        canonical = self.canonical(name)
-        if canonical is None:
-            raise self.unknown(name)
-        return MappingProxyType(self._meta.get(canonical, {}))
+        """The metadata registered with ``name`` (read-only; empty when none was given); for a declared entry
+        the declared metadata, without importing its module."""
+        return MappingProxyType(self._meta.get(self.check(name), {}))
 
     def unknown(self, name: object, *, where: str | None = None) -> Exception:
         """The error for an unknown ``name``: the family, where the name came from (``where``, default the
@@ -214,12 +303,12 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def items(self) -> list[tuple[str, T]]:
-        """``(name, object)`` pairs in registration order."""
-        return list(self._items.items())
+        """``(name, object)`` pairs in registration order (importing the modules of declared entries)."""
+        return [(name, self._load(name)) for name in list(self._items)]
 
     def values(self) -> list[T]:
-        """Registered objects in registration order."""
-        return list(self._items.values())
+        """Registered objects in registration order (importing the modules of declared entries)."""
+        return [obj for _, obj in self.items()]
 
     def __iter__(self) -> Iterator[str]:
         """Registered names in registration order."""

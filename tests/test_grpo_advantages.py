@@ -108,7 +108,7 @@ def test_register_custom_estimator():
         with pytest.raises(ValueError, match="already registered"):
             register_advantage("test_sign")(lambda r, g, e: r)
     finally:
-        ADVANTAGES._items.pop("test_sign", None)
+        ADVANTAGES.unregister("test_sign")
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "batch_std", "rloo"])

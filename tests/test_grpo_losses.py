@@ -349,4 +349,4 @@ def test_plugin_policy_loss_via_registry():
         loss, _ = compute_policy_loss(logp, None, t([3.0]), torch.ones(1, 2, dtype=D), cfg)
         close(loss, 6.0)  # -(3 * -2) on both tokens, token-mean
     finally:
-        POLICY_LOSSES._items.pop("test_reinforce", None)
+        POLICY_LOSSES.unregister("test_reinforce")

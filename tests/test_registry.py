@@ -1,6 +1,8 @@
-"""The one registry class: unknown names, duplicates, aliases, metadata, unregistering."""
+"""The one registry class: unknown names, duplicates, aliases, metadata, unregistering, declared entries."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -131,3 +133,100 @@ def test_nearest_falls_back_to_case_insensitive_matching():
     assert nearest("acuracy", ["accuracy", "format"]) == ["accuracy"]
     assert nearest("FORMAT", ["accuracy", "format"]) == ["format"]
     assert nearest("qqq", ["accuracy", "format"]) == []
+
+
+# ------------------------------------------------------------------------------------ declared entries
+PLUGIN = '''
+from test_registry_home import REG
+
+@REG.register("lazy", meta={"b": 2})
+def lazy(x):
+    return -x
+
+imported = True
+'''
+
+
+@pytest.fixture
+def declared(tmp_path, monkeypatch):
+    """A registry (in module ``test_registry_home``) declaring ``lazy``, registered by module ``lazy_widgets``
+    (written to ``tmp_path``, not imported yet)."""
+    (tmp_path / "test_registry_home.py").write_text(
+        "from mmrl_common.registry import Registry\n"
+        "REG = Registry('widget', 'model.widget')\n"
+        "REG.add('double', lambda x: 2 * x)\n"
+        "REG.declare('lazy', 'lazy_widgets', aliases=('lzy',), meta={'a': 1, 'b': 1})\n")
+    (tmp_path / "lazy_widgets.py").write_text(PLUGIN)
+    (tmp_path / "ghost_widgets.py").write_text("imported = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("test_registry_home", "lazy_widgets", "ghost_widgets"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import test_registry_home
+
+    yield test_registry_home.REG
+    for name in ("test_registry_home", "lazy_widgets", "ghost_widgets"):
+        sys.modules.pop(name, None)
+
+
+def test_a_declared_name_is_valid_and_checked_without_importing_its_module(declared):
+    reg = declared
+    assert "lazy" in reg and "lzy" in reg and reg.canonical("lzy") == "lazy"
+    assert reg.names() == ["double", "lazy"] and list(reg) == ["double", "lazy"] and len(reg) == 2
+    assert reg.check("lzy") == "lazy" and dict(reg.meta("lazy")) == {"a": 1, "b": 1}
+    assert not reg.loaded("lazy") and reg.loaded("double")
+    assert reg.declared() == {"lazy": "lazy_widgets"}
+    with pytest.raises(ConfigError) as err:
+        reg.check("lazzy")
+    assert str(err.value) == ("unknown widget 'lazzy' (config key 'model.widget'); did you mean 'lazy'? "
+                              "valid: double, lazy")
+    assert "lazy_widgets" not in sys.modules  # none of the above imported it
+
+
+def test_the_first_look_up_imports_the_declaring_module(declared):
+    reg = declared
+    assert reg.get("lzy")(3) == -3 and "lazy_widgets" in sys.modules
+    assert reg.loaded("lazy") and reg.get("lazy") is sys.modules["lazy_widgets"].lazy
+    assert dict(reg.meta("lazy")) == {"a": 1, "b": 2}  # the registration's metadata over the declared
+    assert reg.declared() == {"lazy": "lazy_widgets"}  # still the declaring module's object
+
+
+@pytest.mark.parametrize("how", ["find", "items", "values", "unregister"])
+def test_every_look_up_of_objects_imports_it(declared, how):
+    reg = declared
+    got = getattr(reg, how)(*(("lazy",) if how in ("find", "unregister") else ()))
+    lazy = sys.modules["lazy_widgets"].lazy
+    assert {"find": lazy, "items": [("double", reg.find("double")), ("lazy", lazy)],
+            "values": [reg.find("double"), lazy], "unregister": lazy}[how] == got
+    assert ("lazy" in reg) is (how != "unregister")
+
+
+def test_a_registration_from_elsewhere_meets_the_declared_object(declared):
+    reg = declared
+
+    def mine(x):
+        return x
+
+    with pytest.raises(ValueError, match=r"widget 'lazy' is already registered \(lazy_widgets.lazy\)"):
+        reg.add("lazy", mine)  # the declaring module was imported first and registered its own
+    assert reg.get("lazy") is sys.modules["lazy_widgets"].lazy
+    reg.add("lazy", mine, overwrite=True)  # replacing it takes overwrite=True, as for any registered name
+    assert reg.get("lazy") is mine and reg.declared() == {}
+
+
+def test_a_declared_module_that_does_not_register_its_name_is_an_error(declared):
+    reg = declared
+    reg.declare("ghost", "ghost_widgets")
+    reg.declare("ghost", "ghost_widgets")  # the same declaration again: harmless
+    with pytest.raises(ValueError, match="already registered"):
+        reg.declare("ghost", "lazy_widgets")
+    with pytest.raises(ValueError, match="already registered"):
+        reg.declare("double", "lazy_widgets")
+    assert "ghost" in reg and "ghost_widgets" not in sys.modules
+    with pytest.raises(ValueError, match="widget 'ghost' is declared to be registered by module "
+                                         "'ghost_widgets', which did not register it"):
+        reg.get("ghost")
+    assert "ghost_widgets" in sys.modules and not reg.loaded("ghost")
+    with pytest.raises(ValueError, match="non-empty string"):
+        reg.declare("", "ghost_widgets")
+    with pytest.raises(ValueError, match="must be a module name"):
+        reg.declare("other", "")

@@ -2,56 +2,38 @@
 
 Every family has a registry (``register_xxx(name)`` decorator, ``get_xxx(name)`` raising
 :class:`mmrl_common.errors.ConfigError` that lists the valid names), so methods add estimators, losses,
-aggregations, KL estimators and token shapers from their own modules.
+aggregations, KL estimators and token shapers from their own modules. The registries and the built-in names
+live in :mod:`mmrl.grpo.names`, without torch.
+
+A lazy front: importing the package (or its torch-free modules :mod:`mmrl.grpo.config` and
+:mod:`mmrl.grpo.names`) imports no torch; a name below is imported from its module on first use
+(``from mmrl.grpo import compute_advantages`` imports :mod:`mmrl.grpo.advantages`).
 """
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
 
 from mmrl_common.registry import Registry
 
-from . import cov_losses  # noqa: F401  (registers the clip_cov and kl_cov policy losses)
-from .advantages import (
-    GroupStats,
-    broadcast_to_tokens,
-    compute_advantages,
-    get_advantage,
-    group_inverse,
-    register_advantage,
-)
-from .aggregate import (
-    Denominators,
-    GlobalCounts,
-    aggregate,
-    count_tokens_and_seqs,
-    get_aggregation,
-    global_counts,
-    register_aggregation,
-)
-from .config import GRPOConfig
-from .filters import (
-    GroupAccumulator,
-    accumulate_groups,
-    dynamic_sampling_mask,
-    informative_groups,
-    overlong_keep_mask,
-    soft_overlong_penalty,
-)
-from .kl import get_kl, kl_in_reward, kl_penalty, register_kl
-from .losses import (
-    PolicyLossOutput,
-    get_policy_loss,
-    gspo_loss,
-    ppo_clip_loss,
-    register_policy_loss,
-    sequence_log_ratio,
-)
-from .policy_loss import compute_policy_loss
-from .shaping import (
-    ShapingInput,
-    ShapingOutput,
-    TokenShaper,
-    build_shaper,
-    get_shaper,
-    register_shaper,
-)
+# the module of the package that defines each name
+_HOMES: dict[str, tuple[str, ...]] = {
+    "advantages": ("GroupStats", "broadcast_to_tokens", "compute_advantages", "get_advantage", "group_inverse",
+                   "register_advantage"),
+    "aggregate": ("Denominators", "GlobalCounts", "aggregate", "count_tokens_and_seqs", "get_aggregation",
+                  "global_counts", "register_aggregation"),
+    "config": ("GRPOConfig",),
+    "filters": ("GroupAccumulator", "accumulate_groups", "dynamic_sampling_mask", "informative_groups",
+                "overlong_keep_mask", "soft_overlong_penalty"),
+    "kl": ("get_kl", "kl_in_reward", "kl_penalty", "register_kl"),
+    "losses": ("PolicyLossOutput", "get_policy_loss", "gspo_loss", "ppo_clip_loss", "register_policy_loss",
+               "sequence_log_ratio"),
+    "policy_loss": ("compute_policy_loss",),
+    "shaping": ("ShapingInput", "ShapingOutput", "TokenShaper", "build_shaper", "get_shaper", "register_shaper"),
+}
+_HOME_OF = {name: home for home, names in _HOMES.items() for name in names}
 
 __all__ = [
     "Denominators", "GRPOConfig", "GlobalCounts", "GroupAccumulator", "GroupStats", "PolicyLossOutput",
@@ -63,3 +45,95 @@ __all__ = [
     "register_aggregation", "register_kl", "register_policy_loss", "register_shaper", "sequence_log_ratio",
     "soft_overlong_penalty",
 ]
+
+
+def _load(home: str) -> dict[str, Any]:
+    """The names of the package's module ``home`` (import statements: ``tests/test_layers.py`` reads them)."""
+    if home == "advantages":
+        from .advantages import (  # noqa: F401  (the names are returned by locals())
+            GroupStats,
+            broadcast_to_tokens,
+            compute_advantages,
+            get_advantage,
+            group_inverse,
+            register_advantage,
+        )
+    elif home == "aggregate":
+        from .aggregate import (  # noqa: F401  (the names are returned by locals())
+            Denominators,
+            GlobalCounts,
+            aggregate,
+            count_tokens_and_seqs,
+            get_aggregation,
+            global_counts,
+            register_aggregation,
+        )
+    elif home == "config":
+        from .config import GRPOConfig  # noqa: F401
+    elif home == "filters":
+        from .filters import (  # noqa: F401  (the names are returned by locals())
+            GroupAccumulator,
+            accumulate_groups,
+            dynamic_sampling_mask,
+            informative_groups,
+            overlong_keep_mask,
+            soft_overlong_penalty,
+        )
+    elif home == "kl":
+        from .kl import get_kl, kl_in_reward, kl_penalty, register_kl  # noqa: F401
+    elif home == "losses":
+        from .losses import (  # noqa: F401  (the names are returned by locals())
+            PolicyLossOutput,
+            get_policy_loss,
+            gspo_loss,
+            ppo_clip_loss,
+            register_policy_loss,
+            sequence_log_ratio,
+        )
+    elif home == "policy_loss":
+        from .policy_loss import compute_policy_loss  # noqa: F401
+    elif home == "shaping":
+        from .shaping import (  # noqa: F401  (the names are returned by locals())
+            ShapingInput,
+            ShapingOutput,
+            TokenShaper,
+            build_shaper,
+            get_shaper,
+            register_shaper,
+        )
+    found = {k: v for k, v in locals().items() if k != "home"}
+    assert set(found) == set(_HOMES[home]), f"mmrl.grpo: {home} gives {sorted(found)}, not {_HOMES[home]}"
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``__all__``, imported from its module on first use (then bound here)."""
+    home = _HOME_OF.get(name)
+    if home is None:  # a submodule not imported yet is not an attribute (the import system then imports it)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = _load(home)
+    globals().update(found)
+    return found[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Front(ModuleType):
+    """This package's module type. ``aggregate`` is both a module of the package and the function it exports
+    (:func:`mmrl.grpo.aggregate.aggregate`): the import system binds a submodule on its package when it first
+    imports it, which would shadow the function, so the package's ``aggregate`` is always the function."""
+
+    @property
+    def aggregate(self) -> Any:
+        from .aggregate import aggregate
+
+        return aggregate
+
+    @aggregate.setter
+    def aggregate(self, value: Any) -> None:  # the submodule, bound by the import system: the name stays the function
+        pass
+
+
+sys.modules[__name__].__class__ = _Front

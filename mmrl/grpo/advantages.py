@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from mmrl_common.registry import Registry
+from .names import ADVANTAGES
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class AdvantageEstimator(Protocol):
     def __call__(self, rewards: Tensor, groups: GroupStats, eps: float) -> Tensor: ...
 
 
-ADVANTAGES: Registry[AdvantageEstimator] = Registry("advantage estimator", "advantage_estimator")
+# ADVANTAGES (mmrl.grpo.names): the estimators by name; the built-in ones below are declared there too, so that
+# a config names them without importing torch
 
 
 def register_advantage(name: str, *, overwrite: bool = False) -> Callable[[AdvantageEstimator], AdvantageEstimator]:

@@ -38,7 +38,7 @@ from typing import Protocol
 
 from torch import Tensor
 
-from mmrl_common.registry import Registry
+from .names import AGGREGATIONS
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Aggregation(Protocol):
     def __call__(self, loss: Tensor, mask: Tensor, denom: Denominators) -> Tensor: ...
 
 
-AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation", "loss_agg")
+# AGGREGATIONS (mmrl.grpo.names): the aggregations by name; the built-in ones below are declared there too, so
+# that a config names them without importing torch
 
 
 def register_aggregation(name: str, *, overwrite: bool = False) -> Callable[[Aggregation], Aggregation]:

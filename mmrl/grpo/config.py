@@ -8,8 +8,9 @@ Defaults and why:
   the Lite PPO study on aligned 8B models use 0.28). Set
   ``clip_high=0.2`` for vanilla symmetric PPO/GRPO.
 * ``dual_clip_c=None`` -- off, as in TRL and vanilla GRPO; verl/ARES use 3.0, DAPO scripts 10.
-* ``policy_loss_kwargs={}`` -- the chosen loss's own settings, with defaults declared where the loss is
-  registered: ``gspo`` ``{clip_low: 3e-4, clip_high: 4e-4}`` (GSPO paper v2 §5.1: sequence ratios are near 1);
+* ``policy_loss_kwargs={}`` -- the chosen loss's own settings, with defaults declared with the loss's name
+  (:mod:`mmrl.grpo.names`): ``gspo`` ``{clip_low: 3e-4, clip_high: 4e-4}`` (GSPO paper v2 §5.1: sequence
+  ratios are near 1);
   ``clip_cov`` ``{ratio: 2e-4, lb: 1, ub: 5}`` and ``kl_cov`` ``{ratio: 2e-4, coef: 1}`` (the Clip-Cov / KL-Cov
   losses of :mod:`mmrl.grpo.cov_losses`, the authors' defaults, arXiv 2505.22617; KL-Cov's ratio as a
   fraction, verl's units).
@@ -25,6 +26,10 @@ Defaults and why:
 * ``overlong_filter=False``, ``overlong_penalty=False`` -- off as in most DAPO runs; the penalty needs
   ``max_response_length`` (L_max) and ``overlong_cache`` (L_cache; DAPO 4096 of 20480).
 * ``shaper="none"`` -- no per-token shaping.
+
+The names are checked against the registries of :mod:`mmrl.grpo.names`, and the loss's settings against its
+declared ones, without importing torch: this module and that one import neither torch nor numpy (a config is
+read and shown without them); building the token shaper (:meth:`GRPOConfig.build_shaper`) imports its module.
 """
 
 from __future__ import annotations
@@ -32,15 +37,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmrl_common.errors import ConfigError
 
-from .advantages import get_advantage
-from .aggregate import get_aggregation
-from .kl import get_kl
-from .losses import policy_loss_settings
-from .shaping import TokenShaper, build_shaper, get_shaper
+from .names import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, SHAPERS, policy_loss_settings
+
+if TYPE_CHECKING:
+    from .shaping import TokenShaper
 
 
 def range_words(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False) -> str:
@@ -136,12 +140,13 @@ class GRPOConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        get_advantage(self.advantage_estimator)
+        # the names (a registered or declared entry of each family: no torch module is imported)
+        ADVANTAGES.check(self.advantage_estimator)
         policy_loss_settings(self.policy_loss, self.policy_loss_kwargs)  # the name, then its settings
-        get_aggregation(self.loss_agg)
-        get_kl(self.kl_estimator)
-        get_kl(self.kl_reward_estimator)
-        get_shaper(self.shaper)
+        AGGREGATIONS.check(self.loss_agg)
+        KL_ESTIMATORS.check(self.kl_estimator)
+        KL_ESTIMATORS.check(self.kl_reward_estimator)
+        SHAPERS.check(self.shaper)
 
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"grpo.{key}={getattr(self, key)!r}: {why}")
@@ -212,6 +217,8 @@ class GRPOConfig:
         return dataclasses.asdict(self)
 
     def build_shaper(self) -> TokenShaper:
+        from .shaping import build_shaper
+
         return build_shaper(self.shaper, **self.shaper_kwargs)
 
 

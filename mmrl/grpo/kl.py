@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from mmrl_common.registry import Registry
+from .names import KL_ESTIMATORS
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -36,7 +36,8 @@ class KLEstimator(Protocol):
     def __call__(self, logp: Tensor, ref_logp: Tensor) -> Tensor: ...
 
 
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator", "kl_estimator")
+# KL_ESTIMATORS (mmrl.grpo.names): the estimators by name; the built-in ones below are declared there too, so
+# that a config names them without importing torch
 
 
 def register_kl(name: str, *, overwrite: bool = False) -> Callable[[KLEstimator], KLEstimator]:

@@ -24,7 +24,8 @@ objective ``-mean_i A_i * s_i``; other aggregations are allowed (per-token advan
 
 Register a new loss with :func:`register_policy_loss`; it receives the same tensors plus the
 :class:`~mmrl.grpo.config.GRPOConfig`. A loss's own knobs are its ``settings`` (declared with their defaults
-at registration, optionally with a ``check``): the run sets them in ``grpo.policy_loss_kwargs`` (as
+at registration, optionally with a ``check``; the built-in losses' in :mod:`mmrl.grpo.names`, which a config
+reads without torch): the run sets them in ``grpo.policy_loss_kwargs`` (as
 ``grpo.shaper_kwargs`` for a shaper), and the loss reads them merged with the defaults from
 ``cfg.loss_settings``; an unknown key or a value the check refuses fails when the configuration loads. Called from
 :func:`~mmrl.grpo.config.compute_policy_loss`, ``advantages`` are always per-token ``(B, T)`` (after shaping)
@@ -40,12 +41,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from mmrl_common.errors import ConfigError
-from mmrl_common.registry import Registry, did_you_mean
-
 from ._util import masked_max, masked_mean
+from .names import (
+    POLICY_LOSSES,
+    policy_loss_settings,  # noqa: F401  (its home is mmrl.grpo.names, without torch)
+)
 
-# ``cfg`` below is the run's mmrl.grpo.config.GRPOConfig (not imported: that module imports this one)
+# ``cfg`` below is the run's mmrl.grpo.config.GRPOConfig (not imported: any object with its attributes does)
 GRPOSettings = Any
 
 LOG_RATIO_CLAMP = 20.0
@@ -64,7 +66,8 @@ class PolicyLoss(Protocol):
     ) -> PolicyLossOutput: ...
 
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "policy_loss")
+# POLICY_LOSSES (mmrl.grpo.names): the losses by name; the built-in ones below are declared there too, with their
+# settings and checks, so that a config names them and sets their settings without importing torch
 
 
 def register_policy_loss(name: str, *, overwrite: bool = False, settings: Mapping[str, Any] | None = None,
@@ -74,31 +77,14 @@ def register_policy_loss(name: str, *, overwrite: bool = False, settings: Mappin
 
     ``settings``: the loss's own knobs and their defaults (set in ``grpo.policy_loss_kwargs``, read by the loss
     from ``cfg.loss_settings``); ``check(settings)`` raises :class:`ValueError` (its message says what is
-    wrong) for values the loss cannot use."""
-    return POLICY_LOSSES.register(name, overwrite=overwrite, meta={"settings": dict(settings or {}),
-                                                                   "check": check})
-
-
-def policy_loss_settings(name: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The settings of the loss ``name``: its declared defaults updated by ``given``
-    (``grpo.policy_loss_kwargs``); :class:`~mmrl_common.errors.ConfigError` for a key the loss does not
-    declare or a value its check refuses."""
-    meta = POLICY_LOSSES.meta(name)
-    defaults = meta["settings"]
-    if not isinstance(given, Mapping):
-        raise ConfigError(f"grpo.policy_loss_kwargs must be a mapping, got {given!r}")
-    for key in given:
-        if key not in defaults:
-            valid = ", ".join(sorted(defaults)) or "none"
-            raise ConfigError(f"grpo.policy_loss_kwargs.{key}: policy loss {name!r} has no setting {key!r}"
-                              f"{did_you_mean(str(key), defaults)}; its settings: {valid}")
-    out = {**defaults, **given}
-    if meta["check"] is not None:
-        try:
-            meta["check"](out)
-        except ValueError as exc:
-            raise ConfigError(f"grpo.policy_loss_kwargs (policy loss {name!r}): {exc}") from None
-    return out
+    wrong) for values the loss cannot use. A built-in loss gives neither: they are declared with its name in
+    :mod:`mmrl.grpo.names`."""
+    meta: dict[str, Any] = {}
+    if settings is not None:
+        meta["settings"] = dict(settings)
+    if check is not None:
+        meta["check"] = check
+    return POLICY_LOSSES.register(name, overwrite=overwrite, meta=meta)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -207,14 +193,7 @@ def _ppo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tens
                          clip_c=cfg.dual_clip_c)
 
 
-def _check_gspo(s: dict[str, Any]) -> None:
-    if not 0 <= s["clip_low"] < 1:
-        raise ValueError(f"clip_low={s['clip_low']!r} must be in [0, 1) (GSPO's sequence ratios stay near 1: 3e-4)")
-    if s["clip_high"] < 0:
-        raise ValueError(f"clip_high={s['clip_high']!r} must be >= 0 (GSPO's default: 4e-4)")
-
-
-@register_policy_loss("gspo", settings={"clip_low": 3e-4, "clip_high": 4e-4}, check=_check_gspo)
+@register_policy_loss("gspo")  # settings {clip_low, clip_high} and their check: declared in mmrl.grpo.names
 def _gspo_from_cfg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: GRPOSettings):
     s = cfg.loss_settings
     return gspo_loss(logp, old_logp, advantages, mask, clip_low=s["clip_low"], clip_high=s["clip_high"])

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from mmrl_common.registry import Registry
+from .names import SHAPERS
 
 # ``cfg`` below is the run's mmrl.grpo.config.GRPOConfig (not imported: that module imports this one)
 GRPOSettings = Any
@@ -65,7 +65,8 @@ class TokenShaper(Protocol):
     def __call__(self, inp: ShapingInput) -> ShapingOutput: ...
 
 
-SHAPERS: Registry[Callable[..., TokenShaper]] = Registry("token shaper", "shaper")
+# SHAPERS (mmrl.grpo.names): the shaper factories by name; the built-in ones below are declared there too, so
+# that a config names them without importing torch
 
 
 def register_shaper(name: str, *, overwrite: bool = False):

@@ -2,15 +2,71 @@
 media encoding and vision cache, input building, log-prob passes, generation, LoRA, RoPE and packing.
 
 It imports nothing of the engine (the trainer, rollouts, the run): ``tests/test_layers.py`` checks it.
+
+A lazy front: importing the package imports no torch. The torch-free names (:data:`FAMILIES` of
+:mod:`mmrl.model.families`, the options of :mod:`mmrl.model.options`) are bound at once; the others are imported
+from their module on first use (``from mmrl.model import Policy`` imports :mod:`mmrl.model.policy`).
 """
 
-from .loading import adapter_base, check_model_dir, load_policy, resolve_device, warn_cpu_fallback
+from __future__ import annotations
+
+from typing import Any
+
+from .families import FAMILIES
 from .options import PolicyOptions, RankBinding
-from .policy import Policy, checkpointing_switch
-from .types import FAMILIES, IMAGE, TEXT, VIDEO, EncodedMedia, Generation, MediaInput, MediaStore, TokenSeq
+
+# the module of the package that defines each name imported on first use
+_HOMES: dict[str, tuple[str, ...]] = {
+    "loading": ("adapter_base", "check_model_dir", "load_policy", "resolve_device", "warn_cpu_fallback"),
+    "policy": ("Policy", "checkpointing_switch"),
+    "types": ("IMAGE", "TEXT", "VIDEO", "EncodedMedia", "Generation", "MediaInput", "MediaStore", "TokenSeq"),
+}
+_HOME_OF = {name: home for home, names in _HOMES.items() for name in names}
 
 __all__ = [
     "FAMILIES", "IMAGE", "TEXT", "VIDEO", "EncodedMedia", "Generation", "MediaInput", "MediaStore", "Policy",
     "PolicyOptions", "RankBinding", "TokenSeq", "adapter_base", "check_model_dir", "checkpointing_switch",
     "load_policy", "resolve_device", "warn_cpu_fallback",
 ]
+
+
+def _load(home: str) -> dict[str, Any]:
+    """The names of the package's module ``home`` (import statements: ``tests/test_layers.py`` reads them)."""
+    if home == "loading":
+        from .loading import (  # noqa: F401  (the names are returned by locals())
+            adapter_base,
+            check_model_dir,
+            load_policy,
+            resolve_device,
+            warn_cpu_fallback,
+        )
+    elif home == "policy":
+        from .policy import Policy, checkpointing_switch  # noqa: F401
+    elif home == "types":
+        from .types import (  # noqa: F401  (the names are returned by locals())
+            IMAGE,
+            TEXT,
+            VIDEO,
+            EncodedMedia,
+            Generation,
+            MediaInput,
+            MediaStore,
+            TokenSeq,
+        )
+    found = {k: v for k, v in locals().items() if k != "home"}
+    assert set(found) == set(_HOMES[home]), f"mmrl.model: {home} gives {sorted(found)}, not {_HOMES[home]}"
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``__all__``, imported from its module on first use (then bound here)."""
+    home = _HOME_OF.get(name)
+    if home is None:  # a submodule not imported yet is not an attribute (the import system then imports it)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = _load(home)
+    globals().update(found)
+    return found[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -16,9 +16,9 @@ import torch
 from mmrl_common.errors import MmrlError
 
 from . import varlen
+from .families import FAMILIES
 from .kernels import warn_linear_attention_kernels
 from .policy import Policy
-from .types import FAMILIES
 
 _WARNED: set[str] = set()
 

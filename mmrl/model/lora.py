@@ -33,7 +33,11 @@ import torch
 from mmrl_common.errors import ConfigError, MmrlError
 
 from . import router_loss
-from .types import has_linear_attention
+from .families import (  # noqa: F401  (their home is mmrl.model.families, without torch; re-exported here)
+    DEFAULT_TARGETS,
+    LINEAR_ATTENTION_TARGETS,
+    default_targets,
+)
 
 ADAPTER_DIR = "adapter"  # the adapters inside a merged export (final/, sft-model/)
 ADAPTER_CONFIG = "adapter_config.json"
@@ -64,22 +68,6 @@ def target_pattern(targets: list[str] | str) -> str:
         return targets
     names = "|".join(re.escape(t) for t in targets)
     return rf"(.*\.)?language_model\..*\.({names})"
-
-
-# model.lora.target_modules by default: every projection of the attention and the MLP of each decoder layer
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# The projections of a Gated DeltaNet layer (Qwen3.5; 3 of every 4 decoder layers): the default targets name the
-# attention and MLP projections only, which would leave those layers' token mixing frozen
-LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
-
-
-def default_targets(model: torch.nn.Module, targets: list[str] | str) -> list[str] | str:
-    """``targets``, with :data:`LINEAR_ATTENTION_TARGETS` added when they are the default list
-    (:data:`DEFAULT_TARGETS`) and the model has linear-attention layers."""
-    family = getattr(getattr(model, "config", None), "model_type", "")
-    if isinstance(targets, list) and tuple(targets) == DEFAULT_TARGETS and has_linear_attention(family):
-        return [*targets, *LINEAR_ATTENTION_TARGETS]
-    return targets
 
 
 def apply_lora(policy: Any, settings: Any) -> dict[str, Any]:

@@ -31,8 +31,8 @@ import warnings
 
 import torch
 
+from .families import has_linear_attention
 from .options import PolicyOptions
-from .types import has_linear_attention
 
 REASONS = {
     "padding_free": "packing several samples into one row lets each start from the recurrent state of the one "

@@ -28,7 +28,8 @@ import torch
 
 from mmrl_common.errors import MmrlError
 
-from .types import FAMILIES, IMAGE, TEXT, VIDEO, media_family
+from .families import FAMILIES, media_family
+from .types import IMAGE, TEXT, VIDEO
 
 
 def _family(base: torch.nn.Module) -> str:
