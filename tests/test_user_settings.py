@@ -36,7 +36,7 @@ def _assert_preset(settings: dict) -> None:
 
 def test_sft_on_a_7b_sized_model_takes_the_real_model_preset(tiny: Path, capsys: pytest.CaptureFixture) -> None:
     from mmrl.cli.commands import sft_config
-    from mmrl.engine.checkpoint import eval_settings
+    from mmrl.config.eval_settings import eval_settings
 
     big = as_7b(tiny)
     cfg = sft_config(cli.build_parser(only="sft").parse_args(["sft", "--model", str(big)]))

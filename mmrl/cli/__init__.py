@@ -17,22 +17,29 @@ from typing import Any
 from mmrl import __version__
 from mmrl_common.errors import MmrlError
 
-# command name -> ("module:function" that adds its parser, one-line help)
+# command name -> ("module:function" that adds its parser, its one-line help as that parser gives it: the listing
+# shows it without importing the module; tests/test_cli_startup.py keeps the two equal)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("mmrl.cli.commands:add_train_parser", "RL fine-tuning (GRPO) of a Qwen-VL model"),
-    "sft": ("mmrl.cli.commands:add_sft_parser", "supervised fine-tuning (cold start)"),
-    "eval": ("mmrl.cli.commands:add_eval_parser", "evaluate a model on a held-out split"),
-    "data": ("mmrl.cli:add_data_parser", "validate, inspect, and generate datasets (make-toy)"),
-    "models": ("mmrl.toy.base:add_models_parser", "build tiny Qwen-VL models offline (random weights or the toy base)"),
-    "compare": ("mmrl.cli.compare:add_parser", "measure methods against plain GRPO: arms x seeds, intervals"),
-    "config": ("mmrl.cli.commands:add_config_parser", "print the resolved configuration: every key, value, meaning"),
+    "sft": ("mmrl.cli.commands:add_sft_parser", "supervised fine-tuning (cold start), loss on assistant tokens only"),
+    "eval": ("mmrl.cli.commands:add_eval_parser",
+             "evaluate a model on a held-out split (accuracy per problem type and task)"),
+    "data": ("", "validate, inspect, and generate datasets (make-toy)"),
+    "models": ("mmrl.toy.base:add_models_parser",
+               "build tiny Qwen-VL models offline (random weights or the toy base)"),
+    "compare": ("mmrl.cli.compare:add_parser",
+                "measure methods against plain GRPO: arms x seeds, one table with 95%% intervals"),
+    "config": ("mmrl.cli.commands:add_config_parser",
+               "print the resolved configuration: every key, its value and meaning"),
 }
 
 
-# ``mmrl data`` sub-commands that methods provide: name -> "module:function" that adds the sub-command
-DATA_COMMANDS: dict[str, str] = {
-    "earl-sft": "mmrl.methods.earl.trajectories:add_parser",
-    "select-variance": "mmrl.methods.temporal_r1:add_select_variance_parser",
+# ``mmrl data`` sub-commands that methods provide: name -> ("module:function" that adds it, its one-line help)
+DATA_COMMANDS: dict[str, tuple[str, str]] = {
+    "earl-sft": ("mmrl.methods.earl.trajectories:add_parser",
+                 "EARL's action-aware SFT trajectories (reasoning, 0-2 frame selections, then the answer)"),
+    "select-variance": ("mmrl.methods.temporal_r1:add_select_variance_parser",
+                        "keep the training records whose K answers by the starting model disagree"),
 }
 
 
@@ -51,19 +58,26 @@ def load_method(kind: str, name: str) -> Any:
     return importlib.import_module(target) if target else None
 
 
-def add_data_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_data_parser(subparsers: argparse._SubParsersAction, only: str | None = None) -> argparse.ArgumentParser:
     """``mmrl data``: the data pipelines' own sub-commands and the methods' (:data:`DATA_COMMANDS`; the CLI is
-    where the engine and the methods meet, by name)."""
+    where the engine and the methods meet, by name). With ``only`` (the sub-command that runs), a method's
+    sub-command other than that one is listed by its help line without importing the method."""
     from data_pipelines.cli import add_parser
 
     parser, sub = add_parser(subparsers)
-    for target in DATA_COMMANDS.values():
+    for name, (target, help_text) in DATA_COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
         mod, func = target.split(":")
         getattr(importlib.import_module(mod), func)(sub)
     return parser
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, sub_only: str | None = None) -> argparse.ArgumentParser:
+    """The ``mmrl`` parser. ``only``: the command that runs; the others are listed by their help line without
+    importing their modules (``""``: none runs, as for ``mmrl --help``); None builds every command.
+    ``sub_only``: the same for the sub-commands of ``mmrl data``."""
     parser = argparse.ArgumentParser(
         prog="mmrl",
         description="RL fine-tuning of Qwen-VL models on images and videos.",
@@ -73,6 +87,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         if only is not None and name != only:
             sub.add_parser(name, help=help_text)
+            continue
+        if name == "data":
+            add_data_parser(sub, only=sub_only if only is not None else None)
             continue
         mod, func = module.split(":")
         getattr(importlib.import_module(mod), func)(sub)
@@ -187,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_party()
     calm_progress_bars()
-    command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only=command if command in COMMANDS else None)
+    words = [a for a in argv if not a.startswith("-")]
+    command = words[0] if words else None
+    # only the command that runs (and its sub-command) is built: ``mmrl --help`` imports no command's module
+    parser = build_parser(only=command if command in COMMANDS else "",
+                          sub_only=words[1] if command == "data" and len(words) > 1 else "")
     args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -98,7 +98,7 @@ def _check_paths(cfg) -> None:
     if cfg.model.path and not Path(cfg.model.path).exists():
         raise ConfigError(f"model.path: folder not found: {cfg.model.path}{_recipe_hint(cfg, 'model', 'path')}")
     if cfg.model.path:  # fail before the data are built or loaded
-        from mmrl.model import check_model_dir
+        from mmrl.model.folder import check_model_dir
 
         check_model_dir(cfg.model.path)
     for split in ("train", "val", "test"):

@@ -16,8 +16,7 @@ from mmrl.config.prompt_templates import resolve_template
 from mmrl.config.tiny_size import resolve_size
 from mmrl.config.toy import check_overrides
 from mmrl.grpo.config import GRPOConfig, check_number, range_words
-from mmrl.model.lora import DEFAULT_TARGETS
-from mmrl.model.types import FAMILIES
+from mmrl.model.families import DEFAULT_TARGETS, FAMILIES
 from mmrl_common.errors import ConfigError
 from rewards.registry import RewardSpec
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mmrl.model.types import FAMILIES, dense_family, has_linear_attention, is_moe, media_family
+from mmrl.model.families import FAMILIES, dense_family, has_linear_attention, is_moe, media_family
 from mmrl_common.errors import ConfigError
 
 # Per-family fixed architecture facts (those of the real checkpoints; patch size by the media family).

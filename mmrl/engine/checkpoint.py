@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmrl.config.eval_settings import EVAL_SETTINGS_FILE, eval_settings, read_eval_settings  # noqa: F401
 from mmrl.model.weights import from_published_layout, published_names, save_pretrained
 from mmrl_common.file_digest import DIGEST_BLOCK, block_hashes, hash_threads
 
@@ -72,7 +73,6 @@ def seed_everything(seed: int) -> None:
 
 REFERENCE_FILE = "reference.safetensors"
 REFERENCE_ADAPTER_FILE = "reference_adapter.safetensors"
-EVAL_SETTINGS_FILE = "mmrl_eval.json"
 
 
 # ------------------------------------------------------------------------------------ content digests
@@ -147,25 +147,6 @@ def check_digest(folder: Path) -> str | None:
                 return (f"{name} does not match its digest (sha256 of bytes {i * DIGEST_BLOCK}-"
                         f"{min((i + 1) * DIGEST_BLOCK, size)} differs)")
     return None
-
-
-def eval_settings(cfg: Any) -> dict[str, Any]:
-    """What evaluating a model as it was trained needs, as a config fragment (``{section: {key: value}}``):
-    the prompt, the generation length and stop strings, the media budgets and the evaluation settings of
-    the run configuration ``cfg``."""
-    from mmrl.config.io import to_dict
-
-    return {"prompt": to_dict(cfg.prompt),
-            "rollout": {"max_new_tokens": cfg.rollout.max_new_tokens, "stop": list(cfg.rollout.stop)},
-            "data": {"media": to_dict(cfg.data.media)},
-            "eval": {"max_new_tokens": cfg.eval.max_new_tokens, "batch_size": cfg.eval.batch_size,
-                     "min_options": cfg.eval.min_options}}
-
-
-def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
-    """The evaluation settings stored in a model folder (:func:`eval_settings`), or None."""
-    path = Path(model_dir) / EVAL_SETTINGS_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None, *,
@@ -419,7 +400,7 @@ def load_weights(model: torch.nn.Module, checkpoint: Path) -> None:
 def another_model(checkpoint: Path, model: torch.nn.Module, detail: str) -> Exception:
     """The error of a checkpoint whose weights belong to another model than the one loaded (a resume with
     another ``--model``, or another model put in the run's model folder): one line, both models in words."""
-    from mmrl.model.describe import describe_config, describe_model
+    from mmrl.model.folder import describe_config, describe_model
     from mmrl_common.errors import MmrlError
 
     config = getattr(model, "config", None)

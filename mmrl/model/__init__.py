@@ -17,7 +17,8 @@ from .options import PolicyOptions, RankBinding
 
 # the module of the package that defines each name imported on first use
 _HOMES: dict[str, tuple[str, ...]] = {
-    "loading": ("adapter_base", "check_model_dir", "load_policy", "resolve_device", "warn_cpu_fallback"),
+    "folder": ("adapter_base", "check_model_dir"),
+    "loading": ("load_policy", "resolve_device", "warn_cpu_fallback"),
     "policy": ("Policy", "checkpointing_switch"),
     "types": ("IMAGE", "TEXT", "VIDEO", "EncodedMedia", "Generation", "MediaInput", "MediaStore", "TokenSeq"),
 }
@@ -32,14 +33,10 @@ __all__ = [
 
 def _load(home: str) -> dict[str, Any]:
     """The names of the package's module ``home`` (import statements: ``tests/test_layers.py`` reads them)."""
-    if home == "loading":
-        from .loading import (  # noqa: F401  (the names are returned by locals())
-            adapter_base,
-            check_model_dir,
-            load_policy,
-            resolve_device,
-            warn_cpu_fallback,
-        )
+    if home == "folder":
+        from .folder import adapter_base, check_model_dir  # noqa: F401
+    elif home == "loading":
+        from .loading import load_policy, resolve_device, warn_cpu_fallback  # noqa: F401
     elif home == "policy":
         from .policy import Policy, checkpointing_switch  # noqa: F401
     elif home == "types":

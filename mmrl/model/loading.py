@@ -4,7 +4,6 @@ checkpoints (their base model found and the adapters merged in)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import warnings
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from mmrl_common.errors import MmrlError
 
 from . import varlen
 from .families import FAMILIES
+from .folder import adapter_base, check_model_dir
 from .kernels import warn_linear_attention_kernels
 from .policy import Policy
 
@@ -38,25 +38,6 @@ def warn_cpu_fallback() -> None:
                 f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')!r})")
     warnings.warn(f"this machine has NVIDIA GPUs ({len(gpus)} device files) but {why}: model.device=auto runs on "
                   "the CPU; fix the install, or set model.device=cpu to mean it", RuntimeWarning, stacklevel=2)
-
-
-def check_model_dir(path: str | Path) -> Path:
-    """Cheap checks of a model folder (before any data is built or loaded); errors name the folder."""
-    path = Path(path)
-    if not path.is_dir():
-        raise MmrlError(f"model folder not found: {path}")
-    if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
-        adapter_base(path)  # a LoRA checkpoint: its base model must be found
-        return path
-    if not (path / "config.json").is_file():
-        raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
-    has_processor = any((path / name).is_file() for name in (
-        "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"))
-    if not has_processor:
-        raise MmrlError(
-            f"{path}: no processor (preprocessor_config.json or processor_config.json); "
-            "save the processor beside the model with processor.save_pretrained(folder)")
-    return path
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -131,29 +112,6 @@ def _partitioned_shapes_in_conversions() -> Iterator[None]:
         yield
     finally:
         Transpose.convert = original
-
-
-def adapter_base(folder: Path) -> Path:
-    """The base model of a LoRA checkpoint (``adapter_config.json``'s ``base_model_name_or_path``): as saved
-    when it is a folder; a relative one also against the run folder, whose ``config.yaml`` names the model the
-    run started from. Errors say where it looked."""
-    saved = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
-    tried = [Path(saved)] if saved else []
-    if saved and not Path(saved).is_absolute():
-        tried.append(folder.parent / saved)
-    run_cfg = folder.parent / "config.yaml"
-    if run_cfg.is_file():
-        import yaml
-
-        start = ((yaml.safe_load(run_cfg.read_text()) or {}).get("model") or {}).get("path")
-        if start:
-            tried.append(Path(start) if Path(start).is_absolute() else folder.parent / start)
-    for cand in tried:
-        if (cand / "config.json").is_file():
-            return cand.resolve()
-    raise MmrlError(f"{folder}: a LoRA checkpoint whose base model was not found (base_model_name_or_path "
-                    f"{saved!r}; looked in {', '.join(str(t) for t in tried) or 'nothing'}); evaluate the run's "
-                    "final/ folder (the merged model), or set base_model_name_or_path in its adapter_config.json")
 
 
 def load_adapter_checkpoint(folder: Path, **kwargs: Any) -> Policy:

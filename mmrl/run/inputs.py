@@ -173,7 +173,7 @@ def _windows_digest(path: Path) -> str:
 def model_identity(model_dir: str | Path) -> dict[str, Any]:
     """A model folder's identity: its architecture in words, ``config.json``'s sha256, the tensors' shapes (a
     digest and the parameter count) and a digest of each weight file's size and three windows of its bytes."""
-    from mmrl.model.describe import describe_model
+    from mmrl.model.folder import describe_model
 
     folder = Path(model_dir)
     config = folder / "config.json"

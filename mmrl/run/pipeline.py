@@ -13,6 +13,7 @@ prompt, generation and media settings) so that ``mmrl eval --model`` evaluates i
 """
 
 import contextlib
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -71,33 +72,65 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, overwrite: boo
             lock.release()
 
 
+@dataclasses.dataclass
+class Session:
+    """What the phases of one session of ``mmrl train`` hand each other (each phase fills its part)."""
+
+    cfg: RunConfig
+    run_dir: Path
+    world: Any
+    show: bool
+    changes: list[str]
+    """The settings and inputs this resume changes (``--force-settings``), recorded once it has resumed."""
+    cfg_text: str
+    state: RunState
+    log: RunLog | None = None
+    threads: int = 1
+    model_dir: Path = Path()
+    train_samples: list[Any] = dataclasses.field(default_factory=list)
+    eval_samples: list[Any] = dataclasses.field(default_factory=list)
+    stages: dict[str, Any] = dataclasses.field(default_factory=dict)
+    policy: Any = None
+    trainer: Any = None
+
+
 def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show_progress: bool,
            force_settings: bool, states: list[RunState | RunLog]) -> dict[str, Any]:
+    """The session's phases, in order; each finished stage is recorded and skipped by a resume."""
     from transformers.utils import logging as hf_logging
 
-    from mmrl.engine.checkpoint import (
-        eval_settings,
-        latest_checkpoint,
-        load_weights,
-        save_model,
-        seed_everything,
-    )
-    from mmrl.engine.distributed import device_for, world
-    from mmrl.engine.optim import zero3_sharded_loading
-    from mmrl.engine.sft import run_sft
-    from mmrl.engine.trainer import Diverged, GRPOTrainer
-    from mmrl.model import load_policy
-    from mmrl.run.report import write_report
+    hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
+    s = open_run_folder(cfg, run_dir, resume=resume, overwrite=overwrite, show=show_progress,
+                        force_settings=force_settings, states=states)
+    prepare_data(s)
+    load_model(s)
+    cold_start(s)
+    from mmrl.engine.trainer import GRPOTrainer
+
+    s.trainer = GRPOTrainer(cfg, s.policy, s.train_samples, run_dir=run_dir, eval_samples=s.eval_samples,
+                            log=s.log, show_progress=s.show)
+    evaluate_stage(s, "eval_before_rl")
+    reinforce(s)
+    evaluate_stage(s, "eval_after_rl")
+    return report(s)
+
+
+def open_run_folder(cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite: bool, show: bool,
+                    force_settings: bool, states: list[RunState | RunLog]) -> Session:
+    """Phase 1, resolve: whether this session may write the run folder and with which settings (rank 0
+    decides; every rank stops on a refusal), the service rewards reached, ``config.yaml`` written (a resume
+    with other settings writes it once it has resumed), the run's state, log and CPU threads."""
+    from mmrl.engine.checkpoint import seed_everything
+    from mmrl.engine.distributed import world
     from rewards.remote import preflight_rewards
 
-    hf_logging.disable_progress_bar()  # weight-loading/saving bars would drown the run's own progress
     w = world()
-    show_progress = show_progress and w.is_main
+    show = show and w.is_main
     cfg_path = run_dir / "config.yaml"
     refusal, changes = None, []
     if w.is_main:  # rank 0, holding the folder's lock, decides; every rank stops on a refusal
         try:
-            check_run_folder(run_dir, cfg, resume=resume, overwrite=overwrite, show=show_progress)
+            check_run_folder(run_dir, cfg, resume=resume, overwrite=overwrite, show=show)
             if resume:
                 changes = settings_differences(cfg_path, cfg)
                 changes += input_changes_refused(run_dir, cfg, force_settings=force_settings)
@@ -110,127 +143,167 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
     preflight_rewards(cfg.rewards, run_dir)  # service rewards (http, judge) reached before the folder is written
     run_dir.mkdir(parents=True, exist_ok=True)
     changes = w.broadcast(changes)
-    if changes and show_progress:
+    if changes and show:
         print(f"resume: continuing with settings other than the run's ({'; '.join(changes)}); once the run has "
               "resumed, config.yaml records the new ones and run_state.json the changes", flush=True)
     cfg_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
     if w.is_main and not changes:  # other settings are recorded once the run has resumed (session_begins)
         cfg_path.write_text(cfg_text)
     check_run_folder_shared(w, cfg_path, w.broadcast(cfg_path.read_text() if w.is_main else None))
-    state = RunState(run_dir)
-    states.append(state)
-
-    def session_begins() -> None:
-        """A resume with other settings (``--force-settings``), once its checkpoint has loaded: config.yaml
-        records them, run_state.json the changes and the step they apply from, inputs.json the data and model
-        now. A session that fails before (data that do not load, a checkpoint that does not fit the model)
-        leaves the run folder's record as it was, so the next resume is checked against what the run used."""
-        if not changes:
-            return
-        ckpt = latest_checkpoint(run_dir)
-        if w.is_main:
-            cfg_path.write_text(cfg_text)
-            record_inputs(run_dir, cfg, model_dir)
-        state.data.setdefault("settings_changes", []).append(
-            {"from_step": int(ckpt.name.split("-")[1]) if ckpt else 0, "changes": changes})
-        state.save()
-
-    log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show_progress)
-    states.append(log)
-    threads = set_cpu_threads(cfg.train.cpu_threads, show=show_progress, earlier=state.data.get("torch_threads"))
-    state.data["torch_threads"] = threads  # a resume continues with the same count (bitwise the same steps)
-    state.save()
-
+    s = Session(cfg=cfg, run_dir=run_dir, world=w, show=show, changes=changes, cfg_text=cfg_text,
+                state=RunState(run_dir))
+    states.append(s.state)
+    s.log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=show)
+    states.append(s.log)
+    s.threads = set_cpu_threads(cfg.train.cpu_threads, show=show, earlier=s.state.data.get("torch_threads"))
+    s.state.data["torch_threads"] = s.threads  # a resume continues with the same count (bitwise the same steps)
+    s.state.save()
     seed_everything(cfg.train.seed)
+    return s
+
+
+def session_begins(s: Session) -> None:
+    """A resume with other settings (``--force-settings``), once its checkpoint has loaded: config.yaml records
+    them, run_state.json the changes and the step they apply from, inputs.json the data and model now. A
+    session that fails before (data that do not load, a checkpoint that does not fit the model) leaves the run
+    folder's record as it was, so the next resume is checked against what the run used."""
+    from mmrl.engine.checkpoint import latest_checkpoint
+
+    if not s.changes:
+        return
+    ckpt = latest_checkpoint(s.run_dir)
+    if s.world.is_main:
+        (s.run_dir / "config.yaml").write_text(s.cfg_text)
+        record_inputs(s.run_dir, s.cfg, s.model_dir)
+    s.state.data.setdefault("settings_changes", []).append(
+        {"from_step": int(ckpt.name.split("-")[1]) if ckpt else 0, "changes": s.changes})
+    s.state.save()
+
+
+def prepare_data(s: Session) -> None:
+    """Phase 2, prepare the data: the model folder and the splits built on each node first (tiny model, toy
+    world), the inputs' fingerprint recorded, every media file checked (each rank its share), the held-out
+    split limited, the rewards from outside mmrl tried on one training sample."""
+    cfg, w = s.cfg, s.world
     w.check_same_files(shared_inputs(cfg))  # several nodes: the same data and model on each
     with w.node_first():  # each node's local rank 0 builds the node's cache (tiny model, toy world) first
-        model_dir = resolve_model(cfg)
+        s.model_dir = resolve_model(cfg)
         for split in ("train", cfg.eval.split):
-            split_path(cfg, split, show_progress=show_progress)
-    if w.is_main and not changes:  # what the next resume checks: the data's content and the model's identity
-        record_inputs(run_dir, cfg, model_dir)
+            split_path(cfg, split, show_progress=s.show)
+    if w.is_main and not s.changes:  # what the next resume checks: the data's content and the model's identity
+        record_inputs(s.run_dir, cfg, s.model_dir)
     with w.spread_media_checks():  # every rank checks its share of the media files; the verdicts gathered
-        train_samples, train_info = load_split(cfg, "train", show_progress=show_progress)
-        eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=show_progress)
+        s.train_samples, train_info = load_split(cfg, "train", show_progress=s.show)
+        s.eval_samples, eval_info = load_split(cfg, cfg.eval.split, show_progress=s.show)
     if cfg.eval.before_rl or cfg.eval.after_rl or cfg.train.eval_every:  # a held-out file with no question: said
         from mmrl.engine.evaluate import require_questions
 
-        require_questions(eval_samples, eval_info)
+        require_questions(s.eval_samples, eval_info)
     if cfg.eval.limit:
-        eval_samples = eval_samples[:cfg.eval.limit]
-        if len(eval_samples) < eval_info.get("used", 0):  # the report counts what is evaluated
-            eval_info["left_out"]["eval.limit"] = eval_info["used"] - len(eval_samples)
-            eval_info["used"] = len(eval_samples)
-    if not train_samples:
+        s.eval_samples = s.eval_samples[:cfg.eval.limit]
+        if len(s.eval_samples) < eval_info.get("used", 0):  # the report counts what is evaluated
+            eval_info["left_out"]["eval.limit"] = eval_info["used"] - len(s.eval_samples)
+            eval_info["used"] = len(s.eval_samples)
+    if not s.train_samples:
         raise MmrlError(no_training_samples(cfg, train_info))
-    check_rewards(cfg, train_samples[0])
-    # ZeRO-3 on several ranks: the model is built already partitioned, unless this run has a cold start (the
-    # SFT stage trains the whole model on each rank)
-    cold_start = cfg.sft.steps > 0 and not (cfg.sft.target == "random_answer" and cfg.model.path)
-    with zero3_sharded_loading(cfg.train, w, bf16=cfg.model.dtype == "bf16") if not cold_start \
+    check_rewards(cfg, s.train_samples[0])
+    s.stages["data"] = {"train": train_info, "eval": eval_info}
+
+
+def load_model(s: Session) -> None:
+    """Phase 3, load the model: built already partitioned under ZeRO-3 on several ranks (unless a cold start
+    trains the whole model on each rank first), the run's training settings and LoRA applied."""
+    from mmrl.engine.distributed import device_for
+    from mmrl.engine.optim import zero3_sharded_loading
+    from mmrl.model import load_policy
+
+    cfg = s.cfg
+    trained_first = cfg.sft.steps > 0 and not (cfg.sft.target == "random_answer" and cfg.model.path)
+    with zero3_sharded_loading(cfg.train, s.world, bf16=cfg.model.dtype == "bf16") if not trained_first \
             else contextlib.nullcontext(False):
-        policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
-                             device=device_for(cfg.model.device))
-    if show_progress:
-        for line in gpu_advice(cfg, policy):
+        s.policy = load_policy(s.model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                               device=device_for(cfg.model.device))
+    if s.show:
+        for line in gpu_advice(cfg, s.policy):
             print(f"warning: {line}", flush=True)
-    lora_info = configure_policy(policy, cfg)
-    if lora_info is not None and show_progress:
+    lora_info = configure_policy(s.policy, cfg)
+    if lora_info is not None and s.show:
         from mmrl.model.lora import describe
 
         print(describe(lora_info, cfg.model.lora), flush=True)
-    stages: dict[str, Any] = {"data": {"train": train_info, "eval": eval_info}}
-    if show_progress:
-        print(f"run folder: {run_dir}\nmodel: {model_dir} ({policy.family}, "
-              f"{sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f}M parameters)\n"
-              f"data: {len(train_samples)} train, {len(eval_samples)} {cfg.eval.split} samples", flush=True)
+    if s.show:
+        print(f"run folder: {s.run_dir}\nmodel: {s.model_dir} ({s.policy.family}, "
+              f"{sum(p.numel() for p in s.policy.model.parameters()) / 1e6:.2f}M parameters)\n"
+              f"data: {len(s.train_samples)} train, {len(s.eval_samples)} {cfg.eval.split} samples", flush=True)
 
-    # Stage 1: cold start.
-    sft_dir = run_dir / "sft-model"
+
+def cold_start(s: Session) -> None:
+    """Phase 4, the cold start (``sft.steps``): SFT once, its weights reloaded by a resume; never the random-answer
+    target on a model the user gave."""
+    from mmrl.engine.checkpoint import eval_settings, load_weights, save_model, seed_everything
+    from mmrl.engine.sft import run_sft
+
+    cfg, state = s.cfg, s.state
+    sft_dir = s.run_dir / "sft-model"
     if cfg.sft.steps > 0 and cfg.sft.target == "random_answer" and cfg.model.path:
         why = ("not run: sft.target=random_answer trains on random answers to teach a random-weight model the "
                "answer format (the toy demo's cold start) and never runs on a model you give (model.path)")
-        stages["sft"] = {"skipped": why}
+        s.stages["sft"] = {"skipped": why}
         print(f"cold start {why}. For a cold start on your model use `mmrl sft --model DIR --data FILE "
               f"--steps N` (gold answers), or add sft.target=gold sft.steps=N to this command.", flush=True)
     elif cfg.sft.steps > 0:
         if state.done("sft") and (sft_dir / "config.json").exists():
-            load_weights(policy.model, sft_dir)
+            load_weights(s.policy.model, sft_dir)
         else:
             t0 = time.perf_counter()
             seed_everything(cfg.train.seed + 1)
-            result = run_sft(cfg, policy, train_samples, log=log, show_progress=show_progress)
-            if w.is_main:
-                save_model(sft_dir, policy.model, policy.processor, eval_settings(cfg))
+            result = run_sft(cfg, s.policy, s.train_samples, log=s.log, show_progress=s.show)
+            if s.world.is_main:
+                save_model(sft_dir, s.policy.model, s.policy.processor, eval_settings(cfg))
             state.finish("sft", {**result, "steps": cfg.sft.steps, "target": cfg.sft.target,
                                  "seconds": round(time.perf_counter() - t0, 1)})
-        stages["sft"] = state.get("sft")
+        s.stages["sft"] = state.get("sft")
 
-    trainer = GRPOTrainer(cfg, policy, train_samples, run_dir=run_dir, eval_samples=eval_samples, log=log,
-                          show_progress=show_progress)
 
-    # Stage 2: evaluation before RL (on the weights RL starts from).
-    if cfg.eval.before_rl and eval_samples:
-        if not state.done("eval_before_rl"):
-            if latest_checkpoint(run_dir) is not None:
-                raise MmrlError(f"{run_dir}: checkpoints exist but no pre-RL evaluation; start a new run")
-            state.finish("eval_before_rl", _timed(trainer.run_eval, "eval before RL"))
-        _print_eval("before RL", state.get("eval_before_rl"), show_progress)
+EVAL_STAGES = {"eval_before_rl": ("before_rl", "before RL"), "eval_after_rl": ("after_rl", "after RL")}
 
-    # Stage 3: RL.
+
+def evaluate_stage(s: Session, stage: str) -> None:
+    """Phases 5 and 7, the evaluations before RL (on the weights RL starts from) and after it, each once."""
+    setting, tag = EVAL_STAGES[stage]
+    if not (getattr(s.cfg.eval, setting) and s.eval_samples):
+        return
+    if not s.state.done(stage):
+        if stage == "eval_before_rl":
+            from mmrl.engine.checkpoint import latest_checkpoint
+
+            if latest_checkpoint(s.run_dir) is not None:
+                raise MmrlError(f"{s.run_dir}: checkpoints exist but no pre-RL evaluation; start a new run")
+        s.state.finish(stage, _timed(s.trainer.run_eval, f"eval {tag}"))
+    _print_eval(tag, s.state.get(stage), s.show)
+
+
+def reinforce(s: Session) -> None:
+    """Phase 6, RL: from the latest checkpoint, stopping cleanly on SIGTERM/SIGINT; a diverged run writes its
+    report and fails; the final weights exported. A finished RL stage reloads ``final/`` instead."""
+    from mmrl.engine.checkpoint import load_weights, seed_everything
+    from mmrl.engine.trainer import Diverged
+    from mmrl.run.report import write_report
+
+    cfg, run_dir, trainer, state = s.cfg, s.run_dir, s.trainer, s.state
     if not state.done("rl"):
         seed_everything(cfg.train.seed + 2)
         try:
-            with stop_on_signals(trainer, run_dir, show=w.is_main):  # SIGTERM, SIGINT: at a step boundary
+            with stop_on_signals(trainer, run_dir, show=s.world.is_main):  # SIGTERM, SIGINT: at a step boundary
                 trainer.resume()
-                session_begins()
+                session_begins(s)
                 trainer.train()
         except Diverged as exc:  # most updates skipped as non-finite: the report says so, the run fails
-            stages["rl"] = {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
-                            "skipped_updates": trainer.skipped_updates, "stopped": str(exc)}
+            s.stages["rl"] = {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
+                              "skipped_updates": trainer.skipped_updates, "stopped": str(exc)}
             state.save()
-            if w.is_main:
-                write_report(run_dir, _summary(cfg, run_dir, model_dir, state, stages, threads))
+            if s.world.is_main:
+                write_report(run_dir, _summary(s))
             raise
         trainer.export(run_dir / "final")  # ZeRO-3: one module at a time, to rank 0
         state.finish("rl", {"steps": trainer.step, "seconds": _rl_seconds(run_dir),
@@ -238,29 +311,28 @@ def _train(cfg: RunConfig, *, run_dir: Path, resume: bool, overwrite: bool, show
                             "checkpoint_seconds": trainer.save_seconds})
     else:  # a new train.steps was refused at the start (check_run_folder)
         with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
-            load_weights(policy.model, run_dir / "final")
-        session_begins()
-    stages["rl"] = state.get("rl")
+            load_weights(s.policy.model, run_dir / "final")
+        session_begins(s)
+    s.stages["rl"] = state.get("rl")
 
-    # Stage 4: evaluation after RL.
-    if cfg.eval.after_rl and eval_samples:
-        if not state.done("eval_after_rl"):
-            state.finish("eval_after_rl", _timed(trainer.run_eval, "eval after RL"))
-        _print_eval("after RL", state.get("eval_after_rl"), show_progress)
 
-    summary = _summary(cfg, run_dir, model_dir, state, stages, threads)
-    state.save()
-    if w.is_main:
-        report = write_report(run_dir, summary)
-        if show_progress:
-            print(f"report: {report}")
-    log.close()
+def report(s: Session) -> dict[str, Any]:
+    """Phase 8, the report: ``summary.json`` and the report's pages written by rank 0; the summary returned."""
+    from mmrl.run.report import write_report
+
+    summary = _summary(s)
+    s.state.save()
+    if s.world.is_main:
+        path = write_report(s.run_dir, summary)
+        if s.show:
+            print(f"report: {path}")
+    s.log.close()
     return summary
 
 
-def _summary(cfg: RunConfig, run_dir: Path, model_dir: Path, state: RunState, stages: dict[str, Any],
-             threads: int) -> dict[str, Any]:
+def _summary(s: Session) -> dict[str, Any]:
     """What ``summary.json`` and the report hold (``stages``: each stage's result so far)."""
+    cfg, run_dir, model_dir, state, stages, threads = s.cfg, s.run_dir, s.model_dir, s.state, s.stages, s.threads
     return {
         "task": cfg.task, "run_dir": str(run_dir), "model": str(model_dir), "eval_split": cfg.eval.split,
         "eval_min_options": cfg.eval.min_options,

@@ -62,8 +62,8 @@ def setting_sources(args: argparse.Namespace) -> dict[str, str]:
     ``mmrl_eval.json``, ``--config``, the flags, the ``KEY=VALUE`` overrides. A value no layer names but one
     changes (the format reward following ``prompt.answer_format``) is credited to that layer."""
     from mmrl.config import RunConfig, load_run_config, settings_file, task_recipe
+    from mmrl.config.eval_settings import read_eval_settings
     from mmrl.config.io import describe, parse_override
-    from mmrl.engine.checkpoint import read_eval_settings
 
     if getattr(args, "resume", False):
         saved = Path(args.out) / "config.yaml"
@@ -186,9 +186,9 @@ def model_folder(args: argparse.Namespace) -> str | None:
 def full_base(args: argparse.Namespace) -> dict[str, Any]:
     """The real-model preset (a model of 100M+ parameters) and the folder's mmrl_eval.json, merged, for the
     model folder ``args`` name by any route (:func:`model_folder`); {} when neither applies."""
+    from mmrl.config.eval_settings import read_eval_settings
     from mmrl.config.io import deep_merge, load_yaml
-    from mmrl.engine.checkpoint import read_eval_settings
-    from mmrl.model import check_model_dir
+    from mmrl.model.folder import check_model_dir
 
     if getattr(args, "recipe_settings", False) or getattr(args, "resume", False):
         return {}
@@ -228,8 +228,8 @@ def nested(key: str, value: Any) -> dict[str, Any]:
 def with_training_settings(args: argparse.Namespace, cfg):
     """``cfg`` with the settings the model was trained with (its ``mmrl_eval.json``) under the user's own
     YAML, flags and overrides; says which values they changed."""
+    from mmrl.config.eval_settings import EVAL_SETTINGS_FILE, read_eval_settings
     from mmrl.config.io import describe
-    from mmrl.engine.checkpoint import EVAL_SETTINGS_FILE, read_eval_settings
 
     settings = read_eval_settings(cfg.model.path)
     if not settings:

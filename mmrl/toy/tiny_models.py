@@ -51,7 +51,7 @@ from mmrl.config.tiny_size import (
     resolve_size,
     rotary_dim,
 )
-from mmrl.model.types import FAMILIES, dense_family, is_moe, media_family
+from mmrl.model.families import FAMILIES, dense_family, is_moe, media_family
 from mmrl_common.errors import ConfigError, MmrlError
 from mmrl_common.paths import cache_dir
 
@@ -746,7 +746,7 @@ def add_parser(subparsers: Any) -> tuple[argparse.ArgumentParser, Any]:
     :func:`mmrl.toy.base.add_models_parser` adds ``make-toy-base``)."""
     parser = subparsers.add_parser(
         "models",
-        help="build tiny random-weight Qwen-VL models offline",
+        help="build tiny Qwen-VL models offline (random weights or the toy base)",
         description="Model utilities.",
     )
     sub = parser.add_subparsers(dest="models_command", metavar="SUBCOMMAND")

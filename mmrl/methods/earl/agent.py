@@ -390,7 +390,7 @@ def _trained_prompt(args: Any, cfg: Any, key: str) -> str:
     """``prompt.<key>`` (``video_layout``, ``answer_format``) for a benchmark: the value the model was trained
     with (its ``mmrl_eval.json``) unless the user's YAML or overrides set one; the benchmark's own protocol
     decides everything else."""
-    from mmrl.engine.checkpoint import read_eval_settings
+    from mmrl.config.eval_settings import read_eval_settings
     from mmrl.run.recipe import config_from_args
 
     trained = ((read_eval_settings(cfg.model.path) or {}).get("prompt") or {}).get(key) \

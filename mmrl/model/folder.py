@@ -1,0 +1,70 @@
+"""A model folder read without torch: the cheap checks before anything loads (:func:`check_model_dir`), the
+base model of a LoRA checkpoint (:func:`adapter_base`) and the model in words from its ``config.json``
+(``qwen2_5_vl (hidden 64, 2 layers, vocab 151936)``), as an error or a run's record says it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mmrl_common.errors import MmrlError
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """Cheap checks of a model folder (before any data is built or loaded); errors name the folder."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MmrlError(f"model folder not found: {path}")
+    if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
+        adapter_base(path)  # a LoRA checkpoint: its base model must be found
+        return path
+    if not (path / "config.json").is_file():
+        raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
+    has_processor = any((path / name).is_file() for name in (
+        "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"))
+    if not has_processor:
+        raise MmrlError(
+            f"{path}: no processor (preprocessor_config.json or processor_config.json); "
+            "save the processor beside the model with processor.save_pretrained(folder)")
+    return path
+
+
+def adapter_base(folder: Path) -> Path:
+    """The base model of a LoRA checkpoint (``adapter_config.json``'s ``base_model_name_or_path``): as saved
+    when it is a folder; a relative one also against the run folder, whose ``config.yaml`` names the model the
+    run started from. Errors say where it looked."""
+    saved = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    tried = [Path(saved)] if saved else []
+    if saved and not Path(saved).is_absolute():
+        tried.append(folder.parent / saved)
+    run_cfg = folder.parent / "config.yaml"
+    if run_cfg.is_file():
+        import yaml
+
+        start = ((yaml.safe_load(run_cfg.read_text()) or {}).get("model") or {}).get("path")
+        if start:
+            tried.append(Path(start) if Path(start).is_absolute() else folder.parent / start)
+    for cand in tried:
+        if (cand / "config.json").is_file():
+            return cand.resolve()
+    raise MmrlError(f"{folder}: a LoRA checkpoint whose base model was not found (base_model_name_or_path "
+                    f"{saved!r}; looked in {', '.join(str(t) for t in tried) or 'nothing'}); evaluate the run's "
+                    "final/ folder (the merged model), or set base_model_name_or_path in its adapter_config.json")
+
+
+def describe_model(folder: str | Path) -> str:
+    """A model folder in words from its ``config.json``: ``qwen2_5_vl (hidden 64, 2 layers, vocab 151936)``."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "no readable config.json"
+    return describe_config(cfg)
+
+
+def describe_config(cfg: dict[str, Any]) -> str:
+    """A model's ``config.json`` (as a dict) in words (:func:`describe_model`)."""
+    text = cfg.get("text_config") or cfg
+    parts = [f"{k} {text[key]}" for k, key in (("hidden", "hidden_size"), ("layers", "num_hidden_layers"),
+                                                ("vocab", "vocab_size")) if key in text]
+    return f"{cfg.get('model_type', '?')} ({', '.join(parts)})"
