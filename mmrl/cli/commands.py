@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -215,26 +213,15 @@ def _join_world(cfg: Any) -> Any:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from mmrl.run import default_run_dir
-    from mmrl.run import lock as run_lock
-    from mmrl_common.errors import MmrlError
+    from mmrl.run.sft_run import sft_run
 
     cfg = sft_config(args)
     _quiet_loading(args.quiet)
     _check_paths(cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
-    lock = run_lock.acquire(run_dir)  # one writer per folder, for as long as this command writes it
-    try:
-        found = run_lock.run_contents(run_dir)
-        if found and not args.overwrite:
-            raise MmrlError(f"{run_dir} already holds a run; pass --overwrite to start afresh (its contents are "
-                            f"moved aside into {run_dir.name}.replaced-<time>), or choose another --out (found: "
-                            f"{', '.join(found[:6])}{' ...' if len(found) > 6 else ''})")
-        if found:
-            aside = run_lock.move_aside(run_dir)
-            print(f"--overwrite: the earlier run in {run_dir} moved aside into {aside}", flush=True)
-        return _sft(args, cfg, run_dir)
-    finally:
-        lock.release()
+    result = sft_run(cfg, run_dir, overwrite=args.overwrite, show=not args.quiet)
+    print(f"sft: {cfg.sft.steps} steps, last loss {result.get('loss', float('nan')):.4f}; model: {run_dir / 'final'}")
+    return 0
 
 
 def sft_config(args: argparse.Namespace):
@@ -247,30 +234,6 @@ def sft_config(args: argparse.Namespace):
         raise ConfigError(f"--steps={args.steps}: the cold start needs at least 1 optimizer step")
     steps = args.steps if args.steps is not None else cfg.sft.steps
     return dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=steps if steps > 0 else 100))
-
-
-def _sft(args: argparse.Namespace, cfg: Any, run_dir: Path) -> int:
-    from mmrl.config.io import to_dict
-    from mmrl.engine.checkpoint import eval_settings, save_model, seed_everything
-    from mmrl.engine.run_log import RunLog
-    from mmrl.engine.sft import run_sft
-    from mmrl.model import load_policy
-    from mmrl.run import load_split, resolve_model, set_cpu_threads
-
-    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet)
-    seed_everything(cfg.train.seed)
-    samples, _ = load_split(cfg, "train", show_progress=not args.quiet)
-    policy = load_policy(resolve_model(cfg), dtype=cfg.model.dtype, device=cfg.model.device)
-    policy.set_trainable(vision=not cfg.model.freeze_vision, merger=not cfg.model.freeze_merger,
-                         llm=not cfg.model.freeze_llm)
-    log = RunLog(run_dir, report_to=cfg.train.report_to, config=to_dict(cfg), show=not args.quiet)
-    try:
-        result = run_sft(cfg, policy, samples, log=log, show_progress=not args.quiet)
-    finally:
-        log.close()
-    save_model(run_dir / "final", policy.model, policy.processor, eval_settings(cfg))
-    print(f"sft: {cfg.sft.steps} steps, last loss {result.get('loss', float('nan')):.4f}; model: {run_dir / 'final'}")
-    return 0
 
 
 EVAL_FLAG_LOWS = {"limit": 1, "batch_size": 1, "frames": 1, "max_pixels": 1, "workers": 0}
@@ -300,11 +263,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         _join_world(cfg)  # under torchrun: each rank answers its share of the questions
         return cli_run(args, cfg, checks=checks)
-    from mmrl.engine.distributed import device_for
-    from mmrl.engine.evaluate import evaluate, require_questions
-    from mmrl.engine.service import RolloutService
-    from mmrl.model import load_policy
-    from mmrl.run import load_split, resolve_model, set_cpu_threads, split_path
+    from mmrl.run.eval_run import eval_run
 
     cfg = config_from_args(args)
     if cfg.model.path and not args.recipe_settings:
@@ -315,33 +274,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg.eval, **{k: v for k, v in given.items() if v is not None}))
     _check_paths(cfg)
     w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
-    set_cpu_threads(cfg.train.cpu_threads, show=not args.quiet and w.is_main)
-    with w.node_first():  # each node's local rank 0 builds the node's cache (toy world) first
-        held_out = split_path(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
-    _check_eval_split(args, cfg, held_out)  # every rank alike
-    with w.spread_media_checks():  # every rank checks its share of the media files
-        samples, info = load_split(cfg, cfg.eval.split, show_progress=not args.quiet and w.is_main)
-    require_questions(samples, info)  # an empty file, or one the settings filter to nothing: said, not 0 of 0
-    with w.node_first():  # ... and the tiny model, once the questions are known
-        model_dir = resolve_model(cfg)
-    if cfg.eval.limit:
-        samples = samples[:cfg.eval.limit]
-    checks = _checks(args)
-    policy = load_policy(model_dir, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
-                         device=device_for(cfg.model.device))
-    metrics, preds = evaluate(  # unreadable media: stop naming the file, or with data.on_bad_sample=skip leave out
-        RolloutService.from_config(policy, cfg), samples,
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, batch_size=cfg.eval.batch_size,
-        min_options=cfg.eval.min_options, show_progress=not args.quiet and w.is_main, checks=checks,
-        skip_bad=cfg.data.on_bad_sample == "skip")
-    if not w.is_main:
+    result = eval_run(cfg, w, checks=_checks(args), show=not args.quiet and w.is_main,
+                      no_split=lambda: _check_eval_split(args, cfg, None))
+    if result is None:  # not rank 0
         return 0
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    with (out / "predictions.jsonl").open("w") as f:
-        for p in preds:
-            f.write(json.dumps(p, default=str) + "\n")
+    metrics, out = result
     print(_table(metrics))
     print(f"metrics and predictions: {out / 'metrics.json'}, {out / 'predictions.jsonl'}")
     return 0
