@@ -356,15 +356,55 @@ def run_benchmark(
     questions are kept (MMVU's) and scored by the judge model (:mod:`mmrl.benchmarks.judged`); the judge
     is reached before the model loads, and the report names its model and prompt beside the score.
     """
-    from tqdm import tqdm
-
     from mmrl.engine.distributed import world
-    from mmrl.engine.rollout import HFBackend
 
     t_start = time.perf_counter()
     w = world()
     spec = get_benchmark(benchmark)
-    name = spec.name
+    _check_options(spec, protocol=protocol, subtitles=subtitles, on_bad_sample=on_bad_sample)
+    runs = _bench_checks(checks or {})
+    judge_settings = None
+    if judge is not None:
+        from mmrl.benchmarks.judged import prepare_judge
+
+        judge_settings = prepare_judge(judge)
+    with w.main_first():
+        run = open_benchmark_run(spec.name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
+                                 frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
+                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out,
+                                 out_suffix=out_suffix, device=device, open_ended=judge is not None)
+    answerer = answers(run) if answers is not None else None
+    settings = {"benchmark": spec.name, "split": run.data.info.get("split"),
+                "data_root": str(Path(data_root).resolve()), "model": run.model_path,
+                "protocol": run.protocol.settings(), "subtitles": subtitles}
+    if runs:
+        settings["checks"] = {k: v for k, (_, v) in runs.items()}
+    if judge_settings is not None:
+        settings["judge"] = {"base_url": judge_settings.base_url, "model": judge_settings.model}
+    done, parts = _earlier_answers(w, run.out, settings, fresh=answerer is not None and not answerer.resume)
+    if answerer is None:
+        answerer = _Generate(_engine(run, backend, batch_size, vllm), run.policy, run.protocol, spec.name, seed, runs)
+    timing = _answer_all(w, run, answerer, done, batch_size=batch_size, workers=workers, subtitles=subtitles,
+                         show_progress=show_progress, on_batch=on_batch)
+    w.barrier()
+    metrics: dict[str, Any] = {}
+    if w.is_main and answerer.modes:
+        _merge_parts(run.out, run.samples, tuple(answerer.modes))
+        rows = read_predictions(run.out / "predictions.jsonl")
+        metrics = answerer.metrics(run, {m: [p for p in rows if p.get("mode") == m] for m in answerer.modes},
+                                   time.perf_counter() - t_start)
+        (run.out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    elif w.is_main:
+        if w.active or parts:
+            _merge_parts(run.out, run.samples)
+        timing.update(generate_s=answerer.generate_s, workers=workers, batch_size=batch_size, ranks=w.size)
+        metrics = _score(spec, run, settings, runs, timing, on_bad_sample=on_bad_sample, limit=limit,
+                         judge_settings=judge_settings, t_start=t_start)
+    return w.broadcast(metrics)
+
+
+def _check_options(spec: Any, *, protocol: str, subtitles: bool, on_bad_sample: str) -> None:
+    """The options of :func:`run_benchmark` that this benchmark cannot take: one error each."""
     if subtitles and spec.subtitles is None:
         raise MmrlError(f"--subtitles applies to {' and '.join(b.name for b in benchmarks() if b.subtitles)} only")
     if subtitles and spec.subtitle_style == "interleaved" and protocol == "lmms-eval":
@@ -372,62 +412,58 @@ def run_benchmark(
                         f"subtitles; for {spec.title}'s interleaved subtitles use --protocol official --subtitles")
     if on_bad_sample not in ("raise", "skip"):
         raise MmrlError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
-    runs = _bench_checks(checks or {})
-    if judge is not None:
-        from mmrl.benchmarks.judged import prepare_judge
 
-        judge_settings = prepare_judge(judge)
-    with w.main_first():
-        run = open_benchmark_run(name, data_root, model, policy=policy, dtype=dtype, protocol=protocol,
-                                 frames=frames, max_pixels=max_pixels, prompt_template=prompt_template,
-                                 max_new_tokens=max_new_tokens, split=split, limit=limit, out=out,
-                                 out_suffix=out_suffix, device=device, open_ended=judge is not None)
-    policy, model_path, proto, out, data, samples = (run.policy, run.model_path, run.protocol, run.out, run.data,
-                                                     run.samples)
-    answerer = answers(run) if answers is not None else None
-    settings = {"benchmark": name, "split": data.info.get("split"), "data_root": str(Path(data_root).resolve()),
-                "model": model_path, "protocol": proto.settings(), "subtitles": subtitles}
-    if runs:
-        settings["checks"] = {k: v for k, (_, v) in runs.items()}
-    if judge is not None:
-        settings["judge"] = {"base_url": judge_settings.base_url, "model": judge_settings.model}
+
+def _earlier_answers(w: Any, out: Path, settings: dict[str, Any], *, fresh: bool
+                     ) -> tuple[dict[str, dict[str, Any]], list[Path]]:
+    """The answers an earlier run of the same settings left in ``out`` (``fresh``: none, its files removed;
+    other settings are refused by :func:`_check_settings`), by id, and the ranks' part files found."""
     pred_path = out / "predictions.jsonl"
     if w.is_main:
-        if answerer is None or answerer.resume:
+        if not fresh:
             _check_settings(out, settings)
         else:  # every run starts over
             for path in [pred_path, *out.glob("predictions.rank*.jsonl")]:
                 path.unlink(missing_ok=True)
     w.barrier()
-
-    part_paths = sorted(out.glob("predictions.rank*.jsonl"))
-    done = {p["id"]: p for path in [pred_path, *part_paths] for p in read_predictions(path) if not p.get("error")}
+    parts = sorted(out.glob("predictions.rank*.jsonl"))
+    done = {p["id"]: p for path in [pred_path, *parts] for p in read_predictions(path) if not p.get("error")}
     w.barrier()  # every rank has read the files before any appends to them
-    if answerer is None:
-        if backend == "vllm":
-            from mmrl.engine.rollout import make_backend
+    return done, parts
 
-            engine = make_backend("vllm", policy,
-                                  **{"max_model_len": protocol_max_len(proto, policy), **(vllm or {})})
-        else:
-            engine = HFBackend(policy, max_batch=batch_size)
-        answerer = _Generate(engine, policy, proto, name, seed, runs)
-    modes = tuple(answerer.modes)
-    wanted = {s.id for s in samples}
+
+def _engine(run: BenchmarkRun, backend: str, batch_size: int, vllm: dict[str, Any] | None) -> Any:
+    """The rollout backend that answers the protocol's prompts: transformers' generate, or vLLM with a
+    ``max_model_len`` bound from the protocol's frames and pixels unless ``vllm`` sets one."""
+    from mmrl.engine.rollout import HFBackend, make_backend
+
+    if backend == "vllm":
+        return make_backend("vllm", run.policy,
+                            **{"max_model_len": protocol_max_len(run.protocol, run.policy), **(vllm or {})})
+    return HFBackend(run.policy, max_batch=batch_size)
+
+
+def _answer_all(w: Any, run: BenchmarkRun, answerer: Any, done: dict[str, Any], *, batch_size: int, workers: int,
+                subtitles: bool, show_progress: bool, on_batch: Callable[[int], None] | None) -> dict[str, Any]:
+    """Answer this rank's share of the questions not done yet, batch by batch, the next batches' media decoded
+    by ``workers`` threads meanwhile; each batch's records appended to the rank's file and synced before the
+    next. Returns the loop's timing and counts."""
+    from tqdm import tqdm
+
+    out, samples, policy = run.out, run.samples, run.policy
     todo = w.shard([s for s in samples if s.id not in done], answerer.engine_ranks)
-    resumed = len(wanted & done.keys())
-    my_path = pred_path if not w.active else out / f"predictions.rank{w.rank}.jsonl"
+    resumed = len({s.id for s in samples} & done.keys())
+    my_path = out / "predictions.jsonl" if not w.active else out / f"predictions.rank{w.rank}.jsonl"
     batches = [todo[i:i + batch_size] for i in range(0, len(todo), batch_size)]
-    bar = tqdm(total=len(samples), initial=resumed, desc=f"{name} eval", unit="q",
+    bar = tqdm(total=len(samples), initial=resumed, desc=f"{run.name} eval", unit="q",
                disable=not show_progress or not w.is_main, dynamic_ncols=True)
-    workers_ = _Workers(policy, proto, subtitles, max(0, workers), render=answerer.render)
-    generated = 0
-    wait_s = 0.0
+    pool = _Workers(policy, run.protocol, subtitles, max(0, workers), render=answerer.render)
+    generated, wait_s = 0, 0.0
     pending: deque[Future] = deque()
     it = iter(batches)
     try:
         for batch in it:
-            pending.append(workers_.submit(batch))
+            pending.append(pool.submit(batch))
             if len(pending) > max(0, workers):
                 break
         with open(my_path, "a", encoding="utf-8") as fh:
@@ -437,8 +473,8 @@ def run_benchmark(
                 wait_s += time.perf_counter() - t0
                 nxt = next(it, None)
                 if nxt is not None:
-                    pending.append(workers_.submit(nxt))
-                records, answered = answerer.answer(prepared, workers_)
+                    pending.append(pool.submit(nxt))
+                records, answered = answerer.answer(prepared, pool)
                 policy.media.clear()
                 fh.writelines(json.dumps(rec, default=str) + "\n" for rec in records)
                 fh.flush()
@@ -448,48 +484,45 @@ def run_benchmark(
                 if on_batch is not None:
                     on_batch(generated)
     finally:
-        workers_.close()
+        pool.close()
         bar.close()
+    return {"decode_wait_s": wait_s, "generated_this_run": generated, "resumed": resumed}
 
-    w.barrier()
-    metrics: dict[str, Any] = {}
-    if w.is_main and modes:
-        _merge_parts(out, samples, modes)
-        rows = read_predictions(pred_path)
-        metrics = answerer.metrics(run, {m: [p for p in rows if p.get("mode") == m] for m in modes},
-                                   time.perf_counter() - t_start)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    elif w.is_main:
-        if w.active or part_paths:
-            _merge_parts(out, samples)
-        final = {p["id"]: p for p in read_predictions(pred_path)}
-        preds = [final[s.id] for s in samples if s.id in final]
-        failures = [{"id": p["id"], "error": p["error"]} for p in preds if p.get("error")]
-        scored = [p for p in preds if not (on_bad_sample == "skip" and p.get("error"))]
-        if judge is not None:
-            from mmrl.benchmarks.judged import judge_open
 
-            judge_open(scored, samples, judge_settings, out)
-        scores = summarize(name, scored, judge=judge_settings.describe() if judge is not None else None)
-        metrics = {
-            "benchmark": name, "title": spec.title, "model": model_path, "out": str(out),
-            "split": data.info.get("split"), "data_root": settings["data_root"], "n": len(scored),
-            "n_available": len(data.samples), "limit": limit, "protocol": proto.settings(),
-            "protocol_text": proto.describe(), "subtitles": subtitles, "dataset_info": data.info, "scores": scores,
-            "on_bad_sample": on_bad_sample, "media_failures": failures,
-            "timing": {"seconds": time.perf_counter() - t_start, "generate_s": answerer.generate_s,
-                       "decode_wait_s": wait_s,
-                       "generated_this_run": generated, "resumed": resumed, "workers": workers,
-                       "batch_size": batch_size, "ranks": w.size},
-        }
-        text = markdown(metrics)
-        for cname, (check, _) in runs.items():
-            metrics[cname] = check.summarize(scored)
-            metrics.setdefault("checks", {})[cname] = check.describe(metrics[cname]) if check.describe else []
-            text += "\n".join(["", f"## {cname.replace('_', ' ')}", "", *metrics["checks"][cname], ""])
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-        (out / "results.md").write_text(text + "\n")
-    return w.broadcast(metrics)
+def _score(spec: Any, run: BenchmarkRun, settings: dict[str, Any], runs: dict[str, tuple[Any, dict[str, Any]]],
+           timing: dict[str, Any], *, on_bad_sample: str, limit: int | None, judge_settings: Any,
+           t_start: float) -> dict[str, Any]:
+    """Rank 0: the merged predictions scored (the open-ended ones by the judge), each check summarised, and
+    ``metrics.json`` and ``results.md`` written; the metrics."""
+    out, samples, name = run.out, run.samples, spec.name
+    final = {p["id"]: p for p in read_predictions(out / "predictions.jsonl")}
+    preds = [final[s.id] for s in samples if s.id in final]
+    failures = [{"id": p["id"], "error": p["error"]} for p in preds if p.get("error")]
+    scored = [p for p in preds if not (on_bad_sample == "skip" and p.get("error"))]
+    if judge_settings is not None:
+        from mmrl.benchmarks.judged import judge_open
+
+        judge_open(scored, samples, judge_settings, out)
+    scores = summarize(name, scored, judge=judge_settings.describe() if judge_settings is not None else None)
+    t = timing
+    metrics = {
+        "benchmark": name, "title": spec.title, "model": run.model_path, "out": str(out),
+        "split": run.data.info.get("split"), "data_root": settings["data_root"], "n": len(scored),
+        "n_available": len(run.data.samples), "limit": limit, "protocol": run.protocol.settings(),
+        "protocol_text": run.protocol.describe(), "subtitles": settings["subtitles"], "dataset_info": run.data.info,
+        "scores": scores, "on_bad_sample": on_bad_sample, "media_failures": failures,
+        "timing": {"seconds": time.perf_counter() - t_start, "generate_s": t["generate_s"], "decode_wait_s": t["decode_wait_s"],
+                   "generated_this_run": t["generated_this_run"], "resumed": t["resumed"], "workers": t["workers"],
+                   "batch_size": t["batch_size"], "ranks": t["ranks"]},
+    }
+    text = markdown(metrics)
+    for cname, (check, _) in runs.items():
+        metrics[cname] = check.summarize(scored)
+        metrics.setdefault("checks", {})[cname] = check.describe(metrics[cname]) if check.describe else []
+        text += "\n".join(["", f"## {cname.replace('_', ' ')}", "", *metrics["checks"][cname], ""])
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    (out / "results.md").write_text(text + "\n")
+    return metrics
 
 
 def _bench_checks(checks: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, dict[str, Any]]]:
