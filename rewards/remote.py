@@ -3,8 +3,11 @@ judge reward (:mod:`rewards.judge`) shares with it.
 
 ``http`` posts the samples of a step to ``url`` in batches, one JSON request per batch::
 
-    POST url  {"items": [{"id", "question", "options", "completion", "answer", "problem_type"}, ...]}
+    POST url  {"items": [{"id", "question", "options", "completion", "answer", "problem_type", "media"}, ...]}
     -> [0.5, 1.0, null, ...]                (or {"scores": [...]}: one number, or null, per item, in order)
+
+``media``: the sample's images and videos, ``[{"type": "image" | "video", "path": "/abs/clip.mp4"}, ...]`` (the
+files as the data names them; a server on the same machine reads them).
 
 ``null`` is "not applicable" (the registry's convention: the sample's total gets nothing from this reward and
 the component's mean leaves it out). In a config::
@@ -18,14 +21,19 @@ What every service reward shares (:class:`ServiceClient`, one place for it):
 * **batches and concurrency**: the items a call has not cached go out ``batch_size`` at a time, up to
   ``concurrency`` requests at once (threads).
 * **retries**: a connection error, a timeout, an HTTP 5xx or 429 is retried ``retries`` times, waiting
-  ``backoff_s`` seconds, doubling each time. Other HTTP errors are not retried.
+  ``backoff_s`` seconds, doubling each time, each wait drawn between half and one and a half of that (so the
+  ranks of a run do not retry in lock-step), or what the service's ``Retry-After`` header asks (seconds, up to
+  :data:`MAX_RETRY_AFTER_S`). Other HTTP errors are not retried.
 * **failures are named and counted, never scored 0**: after its retries a failed item is scored None (not
   applicable), one line on stderr names its sample ids, the url and the error, and the reward logs
   ``reward_metric/<reward>/failed`` (with ``asked``: requests sent, ``cached``: items answered from the cache).
-* **cache**: each answer is kept per (question, reference answer, completion) in the run folder,
+* **cache**: each answer is kept per sample and text (the sample's id, its media, question, options,
+  reference answer and the completion: two samples with the same question over different videos are two items)
+  in the run folder,
   ``reward_cache/<reward>-<digest of the service settings>.rank<R>.jsonl`` (one JSON line an answer, written as
   it comes), so a resumed run (``--resume``, same folder) asks again nothing it was answered. ``cache: false``
-  turns it off. Outside a run (no run folder) answers are cached in memory only.
+  turns it off and merges nothing: every item is sent, even one equal to another of the same call. Outside a run
+  (no run folder) answers are cached in memory only.
 * **pre-flight**: before the model loads, ``mmrl train`` calls :func:`preflight_rewards`: the settings are
   checked (a ConfigError naming ``rewards[i].kwargs.<key>``) and the service reached; a service that cannot be
   reached stops the run with one line (the url, the error, what to do).
@@ -36,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sys
 import threading
 import time
@@ -55,6 +64,8 @@ __all__ = ["Failed", "ServiceClient", "ServiceSettings", "http_reward", "post_js
            "reward_items", "set_run_dir"]
 
 CACHE_DIR = "reward_cache"
+MAX_RETRY_AFTER_S = 300.0
+"""The longest wait a service's ``Retry-After`` header may ask for before a retry."""
 _RUN_DIR: list[Path | None] = [None]  # the run folder of the run in this process (set by preflight_rewards)
 _LOCK = threading.Lock()
 
@@ -122,11 +133,29 @@ class ServiceSettings:
 
 
 class Failed(Exception):
-    """A request that failed; ``retry``: worth asking again (connection error, timeout, 5xx, 429)."""
+    """A request that failed; ``retry``: worth asking again (connection error, timeout, 5xx, 429);
+    ``retry_after``: the seconds the service asked to wait (its ``Retry-After`` header), None when it did not."""
 
-    def __init__(self, message: str, *, retry: bool):
+    def __init__(self, message: str, *, retry: bool, retry_after: float | None = None):
         super().__init__(message)
         self.retry = retry
+        self.retry_after = retry_after
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header's wait in seconds (delay-seconds or an HTTP date), None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _request(url: str, *, data: Any = None, headers: Mapping[str, str] | None = None, timeout: float) -> Any:
@@ -141,7 +170,8 @@ def _request(url: str, *, data: Any = None, headers: Mapping[str, str] | None = 
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:200].decode(errors="replace").strip()
         raise Failed(f"HTTP {exc.code} {exc.reason}" + (f": {detail}" if detail else ""),
-                     retry=exc.code >= 500 or exc.code == 429) from None
+                     retry=exc.code >= 500 or exc.code == 429,
+                     retry_after=retry_after_s(exc.headers.get("Retry-After") if exc.headers else None)) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise Failed(f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason,
@@ -161,10 +191,22 @@ def get_json(url: str, *, timeout: float, headers: Mapping[str, str] | None = No
     return _request(url, headers=headers, timeout=timeout)
 
 
-def with_retries(call: Callable[[], Any], settings: ServiceSettings) -> tuple[Any, int]:
-    """``call()`` retried on :class:`Failed` with ``retry`` set; (its result, requests sent). Raises the last
-    :class:`Failed` (its message says how many tries)."""
-    wait = settings.backoff_s
+def retry_wait(failure: Failed, backoff: float, rng: random.Random) -> float:
+    """The seconds to wait before the next try: what the service asked (``Retry-After``, at most
+    :data:`MAX_RETRY_AFTER_S`), else ``backoff`` with jitter (between half and one and a half of it)."""
+    if failure.retry_after is not None:
+        return min(failure.retry_after, MAX_RETRY_AFTER_S)
+    return backoff * rng.uniform(0.5, 1.5)
+
+
+_JITTER = random.Random()  # seeded by the system: the ranks of a run draw different waits
+
+
+def with_retries(call: Callable[[], Any], settings: ServiceSettings,
+                 sleep: Callable[[float], Any] = time.sleep) -> tuple[Any, int]:
+    """``call()`` retried on :class:`Failed` with ``retry`` set, waiting :func:`retry_wait` between tries;
+    (its result, requests sent). Raises the last :class:`Failed` (its message says how many tries)."""
+    backoff = settings.backoff_s
     for attempt in range(settings.retries + 1):
         try:
             return call(), attempt + 1
@@ -172,8 +214,8 @@ def with_retries(call: Callable[[], Any], settings: ServiceSettings) -> tuple[An
             if not exc.retry or attempt == settings.retries:
                 exc.tries = attempt + 1  # type: ignore[attr-defined]
                 raise
-        time.sleep(wait)
-        wait *= 2
+            sleep(retry_wait(exc, backoff, _JITTER))
+        backoff *= 2
     raise AssertionError("unreachable")
 
 
@@ -205,7 +247,7 @@ def reach(url: str, settings: ServiceSettings, *, reward: str, setting: str) -> 
 
 def reward_items(completions: Sequence[Any], columns: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One JSON-ready item per completion: ``id``, ``question``, ``options``, ``completion``, ``answer``,
-    ``problem_type``."""
+    ``problem_type`` and ``media`` (the sample's images and videos: ``[{"type", "path"}, ...]``)."""
     texts = normalize_completions(completions)
     n = len(texts)
 
@@ -213,16 +255,21 @@ def reward_items(completions: Sequence[Any], columns: Mapping[str, Any]) -> list
         v = columns.get(key)
         return list(v) if isinstance(v, (list, tuple)) and len(v) == n else [None] * n
 
-    ids, questions, options, answers, types = (col(k) for k in ("id", "question", "options", "answer",
-                                                                 "problem_type"))
+    ids, questions, options, answers, types, media = (col(k) for k in ("id", "question", "options", "answer",
+                                                                        "problem_type", "media"))
     return [{"id": ids[i], "question": questions[i], "options": options[i], "completion": texts[i],
-             "answer": answers[i], "problem_type": types[i]} for i in range(n)]
+             "answer": answers[i], "problem_type": types[i], "media": list(media[i] or [])} for i in range(n)]
+
+
+ITEM_KEY_FIELDS = ("id", "media", "question", "options", "answer", "problem_type", "completion")
+"""What an item's cache key is made of: the sample (its id and media), its text and the completion. A service
+may score by any of them (a reward server by ``id``, a judge by the video), so items that differ in one are
+never merged."""
 
 
 def item_key(item: Mapping[str, Any]) -> str:
-    """The cache key of an item: its question, reference answer and completion."""
-    text = json.dumps([item.get("question"), item.get("answer"), item.get("completion")], sort_keys=True,
-                      default=str, ensure_ascii=False)
+    """The cache key of an item (:data:`ITEM_KEY_FIELDS`)."""
+    text = json.dumps([item.get(k) for k in ITEM_KEY_FIELDS], sort_keys=True, default=str, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -295,7 +342,8 @@ class ServiceClient:
     def __call__(self, items: list[dict[str, Any]], log_metric: Callable[[str, float], Any] | None = None
                  ) -> list[float | None]:
         cache = cache_for(self.name, self.identity) if self.settings.cache else None
-        keys = [item_key(it) for it in items]
+        # without a cache nothing is merged: each item its own key, asked on its own
+        keys = [item_key(it) if cache is not None else f"{i}:{item_key(it)}" for i, it in enumerate(items)]
         todo: dict[str, dict[str, Any]] = {}
         for k, it in zip(keys, items):
             if (cache is None or k not in cache.values) and k not in todo:

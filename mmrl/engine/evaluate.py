@@ -163,10 +163,12 @@ def require_questions(samples: Sequence[Any], info: Mapping[str, Any]) -> None:
 
 
 def reward_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
-    """The reward columns of a list of samples (TRL style: one list per field); built here only."""
+    """The reward columns of a list of samples (TRL style: one list per field); built here only. ``media``: each
+    sample's images and videos as ``{"type", "path"}`` (what a service reward sends, and keys its cache on)."""
     return {"id": [s.id for s in samples], "problem_type": [s.problem_type for s in samples],
             "question": [s.question for s in samples], "options": [s.options for s in samples],
-            "answer": [s.answer for s in samples], "meta": [s.meta for s in samples]}
+            "answer": [s.answer for s in samples], "meta": [s.meta for s in samples],
+            "media": [[{"type": m.type, "path": str(m.path)} for m in s.media] for s in samples]}
 
 
 def dataset_columns(samples: Sequence[Any]) -> dict[str, list[Any]]:
