@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        fault = io_fault(exc)
+        fault = io_fault(exc) or _collective_fault(exc)
         if fault is None:
             raise
         print(f"error: {fault}", file=sys.stderr)
@@ -232,6 +232,19 @@ def main(argv: list[str] | None = None) -> int:
         raise
     _leave_process_group()
     return code
+
+
+def _collective_fault(exc: Exception) -> str | None:
+    """Under torchrun: a collective outside :class:`~mmrl.engine.distributed.World` (the optimizer's gradient
+    sum, DeepSpeed's) that timed out or lost a rank, as one line naming train.dist_timeout_minutes."""
+    if "torch.distributed" not in sys.modules:
+        return None
+    from mmrl.engine.distributed import collective_failure, world
+
+    w = world()
+    if w.size < 2:
+        return None
+    return collective_failure(exc, rank=w.rank, size=w.size, timeout_minutes=w.timeout_minutes)
 
 
 def _leave_process_group() -> None:

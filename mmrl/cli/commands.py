@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,19 +91,57 @@ def _recipe_hint(cfg, section: str, key: str) -> str:
             f"(mmrl compare configs/compare/{cfg.task}.yaml)")
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+"""A Hugging Face Hub model id (``Qwen/Qwen2.5-VL-3B-Instruct``): an owner and a name, one slash."""
+
+
+def _hub_id_hint(path: str) -> str:
+    """For a model path that is not there and reads as a Hub id: mmrl loads folders, so how to download it."""
+    if not HUB_ID.fullmatch(path) or Path(path.split("/")[0]).exists():
+        return ""
+    local = f"models/{path.split('/')[1]}"
+    return (f"; {path} looks like a Hugging Face Hub id, and mmrl loads a local folder: download it first "
+            f"(huggingface-cli download {path} --local-dir {local}) and give --model {local}")
+
+
 def _check_paths(cfg) -> None:
     from mmrl_common.errors import ConfigError
 
     if cfg.model.path and not Path(cfg.model.path).exists():
-        raise ConfigError(f"model.path: folder not found: {cfg.model.path}{_recipe_hint(cfg, 'model', 'path')}")
+        raise ConfigError(f"model.path: folder not found: {cfg.model.path}{_recipe_hint(cfg, 'model', 'path')}"
+                          f"{_hub_id_hint(str(cfg.model.path))}")
     if cfg.model.path:  # fail before the data are built or loaded
         from mmrl.model.folder import check_model_dir
 
         check_model_dir(cfg.model.path)
-    for split in ("train", "val", "test"):
+    from data_pipelines.loaders import dataset_exists
+
+    for split in ("train", "val", "test"):  # the loaders' rule: a file or folder, PATH:SPLIT, a quoted glob
         path = getattr(cfg.data, split)
-        if path and not Path(path).exists():
+        if path and not dataset_exists(path):
             raise ConfigError(f"data.{split}: file not found: {path}{_recipe_hint(cfg, 'data', split)}")
+
+
+def _data_identity(path: str, *, training: bool) -> tuple[str, str | None]:
+    """What a data path reads: its resolved file, folder or glob and the split (training reads a folder's
+    ``train`` split when none is named)."""
+    from data_pipelines.loaders import split_spec
+
+    base, split = split_spec(path)
+    if training and split is None and base.is_dir():
+        split = "train"
+    return str(base.resolve()), split
+
+
+def evaluated_on_training_data(cfg: Any) -> str | None:
+    """A line when the held-out data evaluated (``data.<eval.split>``) is the training data itself (``--data
+    FILE --eval-data FILE``): its accuracies are not held-out ones. None otherwise."""
+    held_out, train = getattr(cfg.data, cfg.eval.split, None), cfg.data.train
+    if not held_out or not train or _data_identity(str(held_out), training=False) != \
+            _data_identity(str(train), training=True):
+        return None
+    return (f"data.{cfg.eval.split} {held_out} is the training data (data.train, --data): its accuracy is measured "
+            "on questions the model trains on, not held-out ones; give held-out questions with --eval-data FILE")
 
 
 def train_config(argv: list[str], extra: dict[str, Any] | None = None):
@@ -165,6 +204,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         check_resume_settings(args, cfg)
     w = _join_world(cfg)
+    same = evaluated_on_training_data(cfg)
+    if same and (cfg.eval.before_rl or cfg.eval.after_rl or cfg.train.eval_every):
+        print(f"warning: {same}", flush=True)
     run_dir = w.broadcast(Path(cfg.out) if cfg.out else default_run_dir(cfg))  # rank 0's folder name
     summary = train(cfg, run_dir=run_dir, resume=args.resume, overwrite=args.overwrite,
                     show_progress=not args.quiet, force_settings=args.force_settings)
@@ -173,7 +215,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     before = (summary.get("eval_before_rl") or {}).get("accuracy")
     after = (summary.get("eval_after_rl") or {}).get("accuracy")
     if before is not None and after is not None:
-        print(f"accuracy before RL {before:.3f} -> after RL {after:.3f} ({after - before:+.3f})")
+        on = " (on the training data, not held out)" if same else ""
+        print(f"accuracy before RL {before:.3f} -> after RL {after:.3f} ({after - before:+.3f}){on}")
         from mmrl.toy.demo_range import verdict
 
         if line := verdict(cfg, before, after):
@@ -274,6 +317,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg.eval, **{k: v for k, v in given.items() if v is not None}))
     _check_paths(cfg)
     w = _join_world(cfg)  # under torchrun: each rank answers its share of the questions
+    if (same := evaluated_on_training_data(cfg)) and w.is_main:
+        print(f"warning: {same}", flush=True)
     result = eval_run(cfg, w, checks=_checks(args), show=not args.quiet and w.is_main,
                       no_split=lambda: _check_eval_split(args, cfg, None))
     if result is None:  # not rank 0

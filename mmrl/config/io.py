@@ -23,6 +23,10 @@ from mmrl_common.errors import ConfigError
 T = TypeVar("T")
 
 
+BOOL_WORDS = {"true": "true", "false": "false", "yes": "true", "no": "false", "on": "true", "off": "false"}
+"""Strings a quoted YAML or JSON boolean arrives as, and the value they spell."""
+
+
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
@@ -61,6 +65,12 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 return _convert(value, option, key)
             except ConfigError as exc:
                 errors.append(exc)
+        sections = [o for o in options if dataclasses.is_dataclass(o)]
+        if isinstance(value, bool) and sections:  # `lora: true`: a section is switched on by its settings
+            fields = ", ".join(f.name for f in dataclasses.fields(sections[0]) if f.init)
+            raise ConfigError(f"{key}: {str(value).lower()} does not switch this section on or off: give a "
+                              f"mapping of its settings ({fields}); {key}={{}} (in YAML `{key.rsplit('.', 1)[-1]}: {{}}`) "
+                              "takes the defaults, null or leaving it out turns it off")
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value in get_args(tp):
@@ -89,6 +99,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:  # `"false"`, quoted in YAML
+            raise ConfigError(f"{key}: expected true or false, got the string {value!r} (quoted); write it "
+                              f"without quotes: {key.rsplit('.', 1)[-1]}: {BOOL_WORDS[value.strip().lower()]}")
         raise ConfigError(f"{key}: expected true or false, got {value!r}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -127,6 +140,11 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
+            head, _, rest = str(key).partition(".")
+            if rest and head in fields:  # `train.lr: 1e-3` in a YAML file: a KEY=VALUE override's spelling
+                inner = yaml.safe_dump({rest: value}, default_flow_style=True, width=10_000).strip()
+                raise ConfigError(f"unknown config key '{dotted}': a YAML config nests its sections, a dotted key "
+                                  f"is for KEY=VALUE on the command line; nest it: {head}: {inner}")
             raise ConfigError(f"unknown config key '{dotted}': {_nearest(str(key), list(fields), prefix)}")
         kwargs[key] = _convert(value, hints[key], dotted)
     try:

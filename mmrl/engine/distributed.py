@@ -23,8 +23,10 @@ each node's own. Each node's local rank 0 prepares that node's caches before the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +37,65 @@ from mmrl.model.loading import warn_cpu_fallback
 from mmrl_common.errors import ConfigError, MmrlError
 
 T = TypeVar("T")
+
+_TIMEOUT_WORDS = ("timed out", "timeout")
+_PEER_GONE_WORDS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def collective_failure(exc: BaseException, *, rank: int, size: int, timeout_minutes: float,
+                       waiting_in: str = "a collective") -> str | None:
+    """One line for a collective that failed because another rank did not answer (gloo's "Timed out waiting
+    Nms", NCCL's watchdog timeout) or left (gloo's "Connection closed by peer"): which rank waited, where,
+    the setting that bounds the wait and what likely hung; None for any other error."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc).lower()
+    if any(w in text for w in _TIMEOUT_WORDS):
+        return (f"rank {rank} of {size} waited train.dist_timeout_minutes={timeout_minutes:g} minutes in "
+                f"{waiting_in} for the other ranks and stopped: a rank hung or is far behind (a media file "
+                "whose decode does not return, a slow or full disk, a stuck data or reward server; each rank's "
+                "last line says where it is) or died without a word (the OOM killer: dmesg); fix it and resume "
+                "with --resume, or raise train.dist_timeout_minutes when one step, a checkpoint save or a first "
+                "engine start legitimately takes longer")
+    if any(w in text for w in _PEER_GONE_WORDS):
+        return (f"rank {rank} of {size}: another rank left the run while this one waited in {waiting_in} (its "
+                "own error, printed by that rank, says why; or it was killed: the OOM killer, dmesg)")
+    return None
+
+
+def _caller() -> str:
+    """The first frame outside this module: ``mmrl/run/pipeline.py:183 (prepare_data)``."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    parts = Path(frame.f_code.co_filename).parts
+    where = "/".join(parts[parts.index("mmrl"):]) if "mmrl" in parts else Path(frame.f_code.co_filename).name
+    return f"{where}:{frame.f_lineno} ({frame.f_code.co_name})"
+
+
+def _collective(name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """A :class:`World` collective whose wait for the other ranks ends (the process group's timeout, a rank
+    gone) raises :class:`CollectiveTimeout`: one line naming this rank, the collective, its caller and
+    ``train.dist_timeout_minutes``, instead of gloo's traceback."""
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def inner(self: World, *args: Any, **kwargs: Any) -> T:
+            try:
+                return fn(self, *args, **kwargs)
+            except RuntimeError as exc:
+                line = collective_failure(exc, rank=self.rank, size=self.size, timeout_minutes=self.timeout_minutes,
+                                          waiting_in=f"{name} (called from {_caller()})")
+                if line is None:
+                    raise
+                raise CollectiveTimeout(line) from exc
+        return inner
+    return wrap
+
+
+class CollectiveTimeout(MmrlError):
+    """A collective of :class:`World` that another rank never joined, or left (:func:`collective_failure`)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +110,7 @@ class World:
     local_rank: int = 0
     local_size: int = 0
     node: int = 0
+    timeout_minutes: float = 30  # train.dist_timeout_minutes: how long a collective waits for the other ranks
 
     @property
     def is_main(self) -> bool:
@@ -117,6 +179,7 @@ class World:
         return [x for share in self.gather(list(part))[::max(1, int(engine_ranks))] for x in share]
 
     # -------------------------------------------------------------------------------------- collectives
+    @_collective("an all-gather")
     def gather(self, obj: T) -> list[T]:
         """Every rank's ``obj``, in rank order, on every rank (pickled; for small or CPU-side objects)."""
         if not self.active:
@@ -125,6 +188,7 @@ class World:
         torch.distributed.all_gather_object(out, obj)
         return out
 
+    @_collective("a broadcast from rank 0")
     def broadcast(self, obj: T) -> T:
         """Rank 0's ``obj`` on every rank."""
         if not self.active:
@@ -133,6 +197,7 @@ class World:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    @_collective("a sum over ranks (all-reduce)")
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over ranks, in place (on the process group's device), and return it."""
         if self.active:
@@ -143,6 +208,7 @@ class World:
                 tensor.copy_(t)
         return tensor
 
+    @_collective("a max over ranks (all-reduce)")
     def max_int(self, n: int) -> int:
         """The largest ``n`` over ranks."""
         if not self.active:
@@ -166,6 +232,7 @@ class World:
         t = self.sum_(torch.tensor([float(stats.get(k, 0.0)) for k in keys], dtype=torch.float64))
         return dict(zip(keys, t.tolist()))
 
+    @_collective("a barrier")
     def barrier(self) -> None:
         if self.active:
             torch.distributed.barrier()
@@ -265,7 +332,7 @@ def init(device: str = "auto", timeout_minutes: float = 30) -> World:
     _WORLD = World(rank=torch.distributed.get_rank(), size=torch.distributed.get_world_size(),
                    local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                    local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "0")),
-                   node=int(os.environ.get("GROUP_RANK", "0")))
+                   node=int(os.environ.get("GROUP_RANK", "0")), timeout_minutes=float(timeout_minutes))
     return _WORLD
 
 

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import hashlib
 import math
+import shlex
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -740,8 +741,10 @@ class GRPOTrainer:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return "No checkpoint was written; start a new run with other settings."
-        return (f"{ckpt.name} holds the last good weights: continue from it with `mmrl train --out {self.run_dir} "
-                "--resume train.lr=...`, or start a new run.")
+        lower = f"{self.cfg.train.lr / 10:g}"  # a new value is a setting other than the run's: --force-settings
+        return (f"{ckpt.name} holds the last good weights: continue from it with a lower learning rate, e.g. "
+                f"`mmrl train --out {shlex.quote(str(self.run_dir))} --resume --force-settings train.lr={lower}`, "
+                "or start a new run.")
 
     def _poison_non_finite(self) -> bool:
         """Whether a non-finite loss goes through backward as NaN times itself (every gradient it reaches NaN)

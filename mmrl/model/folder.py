@@ -21,6 +21,7 @@ def check_model_dir(path: str | Path) -> Path:
         return path
     if not (path / "config.json").is_file():
         raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
+    check_family(path)
     has_processor = any((path / name).is_file() for name in (
         "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"))
     if not has_processor:
@@ -28,6 +29,27 @@ def check_model_dir(path: str | Path) -> Path:
             f"{path}: no processor (preprocessor_config.json or processor_config.json); "
             "save the processor beside the model with processor.save_pretrained(folder)")
     return path
+
+
+def check_family(path: Path) -> None:
+    """The folder's ``model_type`` against the families mmrl trains (:data:`~mmrl.model.families.FAMILIES`),
+    before the processor is looked for: a text-only model (Qwen2, Qwen3, Llama ...) is said to be one. An
+    unreadable config.json is left to the loader, which names it."""
+    from mmrl.model.families import FAMILIES
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    kind = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if not isinstance(kind, str) or kind in FAMILIES:
+        return
+    families = ", ".join(FAMILIES)
+    if "vision_config" not in cfg:
+        raise MmrlError(f"{path}: model type {kind!r} is a text-only language model (no vision tower); mmrl trains "
+                        f"Qwen vision-language models ({families}): give such a folder, e.g. Qwen2.5-VL-3B-Instruct")
+    raise MmrlError(f"{path}: model type {kind!r} is not a family mmrl trains ({families}); give a Qwen-VL "
+                    "folder, e.g. Qwen2.5-VL-3B-Instruct")
 
 
 def adapter_base(folder: Path) -> Path:
