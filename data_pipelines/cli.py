@@ -9,11 +9,12 @@ from pathlib import Path
 
 from .loaders import DEFAULT_MAX_QUESTION_CHARS
 
-PATH_HELP = ("a JSONL / JSON / Parquet file, a datasets.save_to_disk folder, a folder of data files as on the "
+PATH_HELP = ("a JSONL / JSON / Parquet / CSV file, a datasets.save_to_disk folder, a folder of data files as on the "
              "Hugging Face Hub (data/train-00000-of-00002.parquet ..), or a quoted glob ('shards/*.parquet'); "
              "PATH:SPLIT picks one split of a folder with several (train, test ..)")
-MEDIA_ROOT_HELP = ("folder that relative media paths resolve against (default: the folder of the data file, the "
-                   "folder given, or the glob's folder)")
+MEDIA_ROOT_HELP = ("folder that relative media paths resolve against, as data.media_root in a run (default: the "
+                   "folder of the data file, the folder given (a split's own folder: its datasets folder), or the "
+                   "glob's folder)")
 COLUMNS_HELP = ("source column -> record field, as data.columns in a run: a YAML/JSON mapping such as "
                 "'{query: question, level: meta.difficulty}'")
 
@@ -56,8 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> tuple[argparse.Argumen
     v.add_argument("path", help=PATH_HELP + "; with several splits and none named, every split is checked")
     v.add_argument("--media-root", default=None, help=MEDIA_ROOT_HELP)
     v.add_argument("--format", dest="fmt", default="auto",
-                   help="file format (jsonl, json, parquet, hf: a datasets folder) and/or record format "
-                        "(native, video-r1, easyr1), e.g. video-r1+json (default: auto, from the file names "
+                   help="file format (jsonl, json, parquet, csv, hf: a datasets folder) and/or record format "
+                        "(native, video-r1, easyr1, sharegpt), e.g. video-r1+json (default: auto, from the file names "
                         "and the first record)")
     v.add_argument("--columns", default=None, metavar="MAPPING", type=_columns,
                    help=COLUMNS_HELP)

@@ -12,6 +12,16 @@ Built in:
   and the answer letter; a problem without such lines, or whose answer names none of them, stays ``open``.
   Embedded image bytes or PIL images are written once to ``mmrl_common.paths.cache_dir()/media/`` (named by
   content hash) so every sample has a file path.
+* ``sharegpt`` (alias ``llava``): LLaVA / ShareGPT chat records: ``conversations`` (turns ``{"from": "human" |
+  "gpt", "value": ..}``, or ``{"role": "user" | "assistant", "content": ..}``) with the media in top-level
+  ``image`` / ``images`` / ``video`` / ``videos`` keys. The human turn is the question (its ``<image>`` /
+  ``<video>`` placeholders removed), the reply the answer (``<answer>..</answer>`` read out); options and the
+  problem type as for EasyR1. A chat of several questions, or a placeholder with no file for it, is refused by
+  name.
+
+A native record may also carry its media LLaVA's way, in a top-level ``video`` / ``image`` (or ``videos`` /
+``images``) key beside an empty ``media``: the files join ``media``; and ``<image>`` / ``<video>`` placeholders in
+a question are removed (mmrl places the media itself).
 
 Each importer is ``convert(record, index) -> dict`` returning a native dict; it raises
 :class:`~mmrl_common.errors.DataError` when the record cannot be converted (the loader reports that at the
@@ -31,7 +41,7 @@ from typing import Any
 from mmrl_common.errors import DataError
 from mmrl_common.registry import Registry
 
-from .schema import guess_media_type, parse_number, split_option
+from .schema import guess_media_type, maybe_json, parse_number, split_option
 
 Convert = Callable[[Mapping[str, Any], int], dict[str, Any]]
 Detect = Callable[[Mapping[str, Any]], bool]
@@ -84,8 +94,65 @@ def _detect_native(r: Mapping[str, Any]) -> bool:
     return "problem_type" in r and "question" in r and ("answer" in r or "media" in r)
 
 
+LLAVA_MEDIA_KEYS = {"image": "image", "images": "image", "video": "video", "videos": "video"}
+"""Top-level keys that hold a record's media files in LLaVA / ShareGPT records, with the kind of each."""
+
+
+def _top_level_media(r: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The media a record names in top-level ``image`` / ``images`` / ``video`` / ``videos`` keys."""
+    media: list[dict[str, Any]] = []
+    for key, kind in LLAVA_MEDIA_KEYS.items():
+        value = r.get(key)
+        if value is None or (isinstance(value, (str, list, tuple)) and not value):
+            continue
+        if key == "video" and isinstance(value, (list, tuple)) and value \
+                and all(isinstance(v, str) and guess_media_type(v) == "image" for v in value):
+            value = [value]  # one video as a list of frame files (qwen-vl-utils' shape): refused by the schema
+        media.extend(_media_list(value, kind, key=key))
+    return media
+
+
+def _flat(value: Any) -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in items if isinstance(v, str)]
+
+
+def _names_files(value: Any) -> bool:
+    """Whether a top-level ``image`` / ``video`` value is file paths (a text, or a list of texts)."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(f, str) for f in v)) for v in value)
+
+
+def _strip_placeholders(text: str) -> str:
+    return _PLACEHOLDER_RE.sub("", text).strip()
+
+
 def _convert_native(r: Mapping[str, Any], index: int) -> dict[str, Any]:
-    return dict(r)
+    out = dict(r)
+    if isinstance(out.get("question"), str) and _PLACEHOLDER_RE.search(out["question"]):
+        out["question"] = _strip_placeholders(out["question"])  # mmrl places the media itself
+    named = [k for k in LLAVA_MEDIA_KEYS if _names_files(out.get(k))]
+    if not named:
+        return out
+    given = maybe_json(out.get("media"))
+    if given in (None, "", [], "[]"):  # LLaVA's habit: the files beside the question, not in 'media'
+        out["media"] = _top_level_media({k: out.pop(k) for k in named})
+        return out
+    listed = {m.get("path") if isinstance(m, Mapping) else m for m in
+              (given if isinstance(given, (list, tuple)) else [given])}
+    for key in named:  # beside a 'media' list, only a key that names a media file by its extension counts
+        files = [v for v in _flat(out[key]) if guess_media_type(v)]
+        extra = [f for f in files if f not in listed]
+        if extra:
+            kind = LLAVA_MEDIA_KEYS[key]
+            raise DataError(f"the record has a 'media' list and also a top-level {key!r} key naming {extra[0]!r}, "
+                            f"which 'media' does not list; put every file in 'media' (as {{\"type\": \"{kind}\", "
+                            f"\"path\": \"{extra[0]}\"}}) and remove the {key!r} key")
+        if files and len(files) == len(_flat(out[key])):
+            out.pop(key)  # the same files as 'media': not kept twice in meta
+    return out
 
 
 # ------------------------------------------------------------------------------------------- Video-R1
@@ -244,7 +311,7 @@ def store_embedded_image(value: Any) -> str:
     return str(out)
 
 
-def _media_list(values: Any, kind: str) -> list[dict[str, Any]]:
+def _media_list(values: Any, kind: str, key: str = "") -> list[dict[str, Any]]:
     if values is None:
         return []
     if isinstance(values, (str, Mapping)) or hasattr(values, "save"):
@@ -260,19 +327,17 @@ def _media_list(values: Any, kind: str) -> list[dict[str, Any]]:
         elif kind == "image" and (hasattr(v, "save") or isinstance(v, (bytes, bytearray))):
             out.append({"type": kind, "path": store_embedded_image(v)})
         elif kind == "video" and isinstance(v, (list, tuple)):
-            raise DataError("EasyR1 videos given as lists of frame files are not supported; "
-                            "give one video file per entry")
+            out.append({"type": kind, "path": list(v)})  # frame files: the schema refuses them in one line
         else:
-            raise DataError(f"cannot read {kind} entry {v!r}; give a file path")
+            where = f"'{key}' " if key else ""
+            raise DataError(f"cannot read {kind} entry {where}{v!r}; give a file path")
     return out
 
 
-def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
-    text = r.get("prompt", r.get("problem"))
-    if isinstance(text, list):  # chat-format prompt: take the user turns' text
-        text = "\n".join(str(m.get("content", "")) for m in text if isinstance(m, Mapping))
-    question = _PLACEHOLDER_RE.sub("", str(text or "")).strip()
-    answer = r.get("answer")
+def _question_fields(question: str, answer: Any, r: Mapping[str, Any]) -> tuple[str, Any, Any, str]:
+    """(question, options, answer, problem type) of an imported question: ``<answer>`` tags read out; the
+    options a record lists, or EasyR1's options as lines of the question text with a letter answer; the type
+    given, or inferred from the answer."""
     if isinstance(answer, str):
         answer = extract_answer_tag(answer)
     options = r.get("options") or None
@@ -286,6 +351,15 @@ def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
             question, options = found
             answer = letter or answer
     ptype = r.get("problem_type") or _infer_problem_type(answer, options)
+    return question, options, answer, ptype
+
+
+def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
+    text = r.get("prompt", r.get("problem"))
+    if isinstance(text, list):  # chat-format prompt: take the user turns' text
+        text = "\n".join(str(m.get("content", "")) for m in text if isinstance(m, Mapping))
+    question = _strip_placeholders(str(text or ""))
+    question, options, answer, ptype = _question_fields(question, r.get("answer"), r)
     media = _media_list(r.get("images"), "image") + _media_list(r.get("videos"), "video")
     meta: dict[str, Any] = {"source": "easyr1"}
     known = {"prompt", "problem", "answer", "images", "videos", "options", "problem_type", "id"}
@@ -294,9 +368,59 @@ def _convert_easyr1(r: Mapping[str, Any], index: int) -> dict[str, Any]:
             "options": options, "answer": answer, "media": media, "meta": meta}
 
 
+# ---------------------------------------------------------------------------------------- LLaVA / ShareGPT
+_ASKS = {"human", "user"}
+_REPLIES = {"gpt", "assistant", "model", "bot"}
+
+
+def _detect_sharegpt(r: Mapping[str, Any]) -> bool:
+    return isinstance(r.get("conversations"), (list, tuple)) and not _detect_native(r)
+
+
+def _turn(t: Any, i: int) -> tuple[str, str]:
+    if not isinstance(t, Mapping):
+        raise DataError(f"conversations[{i}] must be an object like {{\"from\": \"human\", \"value\": \"..\"}}, "
+                        f"got {type(t).__name__}")
+    who = t.get("from", t.get("role"))
+    text = t.get("value", t.get("content"))
+    if not isinstance(who, str) or not isinstance(text, str):
+        raise DataError(f"conversations[{i}] needs 'from' and 'value' texts (or 'role' and 'content'), got keys "
+                        f"{sorted(map(str, t))}")
+    return who.strip().lower(), text
+
+
+def _convert_sharegpt(r: Mapping[str, Any], index: int) -> dict[str, Any]:
+    turns = [_turn(t, i) for i, t in enumerate(r["conversations"])]
+    asks = [i for i, (who, _) in enumerate(turns) if who in _ASKS]
+    replies = [i for i, (who, _) in enumerate(turns) if who in _REPLIES]
+    other = sorted({who for who, _ in turns if who not in _ASKS | _REPLIES | {"system"}})
+    if other:
+        raise DataError(f"conversations has turns from {other}; a ShareGPT turn is from 'human' (the question) "
+                        "or 'gpt' (the answer)")
+    if len(asks) != 1 or len(replies) != 1 or replies[0] < asks[0]:
+        raise DataError(f"conversations holds {len(asks)} human and {len(replies)} gpt turns; mmrl trains on one "
+                        "question and its answer: give one human turn followed by one gpt turn (split a "
+                        "multi-turn chat into one record per question)")
+    raw_question, answer_text = turns[asks[0]][1], turns[replies[0]][1]
+    media = _top_level_media(r)
+    for kind in ("image", "video"):
+        wanted = len(re.findall(f"<{kind}>", raw_question))
+        have = sum(1 for m in media if m["type"] == kind)
+        if wanted and not have:
+            raise DataError(f"the question has a <{kind}> placeholder but the record names no {kind} file; add "
+                            f"\"{kind}\": \"FILE\" to the record (the path relative to the data file)")
+    question, options, answer, ptype = _question_fields(_strip_placeholders(raw_question), answer_text, r)
+    known = {"conversations", "options", "problem_type", "id", *LLAVA_MEDIA_KEYS}
+    meta: dict[str, Any] = {"source": "sharegpt"}
+    meta.update({k: v for k, v in r.items() if k not in known and isinstance(v, (str, int, float, bool))})
+    return {"id": str(r.get("id", f"sharegpt-{index}")), "problem_type": ptype, "question": question,
+            "options": options, "answer": answer, "media": media, "meta": meta}
+
+
 register_importer("native", _detect_native, _convert_native, aliases=("mmrl",))
 register_importer("video-r1", _detect_video_r1, _convert_video_r1, aliases=("videor1",))
 register_importer("easyr1", _detect_easyr1, _convert_easyr1, aliases=("easy-r1", "verl"))
+register_importer("sharegpt", _detect_sharegpt, _convert_sharegpt, aliases=("share-gpt", "llava"))
 
 
 def import_record(record: Mapping[str, Any], index: int, fmt: str = "auto") -> tuple[str, dict[str, Any]]:

@@ -1,11 +1,11 @@
-"""Load sample records from JSONL, JSON, Parquet, a ``datasets.save_to_disk`` folder, a Hugging Face Hub
+"""Load sample records from JSONL, JSON, Parquet, CSV, a ``datasets.save_to_disk`` folder, a Hugging Face Hub
 folder of shards, or a glob of files.
 
 >>> result = load_samples("data/train.jsonl", on_bad_sample="skip")
 >>> len(result.samples), result.skipped, [str(p) for p in result.problems]
 
 Every bad record becomes a :class:`~data_pipelines.schema.Problem` at its place in the file: the 1-based
-line for JSONL (``file:12: reason``), the 0-based record index for JSON, Parquet and ``datasets`` folders
+line for JSONL and CSV (``file:12: reason``), the 0-based record index for JSON, Parquet and ``datasets`` folders
 (``file:record 3: reason``). A broken JSON line is a problem at that line, never a crash.
 ``on_bad_sample="raise"`` raises :class:`~mmrl_common.errors.DataError` listing them; ``"skip"`` keeps every
 good record and counts the skipped ones.
@@ -25,9 +25,9 @@ place names its own file: the shard or the split's folder. Arrow (Parquet, ``dat
 a table the same struct fields, null where a record had none; those nulls are dropped from nested objects
 (media items, their ``sampling``, ``meta``) so a record means what it meant when written (:func:`arrow_record`).
 
-Record formats (our own, Video-R1, EasyR1, see :mod:`data_pipelines.importers`) are detected from the
+Record formats (our own, Video-R1, EasyR1, LLaVA/ShareGPT, see :mod:`data_pipelines.importers`) are detected from the
 first record, or chosen with ``fmt`` (``"video-r1"``); ``fmt`` also accepts a file format (``"jsonl"``,
-``"json"``, ``"parquet"``, ``"hf"``), or both joined by ``+`` (``"video-r1+json"``).
+``"json"``, ``"parquet"``, ``"csv"``, ``"hf"``), or both joined by ``+`` (``"video-r1+json"``).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ its options, far below what takes minutes and gigabytes to tokenize and roll out
 did); a record over it is refused at load like any bad record."""
 MAX_QUESTION_HINT = "raise the cap with data.max_question_chars=N (max_question_chars=N in load_samples)"
 
-FILE_FORMATS = ("jsonl", "json", "parquet", "hf")
-_EXT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+FILE_FORMATS = ("jsonl", "json", "parquet", "csv", "hf")
+_EXT_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet",
+                ".csv": "csv"}
 
 
 @dataclass
@@ -133,7 +134,7 @@ def detect_file_format(path: Path) -> str:
         if _is_hf_folder(path):
             return "hf"
         raise DataError(f"{path} is a folder but neither a `datasets.save_to_disk` folder (no dataset_info.json "
-                        "or dataset_dict.json) nor a folder of .jsonl/.json/.parquet files")
+                        "or dataset_dict.json) nor a folder of .jsonl/.json/.parquet/.csv files")
     fmt = _EXT_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise DataError(f"{path}: cannot tell the format from the extension {path.suffix!r}; "
@@ -226,7 +227,7 @@ def _hub_splits(folder: Path, file_fmt: str) -> dict[str | None, list[DataPart]]
         if parts:
             splits[str(name)] = parts
     if not splits:
-        kinds = f".{file_fmt} " if file_fmt != "auto" else ".jsonl, .json or .parquet "
+        kinds = f".{file_fmt} " if file_fmt != "auto" else ".jsonl, .json, .parquet or .csv "
         raise DataError(f"{folder} is a folder with no {kinds}files (nor a `datasets.save_to_disk` folder): give "
                         "a data file, a folder of them (as on the Hugging Face Hub) or a glob such as "
                         f"'{folder}/*.parquet'")
@@ -349,6 +350,8 @@ def _iter_file(path: Path, file_fmt: str) -> Iterator[RawRecord]:
         yield from _iter_json(path)
     elif file_fmt == "parquet":
         yield from _iter_parquet(path)
+    elif file_fmt == "csv":
+        yield from _iter_csv(path)
     elif file_fmt == "hf":
         yield from _iter_hf(path)
     else:
@@ -434,6 +437,40 @@ def _iter_json(path: Path) -> Iterator[RawRecord]:
         return
     for i, rec in enumerate(data):
         yield RawRecord(i, "record", rec)
+
+
+def _iter_csv(path: Path) -> Iterator[RawRecord]:
+    """The rows of a CSV file (a header row names the columns), each at its 1-based line. Every cell is text; an
+    empty cell is no value (null); a cell holding a JSON list or object (``media``, ``options``, ``meta``) is
+    decoded as it is in Parquet; ``data.columns`` renames the columns as for any other format."""
+    import csv
+
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        try:
+            reader = csv.reader(fh)
+            header: list[str] | None = None
+            start = 1
+            for row in reader:
+                if header is None:
+                    header = [h.strip() for h in row]
+                    if not any(header):
+                        raise DataError(f"{path}:1: the first line must name the columns (id,problem_type,"
+                                        "question,answer,..); it is empty")
+                    start = reader.line_num + 1
+                    continue
+                line, start = start, reader.line_num + 1
+                if not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    yield RawRecord(line, "line", error=f"the row has {len(row)} cells but the header names "
+                                                        f"{len(header)} columns; quote cells that hold a comma "
+                                                        "(\"a, b\") and give every row each column")
+                    continue
+                yield RawRecord(line, "line", {k: (v if v.strip() else None) for k, v in zip(header, row) if k})
+        except UnicodeDecodeError as exc:
+            yield RawRecord(None, "line", error=f"file is not valid UTF-8 ({exc.reason}); re-save it as UTF-8")
+        except csv.Error as exc:
+            yield RawRecord(reader.line_num, "line", error=f"cannot read the CSV row ({exc}); fix the quoting")
 
 
 def _iter_parquet(path: Path) -> Iterator[RawRecord]:
@@ -593,8 +630,9 @@ def locate_dataset(path: str | Path, fmt: str = "auto", media_root: str | Path |
                    ) -> tuple[Path, str, str, Path]:
     """``(path, file format, record format, media base folder)`` of a dataset (a file, a folder, a glob,
     ``PATH:SPLIT``: see the module docstring); DataError if it is missing. The media base folder is
-    ``media_root``, else the folder given, the file's folder, or a glob's folder (``shards`` of
-    ``shards/*.parquet``)."""
+    ``media_root``, else the folder given (of a split's own folder ``my_dd/train``, the ``DatasetDict`` folder
+    ``my_dd``, as for ``my_dd:train``: :func:`split_folder_parent`), the file's folder, or a glob's folder
+    (``shards`` of ``shards/*.parquet``)."""
     path = Path(path)
     base, _ = split_spec(path)
     file_fmt, rec_fmt = parse_fmt(fmt)
@@ -607,11 +645,26 @@ def locate_dataset(path: str | Path, fmt: str = "auto", media_root: str | Path |
         formats = {p.fmt for parts in dataset_splits(base, file_fmt).values() for p in parts} \
             if file_fmt == "auto" else {file_fmt}
         root = base if base.is_dir() else base.parent
+        root = split_folder_parent(root) or root
     if len(formats) > 1:
         raise DataError(f"{base} holds {' and '.join(sorted(formats))} files; give the files of one format (a glob "
                         "such as '*.parquet') or choose one with --format / data.format")
     base_dir = Path(media_root) if media_root is not None else root
     return path, formats.pop(), rec_fmt, base_dir
+
+
+def split_folder_parent(path: Path) -> Path | None:
+    """The ``DatasetDict.save_to_disk`` folder whose split ``path`` is (``my_dd`` of ``my_dd/train``: its
+    ``dataset_dict.json`` lists the folder's name), else None. Media paths of a split's folder resolve against
+    that folder, as they do for ``my_dd`` and ``my_dd:train``: one split means one thing however it is named."""
+    parent = path.parent
+    if path == parent or not _is_hf_folder(path) or not (parent / "dataset_dict.json").is_file():
+        return None
+    try:
+        names = json.loads((parent / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return parent if isinstance(names, list) and path.name in map(str, names) else None
 
 
 def _until_glob(parts: tuple[str, ...]) -> list[str]:
@@ -642,8 +695,8 @@ def load_samples(
 
     ``columns`` maps source column names to record fields (``{"query": "question", "level":
     "meta.difficulty"}``). Relative media paths resolve against ``media_root`` if given, else the dataset
-    file's folder (the folder itself for a ``datasets`` folder); with ``resolve_paths`` the loaded samples
-    carry the resolved paths. ``check_media``: ``False``; ``True``/``"exists"`` (each file exists and is
+    file's folder (the folder itself for a ``datasets`` folder, its ``DatasetDict`` folder for a split's own
+    folder); with ``resolve_paths`` the loaded samples carry the resolved paths. ``check_media``: ``False``; ``True``/``"exists"`` (each file exists and is
     not empty); ``"decode"`` (each file is opened and decoded, as ``mmrl data validate`` does).
     ``split`` picks a split of a dataset with several (a ``DatasetDict`` folder, a Hub folder), as ``PATH:SPLIT``
     does; else ``role`` (``"train"``, ``"val"``, ``"test"``) picks the split for that use (:data:`ROLE_SPLITS`);

@@ -60,7 +60,8 @@ def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str 
     try:
         os.stat(p)
     except FileNotFoundError:
-        return f"{kind} file not found: {p}; check the path or pass --media-root / media_root"
+        return (f"{kind} file not found: {p}; check the path, or the folder it is relative to (--media-root in "
+                "mmrl data, data.media_root=DIR in mmrl train / eval)")
     except OSError as exc:  # a symlink loop, no permission on a folder, a name too long: said as it is
         cause = "symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or type(exc).__name__)
         return f"cannot open {kind} file {p}: {cause}; fix the path or the link"

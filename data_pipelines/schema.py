@@ -60,9 +60,14 @@ class MediaItem:
         extension), or from the qwen-vl-utils shape ``{"video": path, "fps": 2}``."""
         if isinstance(data, str):
             return cls(type=guess_media_type(data) or "", path=data)
+        if isinstance(data, (list, tuple)) and data and all(isinstance(f, str) for f in data):
+            raise DataError(frames_refusal(data))
         if not isinstance(data, Mapping):
             raise DataError(f"media item must be an object with 'type' and 'path', got {type(data).__name__}")
         data = dict(data)
+        for key in ("path", *MEDIA_TYPES):
+            if isinstance(data.get(key), (list, tuple)) and data[key] and all(isinstance(f, str) for f in data[key]):
+                raise DataError(frames_refusal(data[key]))
         if "path" not in data:
             for kind in MEDIA_TYPES:
                 if isinstance(data.get(kind), str):
@@ -84,6 +89,15 @@ class MediaItem:
         if p.is_absolute() or base_dir is None or self.is_remote():
             return p
         return Path(base_dir) / p
+
+
+def frames_refusal(files: list[str] | tuple[str, ...]) -> str:
+    """What a media item given as a list of files (a video as its frames, qwen-vl-utils' shape) is told: mmrl
+    reads each video from one file."""
+    shown = ", ".join(repr(f) for f in list(files)[:2]) + (", ..." if len(files) > 2 else "")
+    return (f"a list of {len(files)} files ({shown}) as one item: a video given as its frame files is not read; "
+            "join the frames into one video file (ffmpeg -framerate 2 -i frame_%03d.png clip.mp4) and give its "
+            "path, or give each frame as an image item")
 
 
 def sampling_dict(value: Any) -> dict[str, Any]:
@@ -157,11 +171,14 @@ class Sample:
         return option_letters(len(self.options or []))
 
     def answer_text(self) -> str:
-        """For multiple choice, the text of the correct option; otherwise the answer as a string."""
+        """For multiple choice, the text of the correct option; of a list of acceptable answers, the first;
+        otherwise the answer as a string."""
         if self.problem_type == "multiple_choice" and self.options and isinstance(self.answer, str):
             idx = letter_index(self.answer)
             if idx is not None and idx < len(self.options):
                 return self.options[idx]
+        if isinstance(self.answer, (list, tuple)) and self.answer and self.problem_type in TEXT_ANSWER_TYPES:
+            return str(self.answer[0])
         return str(self.answer)
 
 
@@ -327,6 +344,10 @@ def _check_multiple_choice(s: Sample) -> list[str]:
     return []
 
 
+TEXT_ANSWER_TYPES = ("open", "free_form", "ocr")
+"""The problem types whose answer may be a list of acceptable answers (the accuracy reward takes the best)."""
+
+
 def _check_yes_no(s: Sample) -> list[str]:
     if not isinstance(s.answer, str) or s.answer.strip().lower() not in ("yes", "no"):
         return [f"yes_no answer must be 'yes' or 'no', got {s.answer!r}"]
@@ -358,10 +379,18 @@ def _check_numeric(s: Sample) -> list[str]:
 
 
 def _check_text(s: Sample) -> list[str]:
+    if isinstance(s.answer, (list, tuple)):  # several acceptable answers: the reward scores the best match
+        bad = [a for a in s.answer if not isinstance(a, (str, int, float)) or isinstance(a, bool)
+               or (isinstance(a, str) and not a.strip())]
+        if not s.answer or bad:
+            return [(f"{s.problem_type} answer list must hold one or more non-empty texts (any of them is right), "
+                    f"got {_short(s.answer)}")]
+        return []
     if s.answer is None or (isinstance(s.answer, str) and not s.answer.strip()):
         return [f"{s.problem_type} answer must be a non-empty reference text"]
     if not isinstance(s.answer, (str, int, float)):
-        return [f"{s.problem_type} answer must be text, got {type(s.answer).__name__}"]
+        return [(f"{s.problem_type} answer must be text (or a list of texts, any of them right), got "
+                f"{type(s.answer).__name__}")]
     return []
 
 
@@ -424,7 +453,7 @@ def guess_media_type(path: str | None) -> str | None:
     return None
 
 
-def _maybe_json(value: Any) -> Any:
+def maybe_json(value: Any) -> Any:
     """Parquet/`datasets` columns sometimes hold lists or dicts as JSON strings; decode those."""
     if isinstance(value, str) and value.strip()[:1] in ("[", "{"):
         try:
@@ -463,11 +492,11 @@ def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
     if question is not None and not isinstance(question, str):  # str() of a list would put its repr in the prompt
         reasons.append(f"'question' must be a string, got {type(question).__name__} ({_short(question)}); "
                        "join the parts into one text")
-    options = _maybe_json(data.get("options"))
+    options = maybe_json(data.get("options"))
     if options is not None and not (isinstance(options, (list, tuple)) and all(isinstance(o, str) for o in options)):
         reasons.append(f"'options' must be a list of strings or null, got {options!r}")
         options = None
-    media_raw = _maybe_json(data.get("media")) or []
+    media_raw = maybe_json(data.get("media")) or []
     if isinstance(media_raw, (str, Mapping)):
         media_raw = [media_raw]
     media: list[MediaItem] = []
@@ -479,7 +508,7 @@ def parse_record(data: Any) -> tuple[Sample | None, list[str]]:
                 media.append(MediaItem.from_dict(raw))
             except (DataError, ValueError) as exc:
                 reasons.append(f"media[{i}]: {exc}")
-    meta = _maybe_json(data.get("meta")) or {}
+    meta = maybe_json(data.get("meta")) or {}
     if not isinstance(meta, Mapping):
         reasons.append(f"'meta' must be an object, got {type(meta).__name__}")
         meta = {}

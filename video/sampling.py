@@ -331,8 +331,10 @@ def sample_video(
         try:
             first, last = frame_window(reader.num_frames, reader.fps, start, end)
             indices = fn(reader.num_frames, reader.fps, start=start, end=end, **options)
-        except ValueError as exc:
-            raise ValueError(f"{reader.path}: {exc}") from exc
+        except (ValueError, AssertionError) as exc:  # qwen-vl-utils asserts and raises in its own words
+            said = sampling_problem(reader.num_frames, reader.fps, {**options, "start": start, "end": end}) \
+                if policy == "qwen" and _numeric(options, start, end) else None
+            raise ValueError(f"{reader.path}: {said or exc}") from exc
         except TypeError as exc:  # an option the policy does not take
             raise ValueError(f"{reader.path}: bad options {sorted(options)} for policy {policy!r}: {exc}") from exc
         opts = {**options, **resize, **({"start": start} if start is not None else {}),
@@ -342,6 +344,12 @@ def sample_video(
     finally:
         if own:
             reader.close()
+
+
+def _numeric(options: dict[str, Any], start: float | None, end: float | None) -> bool:
+    """Whether the ``qwen`` policy's options are all numbers, as :func:`sampling_problem` takes them."""
+    values = [options.get(k) for k in ("fps", "nframes", "min_frames", "max_frames")] + [start, end]
+    return all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values)
 
 
 def seconds_per_grid(sample: SampledVideo, temporal_patch_size: int = 2) -> float:
