@@ -15,6 +15,12 @@ the sample's problem type (:data:`TEMPLATES`: ``open``, ``free_form``, and ``def
 with ``{question}``, ``{options}``, ``{answer}`` (the reference) and ``{completion}`` (the policy's whole
 answer) filled in; ``templates: {open: "...", default: "..."}`` replaces any of them.
 
+**What the judge sees of the sample** (``send_media``): ``none`` (default: a text-only judge, the prompt alone)
+or ``images``: each image of the sample and ``media_frames`` frames of each video (default 4, evenly spaced over
+the whole video), each at most ``media_max_side`` pixels on its longer side (default 448), sent before the prompt as the
+OpenAI-style ``image_url`` parts (JPEG data URLs) that ``vllm serve`` takes for a vision-language model
+(``--limit-mm-per-prompt '{"image": N}'``). A file that cannot be read fails that item (named, counted, None).
+
 **The score rule**: the *last* ``Score: N`` in the judge's reply (case-insensitive; ``**Score:** N`` and
 ``Score = N`` read too), N a number from 0 to ``max_score`` (default 1), divided by ``max_score``. A reply
 without one, or with N out of range, gets no score: the item is named and counted as a failure
@@ -22,13 +28,15 @@ without one, or with N out of range, gets no score: the item is named and counte
 ``Score: 1`` (correct) or ``Score: 0`` (incorrect) on the last line.
 
 Batches (``batch_size`` items a worker asks in turn, default 1), ``concurrency`` (default 8), ``timeout_s``,
-``retries``, ``backoff_s``, the cache of replies per (question, reference, completion) in the run folder and the
-check before the run (the endpoint reached; the model listed by ``GET {base_url}/models`` when the endpoint
+``retries``, ``backoff_s``, the cache of replies per sample and text (id, media, question, reference,
+completion) in the run folder and the check before the run (the endpoint reached; the model listed by ``GET {base_url}/models`` when the endpoint
 lists models) are :mod:`rewards.remote`'s, shared with the ``http`` reward.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import re
 from collections.abc import Mapping
@@ -57,7 +65,8 @@ SCORE_RULE = ("the last 'Score: N' in the judge's reply (case-insensitive), N fr
               "max_score; a reply without one is a failure (None, counted), never 0")
 _SCORE = re.compile(r"score\**\s*[:=]\s*\**\s*([-+]?\d+(?:\.\d+)?)", re.IGNORECASE)
 _KEYS = ("base_url", "model", "api_key_env", "temperature", "max_tokens", "max_score", "templates", "system",
-         "extra_body")
+         "extra_body", "send_media", "media_frames", "media_max_side")
+MEDIA_MODES = ("none", "images")
 DEFAULTS = {"batch_size": 1, "concurrency": 8, "timeout_s": 60.0}
 
 
@@ -108,6 +117,14 @@ class JudgeSettings:
         self.system = kwargs.get("system")
         if self.system is not None and not isinstance(self.system, str):
             raise ConfigError(f"{where}.kwargs.system: a string, got {self.system!r}")
+        self.media = kwargs.get("send_media", "none")
+        if self.media not in MEDIA_MODES:
+            raise ConfigError(f"{where}.kwargs.send_media: {self.media!r} must be one of {', '.join(MEDIA_MODES)} "
+                              "(images: the sample's images and frames of its videos go to a vision-language judge)")
+        self.frames, self.max_side = kwargs.get("media_frames", 4), kwargs.get("media_max_side", 448)
+        for key, value, low in (("media_frames", self.frames, 1), ("media_max_side", self.max_side, 28)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{where}.kwargs.{key}: {value!r} must be an integer >= {low}")
         extra = kwargs.get("extra_body") or {}
         self.extra_body = dict(extra) if isinstance(extra, Mapping) else {}
         if not isinstance(extra, Mapping) or set(self.extra_body) & {"model", "messages"}:
@@ -145,20 +162,27 @@ class JudgeSettings:
             text = text.replace("{" + key + "}", value)
         return text
 
-    def messages(self, item: Mapping[str, Any]) -> list[dict[str, str]]:
+    def messages(self, item: Mapping[str, Any]) -> list[dict[str, Any]]:
         out = [{"role": "system", "content": self.system}] if self.system else []
-        return [*out, {"role": "user", "content": self.prompt(item)}]
+        pictures = media_images(item.get("media") or [], frames=self.frames, max_side=self.max_side) \
+            if self.media == "images" else []
+        if not pictures:
+            return [*out, {"role": "user", "content": self.prompt(item)}]
+        parts = [{"type": "image_url", "image_url": {"url": url}} for url in pictures]
+        return [*out, {"role": "user", "content": [*parts, {"type": "text", "text": self.prompt(item)}]}]
 
     def identity(self) -> dict[str, Any]:
         """What the replies depend on (the cache's name)."""
         return {"base_url": self.base_url, "model": self.model, "temperature": self.temperature,
                 "max_tokens": self.max_tokens, "templates": self.templates, "system": self.system,
-                "extra_body": self.extra_body}
+                "extra_body": self.extra_body, "media": [self.media, self.frames, self.max_side]}
 
     def describe(self) -> dict[str, Any]:
         """The judge as a report names it: endpoint, model, sampling, templates and the score rule."""
         return {"base_url": self.base_url, "model": self.model, "temperature": self.temperature,
                 "max_tokens": self.max_tokens, "system": self.system, "extra_body": self.extra_body,
+                "media": self.media if self.media == "none" else f"images: {self.frames} frames a video, "
+                                                                 f"longer side <= {self.max_side}",
                 "templates": dict(self.templates),
                 "score_rule": SCORE_RULE.replace("max_score", f"max_score={self.max_score:g}")}
 
@@ -178,6 +202,39 @@ class JudgeSettings:
         return ServiceClient("judge", self.service, self.identity(),
                              lambda batch: [self.ask_one(it, headers) for it in batch],
                              lambda reply: parse_score(reply, self.max_score))
+
+
+def media_images(media: list[Mapping[str, Any]], *, frames: int, max_side: int) -> list[str]:
+    """What a vision-language judge sees of a sample: each image, and ``frames`` frames evenly spaced over each
+    video, as JPEG data URLs at most ``max_side`` pixels on their longer side. :class:`Failed` naming a file that
+    cannot be read."""
+    import numpy as np
+    from PIL import Image
+
+    from mmrl_common.errors import MediaError
+    from video.reader import open_video
+    from vision.io import open_image, to_rgb
+
+    out = []
+    for m in media:
+        path = m.get("path")
+        try:
+            if m.get("type") == "image":
+                pictures = [to_rgb(open_image(path))]
+            else:
+                with open_video(path) as reader:
+                    n = reader.num_frames
+                    idx = np.unique(np.linspace(0, n - 1, num=min(frames, n)).round().astype(int))
+                    pictures = [Image.fromarray(f) for f in reader.get_frames(idx)]
+        except (MediaError, OSError, ValueError) as exc:
+            raise Failed(f"the judge cannot be shown {path}: {exc}", retry=False) from None
+        for picture in pictures:
+            picture = picture.convert("RGB")
+            picture.thumbnail((max_side, max_side))
+            buf = io.BytesIO()
+            picture.save(buf, format="JPEG", quality=90)
+            out.append("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode())
+    return out
 
 
 def judge_settings(kwargs: Mapping[str, Any], where: str = "reward 'judge'") -> JudgeSettings:

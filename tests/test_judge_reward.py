@@ -61,6 +61,8 @@ class JudgeServer:
                     self.send(500, {"error": "planted failure"})
                     return
                 prompt = body["messages"][-1]["content"]
+                if isinstance(prompt, list):  # a multimodal message: the pictures, then the text
+                    prompt = next(part["text"] for part in prompt if part["type"] == "text")
                 completion = prompt.split("Response: ", 1)[1].split("\n\n", 1)[0]
                 text = owner.reply if owner.reply is not None else \
                     f"Looks fine.\nScore: {1 - len(completion) % 2}"
@@ -96,7 +98,8 @@ def judge(completions: list[str], problem_types: list[str], **kwargs) -> tuple[l
     metrics: dict = {}
     n = len(completions)
     cols = {"id": [f"s{i}" for i in range(n)], "question": ["What is shown?"] * n, "answer": ["a red ball"] * n,
-            "problem_type": problem_types, "options": [[]] * n, "log_metric": metrics.__setitem__}
+            "problem_type": problem_types, "options": [[]] * n, "media": kwargs.pop("media_of", [[]] * n),
+            "log_metric": metrics.__setitem__}
     return get_reward("judge")(completions, **cols, **kwargs), metrics
 
 
@@ -231,3 +234,43 @@ def test_eval_mmvu_scores_the_open_questions_with_the_judge(tmp_path, capsys, mo
     assert MODEL in stdout and "open-ended" in stdout
     results = (out / "results.md").read_text()
     assert MODEL in results and "Score: 1" in results  # the judge's model and prompt beside the score
+
+
+def _picture(url: str):
+    import base64
+    import io
+
+    from PIL import Image
+
+    head, data = url.split(",", 1)
+    assert head == "data:image/jpeg;base64"
+    return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
+
+
+def test_a_vision_judge_sees_the_samples_image_and_frames_of_its_video(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    from video.writer import write_mp4
+
+    Image.new("RGB", (300, 200), (250, 10, 10)).save(tmp_path / "red.png")
+    colours = [(10, 250, 10), (10, 10, 250), (250, 250, 10), (250, 250, 250)]  # 4 frames a colour
+    write_mp4(tmp_path / "clip.mp4", np.stack([np.full((64, 96, 3), c, np.uint8) for c in colours for _ in range(4)]),
+              fps=4.0, crf=0)
+    media = [[{"type": "image", "path": str(tmp_path / "red.png")}, {"type": "video", "path": str(tmp_path / "clip.mp4")}],
+             [{"type": "video", "path": str(tmp_path / "missing.mp4")}]]
+    with JudgeServer() as srv:
+        got, metrics = judge(["aa", "aa"], ["free_form"] * 2, base_url=srv.base_url, model=MODEL, send_media="images",
+                             media_frames=3, media_max_side=64, media_of=media, cache=False, retries=0)
+        plain, _ = judge(["aa"], ["free_form"], base_url=srv.base_url, model=MODEL, media_of=media[:1], cache=False)
+    assert got == [1.0, None] and metrics["judge/failed"] == 1  # the unreadable video: named, never 0
+    assert "missing.mp4" in capsys.readouterr().err
+    content = srv.requests[0]["messages"][-1]["content"]
+    assert [part["type"] for part in content] == ["image_url"] * 4 + ["text"]  # the image, 3 frames, the prompt
+    pictures = [_picture(part["image_url"]["url"]) for part in content[:4]]
+    assert pictures[0].size == (64, 43) and all(max(p.size) <= 64 for p in pictures)  # the longer side capped
+    seen = [tuple(int(v) for v in np.asarray(p).reshape(-1, 3).mean(0)) for p in pictures]
+    assert np.allclose(seen[0], (250, 10, 10), atol=12)  # the image
+    assert np.allclose(seen[1], colours[0], atol=12) and np.allclose(seen[3], colours[-1], atol=12)  # first, last frame
+    assert seen[2] not in (seen[1], seen[3])
+    assert isinstance(srv.requests[-1]["messages"][-1]["content"], str) and plain == [1.0]  # media: none (default)
