@@ -13,7 +13,10 @@ from the config (scorers must accept unknown ones). ``None`` means "not applicab
 Built-in scorers and their settings:
 
 * ``multiple_choice``: 1.0 when :func:`~rewards.answers.extract_choice` (restricted to the sample's options)
-  equals the gold letter, else 0.0 (also when nothing or something ambiguous was given).
+  equals the gold letter, else 0.0 (also when nothing or something ambiguous was given). ``choice_scoring="exact"``:
+  1.0 only when the answer, stripped, is the gold letter itself, as Video-R1 scores it (tulerfeng/Video-R1
+  src/r1-v/src/open_r1/grpo.py, ``accuracy_reward``: ``output_ans.strip() == gt_ans.strip()``): "B." , "b", "(B)"
+  and "B. blue" score 0 there.
 * ``yes_no``: 1.0 when :func:`~rewards.answers.extract_yes_no` equals the gold yes/no.
 * ``numeric``: ``numeric_scoring="tolerance"`` (default): 1.0 when ``|pred − gold| <= max(rel_tol·|gold|,
   abs_tol)`` (defaults ``rel_tol=0``, ``abs_tol=1e-6``; so "3" matches "3.0"); ``"relative_error"``:
@@ -208,10 +211,18 @@ def answer_from_settings(text: str, settings: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------------
 
 
+CHOICE_SCORING = ("letter", "exact")
+
+
 @register_scorer("multiple_choice")
-def score_multiple_choice(prediction: str, row: Mapping[str, Any], **settings: Any) -> float:
+def score_multiple_choice(prediction: str, row: Mapping[str, Any], *, choice_scoring: str = "letter",
+                          **settings: Any) -> float:
     options = row.get("options")
     gold = A.normalize_gold_choice(row.get("answer"), options)
+    if choice_scoring == "exact":
+        return float(gold is not None and prediction.strip() == gold)
+    if choice_scoring != "letter":
+        raise ConfigError(f"accuracy: choice_scoring={choice_scoring!r}; choose one of {', '.join(CHOICE_SCORING)}")
     return float(A.extract_choice(prediction, options) == gold)
 
 

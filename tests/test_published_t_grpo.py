@@ -45,7 +45,7 @@ PUBLISHED = [
 # the rewards, summed unweighted (grpo.py: accuracy, format; the trainer's len_control length bonus)
 PUBLISHED_REWARDS = {
     # grpo.py accuracy_reward: no <answer>...</answer> block scores 0; numbers by its numerical/regression rules
-    "accuracy": (1.0, {"strict_tags": True, "numeric_scoring": "video-r1"}),
+    "accuracy": (1.0, {"strict_tags": True, "numeric_scoring": "video-r1", "choice_scoring": "exact"}),
     "format": (1.0, {"mode": "think_answer"}),
     "length_bonus": (1.0, {"min_tokens": 320, "max_tokens": 512, "bonus": 0.2, "correct_threshold": 0.1,
                            "min_correct": 2}),
@@ -67,3 +67,46 @@ def test_rewards_are_video_r1s() -> None:
     cfg = load_run_config("t-grpo")
     got = {r.name: (r.weight, {k: r.kwargs[k] for k in PUBLISHED_REWARDS[r.name][1]}) for r in cfg.rewards}
     assert got == PUBLISHED_REWARDS
+
+
+def _source_multiple_choice(content: str, solution: str) -> float:
+    """Video-R1's multiple-choice reward, written from tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.py
+    (``accuracy_reward``): the text of the first <answer> block (``\\s*(.*?)\\s*``, else ""), stripped, equal to the
+    solution's."""
+    import re
+
+    def extract(text: str) -> str:
+        m = re.search(r"<answer>\s*(.*?)\s*</answer>", text, re.DOTALL)
+        return m.group(1).strip() if m else ""
+
+    return 1.0 if extract(content).strip() == extract(solution).strip() else 0.0
+
+
+def test_multiple_choice_scores_as_video_r1_on_random_answers() -> None:
+    """The recipe's accuracy reward against the source's rule on random answers, the forms the source scores 0
+    ("B.", "b", "(B)", "B. blue", an answer outside the tags) among them."""
+    import random
+
+    from rewards import CombinedReward
+
+    cfg = load_run_config("t-grpo")
+    accuracy = CombinedReward([r for r in cfg.rewards if r.name == "accuracy"])
+    rng = random.Random(0)
+    options = ["A. red", "B. blue", "C. green", "D. black"]
+    forms = ["{L}", " {L} ", "{L}.", "{l}", "({L})", "{L}. {text}", "{text}", "Answer: {L}", "{L}\n"]
+    completions, golds = [], []
+    for _ in range(600):
+        letter = rng.choice("ABCD")
+        said = rng.choice("ABCD") if rng.random() < 0.3 else letter
+        body = rng.choice(forms).format(L=said, l=said.lower(), text=options["ABCD".index(said)][3:])
+        wrap = rng.choice(["<think>x</think><answer>{}</answer>", "<answer>{}</answer> trailing", "{}"])
+        completions.append(wrap.format(body))
+        golds.append(letter)
+    n = len(completions)
+    got = accuracy.compute(completions, {"id": list(range(n)), "problem_type": ["multiple_choice"] * n,
+                                          "question": ["q"] * n, "options": [options] * n, "answer": golds}
+                           ).components["accuracy"]
+    want = [_source_multiple_choice(c, f"<answer>{g}</answer>") for c, g in zip(completions, golds)]
+    assert got == want
+    assert 0 < sum(want) < n and any(w == 0 and c.startswith("<think>x</think><answer>" + g + ".")
+                                     for c, g, w in zip(completions, golds, want))  # "B." is among the zeros
