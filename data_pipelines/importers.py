@@ -118,11 +118,18 @@ def _flat(value: Any) -> list[str]:
 
 
 def _names_files(value: Any) -> bool:
-    """Whether a top-level ``image`` / ``video`` value is file paths (a text, or a list of texts)."""
-    if isinstance(value, str):
-        return bool(value.strip())
-    return isinstance(value, (list, tuple)) and bool(value) and all(
-        isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(f, str) for f in v)) for v in value)
+    """Whether a top-level ``image`` / ``video`` value is media: file paths (a text, or a list of texts) or
+    embedded images (``{"bytes": ..}`` as a ``datasets`` Image column gives them, ``{"path": ..}``)."""
+    def one(v: Any) -> bool:
+        if isinstance(v, str):
+            return bool(v.strip())
+        if isinstance(v, Mapping):
+            return bool(v.get("bytes")) or isinstance(v.get("path"), str) and bool(v["path"])
+        return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(f, str) for f in v)
+
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(one(v) for v in value)
+    return one(value)
 
 
 def _strip_placeholders(text: str) -> str:

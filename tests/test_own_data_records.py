@@ -90,6 +90,20 @@ def test_native_record_with_a_top_level_video_or_image_key_keeps_it(media: Path,
     assert code == 0 and "2 media files checked" in out, out
 
 
+def test_a_datasets_image_column_of_embedded_bytes_joins_the_media(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import datasets
+
+    monkeypatch.setenv("MMRL_CACHE", str(tmp_path / "cache"))
+    png = _png(tmp_path / "x.png").read_bytes()
+    rows = [{"id": "b1", "problem_type": "open", "question": "<image>\nWhat is it?", "answer": "a square",
+             "image": {"bytes": png, "path": None}}]
+    ds = datasets.Dataset.from_list(rows).cast_column("image", datasets.Image(decode=False))
+    ds.to_parquet(str(tmp_path / "b.parquet"))
+    (sample,) = load_samples(tmp_path / "b.parquet", check_media="decode").samples
+    assert sample.question == "What is it?" and [m.type for m in sample.media] == ["image"]
+    assert Path(sample.media[0].path).read_bytes() == png and "image" not in sample.meta
+
+
 def test_a_placeholder_left_in_a_native_question_leaves_the_prompt(media: Path):
     row = {"id": "p1", "problem_type": "open", "question": "<video>\nWhat happens?", "answer": "x",
            "media": [{"type": "video", "path": "clip.mp4"}]}
