@@ -24,10 +24,12 @@ With LoRA (``model.lora``, :mod:`mmrl.model.lora`) a checkpoint holds the adapte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ import torch
 
 from mmrl.config.eval_settings import EVAL_SETTINGS_FILE, eval_settings, read_eval_settings  # noqa: F401
 from mmrl.model.weights import from_published_layout, published_names, save_pretrained
-from mmrl_common.file_digest import DIGEST_BLOCK, block_hashes, hash_threads
+from mmrl_common.file_digest import DIGEST_BLOCK, block_hashes, hash_threads, newest_file, no_room
 
 
 def rng_state() -> dict[str, Any]:
@@ -151,22 +153,93 @@ def check_digest(folder: Path) -> str | None:
 
 def save_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None, *,
                weights: dict[str, torch.Tensor] | None = None,
-               adapter_weights: dict[str, torch.Tensor] | None = None) -> Path:
+               adapter_weights: dict[str, torch.Tensor] | None = None, publish: bool = True) -> Path:
     """A Hugging Face model folder (safetensors and processor files) plus ``mmrl_eval.json``. A model with
     LoRA adapters is written merged, with its adapters (PEFT format) in ``adapter/``. ``weights`` (and with
     LoRA ``adapter_weights``): the tensors to write where the live model does not hold them (ZeRO-3: gathered
-    to rank 0 by :func:`mmrl.model.weights.stream_weights`; LoRA: merged already); None: the model's own."""
+    to rank 0 by :func:`mmrl.model.weights.stream_weights`; LoRA: merged already); None: the model's own.
+
+    ``publish`` (``final/``, ``sft-model/``): written into ``.tmp-<name>`` beside it, its ``digest.json``
+    (:func:`write_digest`) written after every other file, then renamed over ``folder`` (an earlier one replaced
+    only then), so a process killed while saving leaves the earlier folder or none, never half of one; ``mmrl
+    eval`` checks the digest (:func:`verify_model_folder`). A write that fails for lack of room (the file-size
+    limit, a full disk) is one :class:`MmrlError` naming the file, the temporary folder removed. ``publish=False``:
+    the files straight into ``folder`` (a checkpoint's temporary folder, which has its own digest)."""
+    if not publish:
+        _write_model(folder, model, processor, settings, weights=weights, adapter_weights=adapter_weights)
+        return folder
+    folder = Path(folder)
+    tmp = folder.parent / f".tmp-{folder.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with room_to_write(tmp, f"{folder.name}/ was not written (its temporary folder {tmp.name} removed; "
+                            f"{'the earlier ' + folder.name + '/ is kept' if folder.exists() else 'nothing else changed'})",
+                       remove=True):
+        _write_model(tmp, model, processor, settings, weights=weights, adapter_weights=adapter_weights)
+        with writing(tmp / DIGEST_FILE):
+            write_digest(tmp)
+    old = folder.parent / f".old-{folder.name}"
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+    tmp.rename(folder)
+    _fsync(folder.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _write_model(folder: Path, model: torch.nn.Module, processor: Any, settings: dict[str, Any] | None, *,
+                 weights: dict[str, torch.Tensor] | None,
+                 adapter_weights: dict[str, torch.Tensor] | None) -> None:
     from mmrl.model import lora
 
     if lora.has_lora(model):
-        lora.merged_export(model, processor, folder, state=weights)
-        lora.save_adapters(model, folder / lora.ADAPTER_DIR, state=adapter_weights)
+        with writing(folder / "model.safetensors"):
+            lora.merged_export(model, processor, folder, state=weights)
+        with writing(folder / lora.ADAPTER_DIR / lora.ADAPTER_WEIGHTS):
+            lora.save_adapters(model, folder / lora.ADAPTER_DIR, state=adapter_weights)
     else:
-        save_pretrained(folder, model, weights)
+        with writing(folder / "model.safetensors"):  # (or its shards, model-0000N-of-0000M.safetensors)
+            save_pretrained(folder, model, weights)
         processor.save_pretrained(folder)
     if settings is not None:
-        (folder / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
-    return folder
+        with writing(folder / EVAL_SETTINGS_FILE):
+            (folder / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def writing(file: Path) -> Iterator[None]:
+    """A failure inside names ``file`` as the one being written (for :func:`room_to_write`: a library that
+    writes through a temporary file, as safetensors does, leaves none to find)."""
+    try:
+        yield
+    except Exception as exc:
+        if getattr(exc, "written_file", None) is None:
+            with contextlib.suppress(AttributeError, TypeError):
+                exc.written_file = file
+        raise
+
+
+@contextlib.contextmanager
+def room_to_write(folder: Path, what: str, *, remove: bool = False) -> Iterator[None]:
+    """A write into ``folder`` that fails for lack of room (the file-size limit ``ulimit -f``, a full disk, a
+    quota: :func:`mmrl_common.file_digest.no_room`, whatever type the library writing raised it as) becomes one
+    :class:`MmrlError`: the file that could not be written (the newest in ``folder``), why, the fix and ``what``
+    it means for the run. ``remove``: the (temporary, incomplete) folder is removed, freeing its room."""
+    from mmrl_common.errors import MmrlError
+
+    try:
+        yield
+    except MmrlError:
+        raise
+    except Exception as exc:
+        file = getattr(exc, "written_file", None) or newest_file(folder)
+        why = no_room(exc, file or folder)
+        if why is None:
+            raise
+        if remove:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise MmrlError(f"{file or folder}: cannot be written: {why}; {what}") from None
 
 
 def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor: Any,
@@ -182,6 +255,11 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, processor:
     tmp = start_checkpoint(run_dir, step)
     write_checkpoint(tmp, step, model, processor, state, reference=reference, settings=settings)
     return publish_checkpoint(run_dir, step, keep=keep)
+
+
+def _not_saved(step: int) -> str:
+    return (f"checkpoint-{step} was not saved (its temporary folder removed) and the run stopped; once there is room, "
+            "continue it with --resume (from its latest checkpoint)")
 
 
 def start_checkpoint(run_dir: Path, step: int) -> Path:
@@ -204,19 +282,24 @@ def write_checkpoint(tmp: Path, step: int, model: torch.nn.Module, processor: An
 
     from mmrl.model import lora
 
-    if lora.has_lora(model):
-        lora.save_adapters(model, tmp, state=weights)
-        processor.save_pretrained(tmp)
-        if settings is not None:
-            (tmp / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
-    else:
-        save_model(tmp, model, processor, settings, weights=weights)
-    if isinstance(reference, dict):
-        save_file({k: v.detach().cpu().contiguous() for k, v in reference.items()},
-                  str(tmp / REFERENCE_ADAPTER_FILE))
-    elif reference is not None:
-        save_tensors(reference, str(tmp / REFERENCE_FILE))
-    torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
+    with room_to_write(tmp, _not_saved(step), remove=True):
+        if lora.has_lora(model):
+            with writing(tmp / lora.ADAPTER_WEIGHTS):
+                lora.save_adapters(model, tmp, state=weights)
+            processor.save_pretrained(tmp)
+            if settings is not None:
+                (tmp / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        else:
+            save_model(tmp, model, processor, settings, weights=weights, publish=False)
+        if isinstance(reference, dict):
+            with writing(tmp / REFERENCE_ADAPTER_FILE):
+                save_file({k: v.detach().cpu().contiguous() for k, v in reference.items()},
+                          str(tmp / REFERENCE_ADAPTER_FILE))
+        elif reference is not None:
+            with writing(tmp / REFERENCE_FILE):
+                save_tensors(reference, str(tmp / REFERENCE_FILE))
+        with writing(tmp / "trainer_state.pt"):
+            torch.save({**state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
 
 
 def publish_checkpoint(run_dir: Path, step: int, *, keep: int = 2) -> Path:
@@ -225,7 +308,8 @@ def publish_checkpoint(run_dir: Path, step: int, *, keep: int = 2) -> Path:
     later step (left by a run that resumed from an earlier one: a damaged checkpoint it passed over)."""
     final = run_dir / f"checkpoint-{step}"
     tmp = run_dir / f".tmp-checkpoint-{step}"
-    write_digest(tmp)
+    with room_to_write(tmp, _not_saved(step), remove=True), writing(tmp / DIGEST_FILE):
+        write_digest(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     latest = run_dir / ".latest.tmp"
@@ -309,6 +393,23 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
                         "(--out elsewhere, --model a model folder), or move the checkpoint-* folders out of this "
                         "one to redo its RL steps from the start")
     return None
+
+
+def verify_model_folder(folder: str | Path) -> None:
+    """A model folder mmrl wrote (``final/``, ``sft-model/``, a checkpoint: it carries ``digest.json``) checked
+    against its digest before it is loaded; a cut, missing or changed file raises :class:`MmrlError` naming the
+    folder, the file and what to do. A folder without a digest (a Hugging Face model, one written before mmrl
+    wrote digests) is not checked. Hashed once per process while its files stay the same."""
+    from mmrl_common.errors import MmrlError
+
+    folder = Path(folder)
+    if not (folder / DIGEST_FILE).is_file():
+        return
+    problem = checkpoint_problem(folder)
+    if problem is not None and problem != UNVERIFIED:
+        raise MmrlError(f"{folder}: {problem}: this model folder is damaged (a write cut short, a copy that did "
+                        "not finish, a flipped bit) and is not loaded; copy or export it again (a run's latest "
+                        "checkpoint-*/ holds the model too), or give another --model")
 
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:

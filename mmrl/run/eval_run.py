@@ -1,6 +1,9 @@
 """``mmrl eval`` on a held-out split: the questions loaded (each rank checks its share of the media files),
 the model loaded, every question answered (each rank its share), and ``metrics.json`` and
-``predictions.jsonl`` written by rank 0 into the output folder."""
+``predictions.jsonl`` written by rank 0 into the output folder: each whole or not at all (a temporary file
+renamed), with the folder's lock (:mod:`mmrl.run.lock`) held from the start, so a second ``mmrl eval`` (or a
+run) into the same ``--out`` is refused instead of both writing there. A model folder mmrl wrote is checked
+against its digest before it loads (:func:`mmrl.run.helpers.resolve_model`)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,28 @@ def eval_run(cfg: RunConfig, w: Any, *, checks: dict[str, dict[str, Any]], show:
     """Evaluate ``cfg``'s model on ``cfg.eval.split`` with the rank group ``w``; rank 0 gets the metrics and
     the output folder, the others None. ``no_split``: raises the command's error when the run names training
     data but no split to evaluate (every rank alike)."""
+    from mmrl.run.lock import acquire_on_main
+
+    out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    existed = out.exists()
+    lock = acquire_on_main(out, w, show=show)  # one writer per folder: a second eval into --out is refused
+    try:
+        result = _evaluate(cfg, w, checks=checks, show=show, no_split=no_split)
+        if result is None:
+            return None
+        write_outputs(out, *result)
+        return result[0], out
+    except BaseException:
+        if lock is not None and not existed:  # a folder this command made and wrote nothing into: not left behind
+            _remove_if_empty(out)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _evaluate(cfg: RunConfig, w: Any, *, checks: dict[str, dict[str, Any]], show: bool,
+              no_split: Callable[[], None]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     from mmrl.engine.distributed import device_for
     from mmrl.engine.evaluate import evaluate, require_questions
     from mmrl.engine.service import RolloutService
@@ -32,7 +57,7 @@ def eval_run(cfg: RunConfig, w: Any, *, checks: dict[str, dict[str, Any]], show:
     with w.spread_media_checks():  # every rank checks its share of the media files
         samples, info = load_split(cfg, cfg.eval.split, show_progress=show)
     require_questions(samples, info)  # an empty file, or one the settings filter to nothing: said, not 0 of 0
-    with w.node_first():  # ... and the tiny model, once the questions are known
+    with w.node_first():  # ... and the tiny model, once the questions are known; a damaged final/ named here
         model_dir = resolve_model(cfg)
     if cfg.eval.limit:
         samples = samples[:cfg.eval.limit]
@@ -45,10 +70,26 @@ def eval_run(cfg: RunConfig, w: Any, *, checks: dict[str, dict[str, Any]], show:
         skip_bad=cfg.data.on_bad_sample == "skip")
     if not w.is_main:
         return None
-    out = Path(cfg.out) if cfg.out else Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    return metrics, preds
+
+
+def write_outputs(out: Path, metrics: dict[str, Any], preds: list[dict[str, Any]]) -> None:
+    """``metrics.json`` and ``predictions.jsonl``, each written whole (a temporary file renamed); the predictions
+    first, so a ``metrics.json`` is never beside another evaluation's predictions."""
+    from mmrl_common.file_digest import write_atomic
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    with (out / "predictions.jsonl").open("w") as f:
-        for p in preds:
-            f.write(json.dumps(p, default=str) + "\n")
-    return metrics, out
+    write_atomic(out / "predictions.jsonl", "".join(json.dumps(p, default=str) + "\n" for p in preds))
+    write_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` when it holds nothing but the lock file (an evaluation that failed before writing)."""
+    from mmrl.run.lock import LOCK_NAME
+
+    try:
+        if {p.name for p in folder.iterdir()} <= {LOCK_NAME}:
+            (folder / LOCK_NAME).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:
+        pass

@@ -7,6 +7,7 @@ Its lock is :mod:`mmrl.run.lock`'s, the inputs' fingerprint (``inputs.json``) :m
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from mmrl.run.inputs import (
     same_content,
 )
 from mmrl_common.errors import ConfigError, MmrlError
+from mmrl_common.file_digest import write_atomic
 
 
 def check_run_folder_shared(w: Any, cfg_path: Path, text: str, *, wait_s: float = 10.0) -> None:
@@ -58,7 +60,7 @@ def check_run_folder_shared(w: Any, cfg_path: Path, text: str, *, wait_s: float 
 class RunState:
     def __init__(self, run_dir: Path):
         self.path = run_dir / "run_state.json"
-        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {"stages": {}}
+        self.data: dict[str, Any] = read_run_state(self.path) if self.path.exists() else {"stages": {}}
         self.earlier_s = float(self.data.get("elapsed_s", 0.0))  # wall time of earlier sessions of this run
         self.t0 = time.perf_counter()
 
@@ -83,9 +85,83 @@ class RunState:
         if not world().is_main:  # rank 0 alone writes the run folder
             return
         self.data["elapsed_s"] = round(self.elapsed(), 1)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(self.data, indent=2, default=str))
+
+
+def read_run_state(path: Path) -> dict[str, Any]:
+    """A run's ``run_state.json`` (its finished stages and their results), checked: an unreadable, empty, cut or
+    garbled one raises :class:`MmrlError` naming it and what to do (nothing in the folder is changed)."""
+    try:
+        text = path.read_text()
+        data = json.loads(text) if text.strip() else None
+        why = "is empty" if data is None else None
+    except OSError as exc:
+        data, why = None, f"cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:
+        data, why = None, f"is not valid JSON (cut short or garbled: {str(exc).splitlines()[0][:80]})"
+    if why is None and not (isinstance(data, dict) and isinstance(data.get("stages"), dict)):
+        why = "does not hold a run's state (a mapping with its 'stages')"
+    if why is not None:
+        raise MmrlError(f"{path} {why}: the record of the run's finished stages is lost, so the run cannot continue "
+                        "from it; nothing was changed. Put back a good copy of the file, or start the run afresh "
+                        "(--overwrite moves this folder's contents aside)")
+    return data
+
+
+# ------------------------------------------------------------------------------------------ config.yaml
+CONFIG_SEAL = "# mmrl: sha256 "
+"""The start of ``config.yaml``'s last line: the sha256 of the lines above it (:func:`config_text`)."""
+
+
+def config_text(cfg: RunConfig) -> str:
+    """``config.yaml``'s text: the settings, then a comment line with their sha256, by which a resume knows the
+    file whole (:func:`check_saved_config`)."""
+    from mmrl.config.io import to_dict
+
+    body = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    return f"{body}{CONFIG_SEAL}{hashlib.sha256(body.encode()).hexdigest()} of the lines above; --resume checks it\n"
+
+
+def write_config(run_dir: Path, text: str) -> None:
+    """``config.yaml`` written whole or not at all (a temporary file renamed over it)."""
+    write_atomic(run_dir / "config.yaml", text, fsync=True)
+
+
+def check_saved_config(path: Path) -> None:
+    """Whether a run's ``config.yaml`` is whole before a resume reads its settings from it: a file whose last
+    line is mmrl's sha256 of the lines above (:func:`config_text`) must match it; one without (cut before that
+    line, written by an earlier mmrl or by hand) must parse into a mapping with every section mmrl writes. An
+    empty, cut, garbled or unreadable file raises :class:`MmrlError` naming it and what to do (nothing changed)."""
+    from mmrl.config.io import to_dict
+
+    fix = ("nothing was changed. Put back the run's config.yaml (a good copy, or the settings the run used written "
+           "out in full: `mmrl config show` prints them), or start the run afresh (--overwrite)")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MmrlError(f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc}): --resume reads the run's "
+                        f"settings from it; {fix}") from None
+    if not text.strip():
+        raise MmrlError(f"{path} is empty (a write cut short?): --resume reads the run's settings from it; {fix}")
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    if last.startswith(CONFIG_SEAL):
+        want = last[len(CONFIG_SEAL):].split()[0] if last[len(CONFIG_SEAL):].split() else ""
+        if hashlib.sha256((body + "\n").encode()).hexdigest() != want:
+            raise MmrlError(f"{path} is not the file mmrl wrote (the sha256 on its last line does not match the "
+                            "lines above: a flipped bit, or an edit): --resume would continue with settings the run "
+                            f"did not use; {fix}. If you edited it on purpose, delete its last line")
+        return
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise MmrlError(f"{path} is not valid YAML (cut short or garbled: {' '.join(str(exc).split())[:120]}); {fix}"
+                        ) from None
+    if not isinstance(data, dict):
+        raise MmrlError(f"{path} does not hold a run's settings (its top level is not a mapping of sections); {fix}")
+    missing = [k for k in to_dict(RunConfig()) if k not in data]
+    if missing:
+        raise MmrlError(f"{path} lacks the sections {', '.join(missing)} that mmrl writes (cut short?): --resume "
+                        f"would continue with their defaults, not the run's settings; {fix}")
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -138,13 +214,14 @@ def check_run_folder(run_dir: Path, cfg: RunConfig, *, resume: bool, overwrite: 
     the run wrote any (they may have been deleted), and an unfinished RL stage for a new ``train.steps``.
     With ``overwrite`` the old contents are moved aside here."""
     from mmrl.engine.checkpoint import list_checkpoints
-    from mmrl.run.lock import move_aside, run_contents
+    from mmrl.run.lock import clear_failed_start, move_aside, run_contents
 
     if resume and overwrite:
         raise ConfigError("--resume continues the run in the folder, --overwrite starts a new one there: pass one")
     found = run_contents(run_dir)
     if not resume:
         if not found:
+            clear_failed_start(run_dir, show=show)  # a start that failed before its first step blocks nothing
             return
         if not overwrite:
             raise MmrlError(f"{run_dir} already holds a run; pass --resume to continue it, or --overwrite to start "
@@ -157,6 +234,8 @@ def check_run_folder(run_dir: Path, cfg: RunConfig, *, resume: bool, overwrite: 
         return
     if not (run_dir / "config.yaml").is_file():
         raise MmrlError(f"--resume: {run_dir} holds no run (no config.yaml)")
+    check_saved_config(run_dir / "config.yaml")
+    read_inputs(run_dir)  # an unreadable inputs.json is said here, not taken for a run that recorded none
     stages = RunState(run_dir).data["stages"]
     if "rl" in stages:  # a finished RL stage is never extended: refuse before config.yaml is rewritten
         done = int(stages["rl"].get("steps", 0))

@@ -14,7 +14,14 @@ from mmrl_common.errors import ConfigError
 
 
 def resolve_model(cfg: RunConfig) -> Path:
+    """The model folder ``cfg`` names (the user's ``model.path``, else the tiny or toy-base model built into the
+    cache). A folder mmrl wrote (``final/``, ``sft-model/``, a checkpoint) is checked against its ``digest.json``
+    first (:func:`mmrl.engine.checkpoint.verify_model_folder`): a cut or changed file is named, never loaded
+    or scored; a folder without a digest (a Hugging Face model) is taken as it is."""
     if cfg.model.path:
+        from mmrl.engine.checkpoint import verify_model_folder
+
+        verify_model_folder(cfg.model.path)
         return Path(cfg.model.path)
     if cfg.model.init == "toy_base":
         from mmrl.toy.base import BaseRecipe, ensure_toy_base

@@ -221,18 +221,37 @@ def record_inputs(run_dir: Path, cfg: Any, model_dir: str | Path) -> dict[str, A
     file's fingerprint and the model's identity now (atomically; rank 0 calls it, at every start and resume)."""
     record = {"started_in": (read_inputs(run_dir) or {}).get("started_in") or os.getcwd(), "data": {k: fingerprint(v) for k, v in user_data(cfg).items()},
               "model": model_identity(model_dir)}
-    tmp = run_dir / f".{INPUTS_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(run_dir / INPUTS_FILE)
+    from mmrl_common.file_digest import write_atomic
+
+    write_atomic(run_dir / INPUTS_FILE, json.dumps(record, indent=1) + "\n")
     return record
 
 
 def read_inputs(run_dir: Path) -> dict[str, Any] | None:
-    """The run's ``inputs.json`` (None for a run started before mmrl recorded one, or an unreadable file)."""
-    try:
-        return json.loads((Path(run_dir) / INPUTS_FILE).read_text())
-    except (OSError, ValueError):
+    """The run's ``inputs.json`` (None for a run started before mmrl recorded one). An unreadable, empty, cut or
+    garbled one raises :class:`MmrlError` naming it: taking it for none would turn the resume's data check off."""
+    from mmrl_common.errors import MmrlError
+
+    path = Path(run_dir) / INPUTS_FILE
+    if not path.exists():
         return None
+    why = None
+    try:
+        text = path.read_text()
+        data = json.loads(text) if text.strip() else None
+        if data is None:
+            why = "is empty"
+        elif not isinstance(data, dict):
+            why = "does not hold a mapping"
+    except OSError as exc:
+        why = f"cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:
+        why = f"is not valid JSON (cut short or garbled: {str(exc).splitlines()[0][:80]})"
+    if why is not None:
+        raise MmrlError(f"{path} {why}: it records the data files and model the run started with, which --resume "
+                        "checks; nothing was changed. Put back a good copy, or delete it to resume without that "
+                        "check (the next session records the data and model it starts with)")
+    return data
 
 
 def same_content(run_dir: Path, key: str, path: str | None) -> bool:

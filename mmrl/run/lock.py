@@ -159,13 +159,57 @@ RUN_FILES = ("config.yaml", "run_state.json", "metrics.jsonl", "summary.json", "
 
 def run_contents(run_dir: str | Path) -> list[str]:
     """What in ``run_dir`` shows that a run was made there: its config, state, logs, models and checkpoints
-    (empty when none, e.g. a new folder or one holding only unrelated files)."""
+    (empty when none, e.g. a new folder or one holding only unrelated files, or only what a start that
+    trained nothing left: :func:`failed_start`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
     found = [name for name in RUN_FILES if (run_dir / name).exists()]
     ckpts = sorted((p.name for p in run_dir.glob("checkpoint-*")), key=lambda n: (len(n), n))
+    if not ckpts and failed_start(run_dir):
+        return []
     return found + ckpts
+
+
+START_FILES = ("config.yaml", "run_state.json", "inputs.json", "metrics.jsonl")
+"""What ``mmrl train`` writes before anything trains (its settings, its state, the inputs' record, the log)."""
+
+
+def failed_start(run_dir: str | Path) -> list[str]:
+    """The files a start that trained nothing left in ``run_dir`` (it failed while loading its data or model, or
+    was stopped then): only :data:`START_FILES`, with no finished stage in ``run_state.json``, no line in
+    ``metrics.jsonl``, no model, checkpoint or report. Such a folder holds no run: a corrected start goes ahead
+    there (:func:`clear_failed_start`) instead of asking for ``--overwrite``. Empty when the folder holds more
+    (or a file that cannot be read: then it counts as a run)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    names = {p.name for p in run_dir.iterdir()
+             if p.name != LOCK_NAME and not (p.name.startswith(".") and p.name.endswith(".tmp"))}
+    if not names or not names <= set(START_FILES):
+        return []
+    try:
+        if "run_state.json" in names:
+            state = json.loads((run_dir / "run_state.json").read_text())
+            if not isinstance(state, dict) or state.get("stages") != {}:
+                return []
+        if "metrics.jsonl" in names and (run_dir / "metrics.jsonl").read_text().strip():
+            return []
+    except (OSError, ValueError):
+        return []
+    return sorted(names)
+
+
+def clear_failed_start(run_dir: str | Path, *, show: bool = True) -> list[str]:
+    """Remove what a start that trained nothing left (:func:`failed_start`: its settings, state and inputs'
+    record, written for a run that never took a step), saying so; the names removed. The caller holds the lock."""
+    left = failed_start(run_dir)
+    for name in left:
+        (Path(run_dir) / name).unlink(missing_ok=True)
+    if left and show:
+        print(f"{run_dir}: holds only what an earlier start that trained nothing left ({', '.join(left)}); "
+              "starting afresh over it", flush=True)
+    return left
 
 
 def move_aside(run_dir: str | Path) -> Path | None:

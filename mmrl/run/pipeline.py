@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mmrl.config import RunConfig
 from mmrl.config.io import to_dict
 from mmrl.engine.run_log import RunLog
@@ -28,9 +26,11 @@ from mmrl.run.folder import (
     RunState,
     check_run_folder,
     check_run_folder_shared,
+    config_text,
     input_changes_refused,
     note_schedule_change,
     settings_differences,
+    write_config,
 )
 from mmrl.run.helpers import (
     load_split,
@@ -65,7 +65,10 @@ def train(cfg: RunConfig, *, run_dir: Path, resume: bool = False, overwrite: boo
                       show_progress=show_progress, force_settings=force_settings, states=states)
     except BaseException:
         for state in states:  # the run's time so far; the trackers' files closed
-            state.close() if isinstance(state, RunLog) else state.save()
+            try:
+                state.close() if isinstance(state, RunLog) else state.save()
+            except (OSError, MmrlError):  # a full disk: the error that stopped the run is the one to say
+                pass
         raise
     finally:
         if lock is not None:
@@ -146,9 +149,9 @@ def open_run_folder(cfg: RunConfig, run_dir: Path, *, resume: bool, overwrite: b
     if changes and show:
         print(f"resume: continuing with settings other than the run's ({'; '.join(changes)}); once the run has "
               "resumed, config.yaml records the new ones and run_state.json the changes", flush=True)
-    cfg_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    cfg_text = config_text(cfg)  # the settings and their sha256, by which a resume knows the file whole
     if w.is_main and not changes:  # other settings are recorded once the run has resumed (session_begins)
-        cfg_path.write_text(cfg_text)
+        write_config(run_dir, cfg_text)
     check_run_folder_shared(w, cfg_path, w.broadcast(cfg_path.read_text() if w.is_main else None))
     s = Session(cfg=cfg, run_dir=run_dir, world=w, show=show, changes=changes, cfg_text=cfg_text,
                 state=RunState(run_dir))
@@ -173,7 +176,7 @@ def session_begins(s: Session) -> None:
         return
     ckpt = latest_checkpoint(s.run_dir)
     if s.world.is_main:
-        (s.run_dir / "config.yaml").write_text(s.cfg_text)
+        write_config(s.run_dir, s.cfg_text)
         record_inputs(s.run_dir, s.cfg, s.model_dir)
     s.state.data.setdefault("settings_changes", []).append(
         {"from_step": int(ckpt.name.split("-")[1]) if ckpt else 0, "changes": s.changes})
@@ -240,7 +243,13 @@ def load_model(s: Session) -> None:
 def cold_start(s: Session) -> None:
     """Phase 4, the cold start (``sft.steps``): SFT once, its weights reloaded by a resume; never the random-answer
     target on a model the user gave."""
-    from mmrl.engine.checkpoint import eval_settings, load_weights, save_model, seed_everything
+    from mmrl.engine.checkpoint import (
+        eval_settings,
+        load_weights,
+        save_model,
+        seed_everything,
+        verify_model_folder,
+    )
     from mmrl.engine.sft import run_sft
 
     cfg, state = s.cfg, s.state
@@ -253,6 +262,7 @@ def cold_start(s: Session) -> None:
               f"--steps N` (gold answers), or add sft.target=gold sft.steps=N to this command.", flush=True)
     elif cfg.sft.steps > 0:
         if state.done("sft") and (sft_dir / "config.json").exists():
+            verify_model_folder(sft_dir)  # a cut or changed sft-model/ is named, not loaded
             load_weights(s.policy.model, sft_dir)
         else:
             t0 = time.perf_counter()
@@ -286,7 +296,7 @@ def evaluate_stage(s: Session, stage: str) -> None:
 def reinforce(s: Session) -> None:
     """Phase 6, RL: from the latest checkpoint, stopping cleanly on SIGTERM/SIGINT; a diverged run writes its
     report and fails; the final weights exported. A finished RL stage reloads ``final/`` instead."""
-    from mmrl.engine.checkpoint import load_weights, seed_everything
+    from mmrl.engine.checkpoint import load_weights, seed_everything, verify_model_folder
     from mmrl.engine.trainer import Diverged
     from mmrl.run.report import write_report
 
@@ -310,6 +320,7 @@ def reinforce(s: Session) -> None:
                             "skipped_samples": trainer.skipped_samples, "skipped_updates": trainer.skipped_updates,
                             "checkpoint_seconds": trainer.save_seconds})
     else:  # a new train.steps was refused at the start (check_run_folder)
+        verify_model_folder(run_dir / "final")
         with trainer.updater.full_weights(modify=True):  # ZeRO-3: into the gathered weights
             load_weights(s.policy.model, run_dir / "final")
         session_begins(s)

@@ -33,6 +33,9 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
         saved = Path(args.out) / "config.yaml"
         if not saved.is_file():
             raise MmrlError(f"--resume: {args.out} holds no run (no config.yaml)")
+        from mmrl.run.folder import check_saved_config
+
+        check_saved_config(saved)  # a cut, empty or garbled config.yaml: said, not resumed with defaults
         import_from_start_folder(Path(args.out))  # the module rewards the first session found there
         return resume_run_config(saved, overrides=args.overrides, extra=extra)
     task, config, recipe = recipe_args(args)

@@ -25,6 +25,8 @@ def sft_run(cfg: RunConfig, run_dir: Path, *, overwrite: bool, show: bool) -> di
         if found:
             aside = run_lock.move_aside(run_dir)
             print(f"--overwrite: the earlier run in {run_dir} moved aside into {aside}", flush=True)
+        else:
+            run_lock.clear_failed_start(run_dir, show=show)
         return _train(cfg, run_dir, show=show)
     finally:
         lock.release()
