@@ -151,3 +151,37 @@ def test_overlong_filter():
     assert keep.tolist() == [False, True, True]
     mask = torch.ones(3, 4)
     assert (mask * keep[:, None]).sum().item() == 8.0
+
+
+def _source_online_filter(scores: list[float], low: float = 0.01, high: float = 0.99) -> bool:
+    """EasyR1's online filtering as ARES's config.yaml runs it (filter_key overall, filter_low 0.01,
+    filter_high 0.99): a group is kept when the mean of its overall rewards lies strictly between the two."""
+    mean = sum(scores) / len(scores)
+    return low < mean < high
+
+
+def test_the_band_rule_keeps_groups_by_their_mean_reward_as_easyr1_does() -> None:
+    import random
+
+    from mmrl.grpo import GroupAccumulator
+
+    rng = random.Random(0)
+    groups = [[0.5] * 8, [1.0] * 8, [0.0] * 8, [1.0] * 7 + [0.96], [0.0] * 7 + [0.2]]  # edge cases first
+    groups += [[rng.choice([0.0, 0.2, 0.5, 1.0, 1.2]) for _ in range(8)] for _ in range(300)]
+    band = GroupAccumulator(target_groups=len(groups), max_draws=0, band=(0.01, 0.99))
+    band.add(list(range(len(groups))), groups)
+    assert band.groups == [i for i, g in enumerate(groups) if _source_online_filter(g)]
+    assert 0 in band.groups and 3 not in band.groups  # equal rewards of mean 0.5 kept; a mean of 0.995 dropped
+    dapo = GroupAccumulator(target_groups=len(groups), max_draws=0)
+    dapo.add(list(range(len(groups))), groups)
+    assert 0 not in dapo.groups and 3 in dapo.groups  # the default rule: unequal rewards, whatever the mean
+
+
+def test_a_band_that_is_not_low_below_high_is_refused() -> None:
+    from mmrl.grpo import GRPOConfig
+    from mmrl_common.errors import ConfigError
+
+    assert GRPOConfig(dynamic_sampling_band=[0.01, 0.99]).dynamic_sampling_band == [0.01, 0.99]
+    for bad in ([0.9, 0.1], [0.5], ["a", 1]):
+        with pytest.raises(ConfigError, match="dynamic_sampling_band"):
+            GRPOConfig(dynamic_sampling_band=bad)

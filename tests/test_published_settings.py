@@ -32,6 +32,7 @@ ISSUE = [  # values issue 48 found inherited from the toy demo, against their so
     ("vas", "rewards[1].weight", 1.0, "MMR1 Table 6: reward = 1 x format + 1 x accuracy"),
     ("temporal-grounding", "grpo.ppo_mini_batch_size", None, "run_qwen2_5_vl_3b_tvg.sh: global batch = rollout batch"),
     # issue 62: the image budgets the preset replaced, and the stop string none of these codes samples with
+    ("ares", "grpo.dynamic_sampling_band", [0.01, 0.99], "ARES config.yaml: filter_low 0.01, filter_high 0.99"),
     ("ares", "data.media.image_min_pixels", 262144, "ARES config.yaml: data.min_pixels 262144"),
     ("ares", "data.media.image_max_pixels", 4194304, "ARES config.yaml: data.max_pixels 4194304"),
     ("vas", "data.media.image_min_pixels", 7056, "MMR1 Table 6: min_pixels 7,056"),

@@ -412,7 +412,8 @@ class GRPOTrainer:
             batch = self.rollout_round(target)  # empty when every drawn sample was skipped
             return (batch if len(batch) else None), batch, {"groups_dropped": 0, "generation_rounds": 1}
         acc: GroupAccumulator[tuple[RolloutBatch, list[int]]] = GroupAccumulator(
-            target_groups=target, max_draws=g.max_draws, tol=g.dynamic_sampling_tol)
+            target_groups=target, max_draws=g.max_draws, tol=g.dynamic_sampling_tol,
+            band=None if g.dynamic_sampling_band is None else tuple(g.dynamic_sampling_band))
         rounds: list[RolloutBatch] = []
         while acc.needs_more():
             batch = self.rollout_round(target - len(acc.groups))

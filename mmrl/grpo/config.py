@@ -127,6 +127,10 @@ class GRPOConfig:
     # DAPO filters
     dynamic_sampling: bool = False
     dynamic_sampling_tol: float = 1e-6
+    dynamic_sampling_band: list[float] | None = None
+    """[low, high]: dynamic sampling keeps a group when its mean reward is strictly inside (low, high), groups of
+    equal rewards included (EasyR1's and verl's online filtering, filter_low / filter_high: ARES uses
+    [0.01, 0.99]); null: it keeps the groups whose rewards are not all equal (DAPO)."""
     max_draws: int = 9
     overlong_filter: bool = False
     overlong_penalty: bool = False
@@ -164,6 +168,12 @@ class GRPOConfig:
         for name, value in (self.policy_loss_kwargs or {}).items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f"grpo.policy_loss_kwargs.{name}={value!r}: must be a finite number")
+        if self.dynamic_sampling_band is not None:
+            band = self.dynamic_sampling_band
+            if (not isinstance(band, (list, tuple)) or len(band) != 2
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in band)
+                    or not band[0] < band[1]):
+                raise bad("dynamic_sampling_band", "must be [low, high] with low < high (e.g. [0.01, 0.99]), or null")
         if self.ppo_epochs < 1:
             raise bad("ppo_epochs", "must be >= 1")
         if self.ppo_mini_batch_size is not None and self.ppo_mini_batch_size < 1:

@@ -56,9 +56,17 @@ def dynamic_sampling_mask(
     return keep[inv]
 
 
-def _group_informative(rewards: Tensor | Sequence[float], tol: float) -> bool:
+def _group_informative(rewards: Tensor | Sequence[float], tol: float,
+                       band: tuple[float, float] | None = None) -> bool:
+    """Whether dynamic sampling keeps a group: its rewards not all equal (DAPO), or with ``band`` = (low, high)
+    its mean reward strictly inside (low, high), equal rewards or not (EasyR1's and verl's online filtering:
+    ``filter_low < mean < filter_high``)."""
     r = torch.as_tensor(rewards, dtype=torch.float32).flatten()
-    return r.numel() > 0 and bool(informative_groups(r, group_size=r.numel(), tol=tol)[0])
+    if r.numel() == 0:
+        return False
+    if band is not None:
+        return band[0] < float(r.double().mean()) < band[1]
+    return bool(informative_groups(r, group_size=r.numel(), tol=tol)[0])
 
 
 @dataclass
@@ -81,6 +89,8 @@ class GroupAccumulator(Generic[T]):
     target_groups: int
     max_draws: int = 9
     tol: float = 1e-6
+    band: tuple[float, float] | None = None
+    """Keep a group when its mean reward is strictly inside (low, high) instead (:func:`_group_informative`)."""
     groups: list[T] = field(default_factory=list)
     rounds: int = 0
     seen: int = 0
@@ -114,7 +124,7 @@ class GroupAccumulator(Generic[T]):
         kept = 0
         for g, r in zip(groups, rewards):
             self.seen += 1
-            if not _group_informative(r, self.tol):
+            if not _group_informative(r, self.tol, self.band):
                 self.dropped += 1
             elif len(self.groups) < self.target_groups:
                 self.groups.append(g)
