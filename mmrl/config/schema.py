@@ -313,7 +313,7 @@ class DataConfig:
     test: str | None = None
     """Test file used by the held-out evaluation (--eval-data; empty with the toy world: its test split)."""
     format: str = "auto"
-    """File and/or record format: jsonl, json, parquet, hf; native, video-r1, easyr1; e.g. video-r1+json."""
+    """File and/or record format: jsonl, json, parquet, csv, hf; native, video-r1, easyr1, sharegpt (llava); e.g. video-r1+json."""
     columns: dict[str, str] = field(default_factory=dict)
     """Source column -> record field, e.g. {query: question, level: meta.difficulty}."""
     media_root: str | None = None
