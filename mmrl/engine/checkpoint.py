@@ -224,7 +224,8 @@ def writing(file: Path) -> Iterator[None]:
 def room_to_write(folder: Path, what: str, *, remove: bool = False) -> Iterator[None]:
     """A write into ``folder`` that fails for lack of room (the file-size limit ``ulimit -f``, a full disk, a
     quota: :func:`mmrl_common.file_digest.no_room`, whatever type the library writing raised it as) becomes one
-    :class:`MmrlError`: the file that could not be written (the newest in ``folder``), why, the fix and ``what``
+    :class:`MmrlError`: the file that could not be written (the one :func:`writing` named, else the newest in
+    ``folder``), why, the fix and ``what``
     it means for the run. ``remove``: the (temporary, incomplete) folder is removed, freeing its room."""
     from mmrl_common.errors import MmrlError
 
