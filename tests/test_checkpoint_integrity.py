@@ -212,3 +212,28 @@ def test_a_checkpoint_written_without_a_digest_still_loads(straight: Path, tmp_p
     out = capsys.readouterr().out
     assert out.count("checkpoint-2: no digest: not verified") == 1
     _same_end(straight, run)
+
+
+def test_a_trainer_state_of_pickled_objects_is_refused_as_such_not_as_a_cut_write(tmp_path: Path) -> None:
+    """A ``trainer_state.pt`` holding Python objects (not written by mmrl: replaced or planted) is refused for what
+    it is, and an empty one is still a damaged checkpoint."""
+    import argparse
+
+    import torch
+
+    from mmrl.engine.checkpoint import load_trainer_state
+    from mmrl_common.errors import MmrlError
+
+    ckpt = tmp_path / "checkpoint-3"
+    ckpt.mkdir()
+    torch.save({"step": 3, "args": argparse.Namespace(lr=1.0)}, ckpt / "trainer_state.pt")
+    with pytest.raises(MmrlError) as err:
+        load_trainer_state(ckpt)
+    text = str(err.value)
+    assert "holds pickled Python objects" in text and "Namespace" in text and "cut short" not in text
+    assert "\n" not in text and "checkpoint-3" in text
+    (ckpt / "trainer_state.pt").write_bytes(b"")
+    with pytest.raises(MmrlError, match="is empty.*a write cut short"):
+        load_trainer_state(ckpt)
+    torch.save({"step": 3, "lr": torch.tensor([1.0])}, ckpt / "trainer_state.pt")
+    assert load_trainer_state(ckpt)["step"] == 3

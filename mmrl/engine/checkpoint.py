@@ -424,11 +424,27 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / "trainer_state.pt"
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
-    except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
-        size = path.stat().st_size if path.is_file() else None
-        what = "is empty (0 bytes)" if size == 0 else f"cannot be read ({str(exc).splitlines()[0][:200]})"
-        raise MmrlError(f"{path} {what}: this checkpoint is damaged (a write cut short, a full disk?); resume "
-                        f"from an earlier checkpoint-* (move {checkpoint.name} out of the run folder)") from exc
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" in str(exc).lower() and path.is_file() and path.stat().st_size > 0:
+            found = next((ln.strip() for ln in str(exc).splitlines() if "GLOBAL" in ln or "Unsupported" in ln), "")
+            raise MmrlError(f"{path} holds pickled Python objects ({found[:160] or 'not tensors and plain data'}), "
+                            "which mmrl refuses to load: loading them could run code. mmrl writes only tensors and "
+                            "plain data there, so this file was not written by mmrl's checkpointing (replaced or "
+                            f"planted); resume from an earlier checkpoint-* (move {checkpoint.name} out of the run "
+                            "folder) or from a checkpoint you trust") from exc
+        raise _damaged(path, checkpoint, exc) from exc
+    except (RuntimeError, EOFError, ValueError) as exc:
+        raise _damaged(path, checkpoint, exc) from exc
+
+
+def _damaged(path: Path, checkpoint: Path, exc: BaseException) -> Exception:
+    """The error of a trainer state that cannot be read: empty, cut or garbled."""
+    from mmrl_common.errors import MmrlError
+
+    size = path.stat().st_size if path.is_file() else None
+    what = "is empty (0 bytes)" if size == 0 else f"cannot be read ({str(exc).splitlines()[0][:200]})"
+    return MmrlError(f"{path} {what}: this checkpoint is damaged (a write cut short, a full disk?); resume "
+                     f"from an earlier checkpoint-* (move {checkpoint.name} out of the run folder)")
 
 
 def load_reference(model: torch.nn.Module, checkpoint: Path) -> bool:
