@@ -46,6 +46,8 @@ BORROWED: list[tuple[str, Any, str]] = [  # MedCCO: not published
     ("entropy bonus", 0.0, f"{MVLT}: no entropy bonus"),
     ("clip ratios (low, high)", [0.2, 0.2], f"{MVLT}: sets none, so verl's symmetric clip_ratio 0.2"),
     ("max response tokens", 4096, f"{MVLT}: max response 4096"),
+    ("dual-clip bound", 3.0, f"{MVLT}: sets none, so verl's ppo_trainer.yaml actor clip_ratio_c 3.0"),
+    ("weight decay", 0.01, f"{MVLT}: sets none, so verl's ppo_trainer.yaml actor optim weight_decay 0.01"),
 ]
 
 
@@ -70,6 +72,7 @@ def value(cfg, what: str) -> Any:
         "KL in the loss, not the reward": cfg.grpo.kl_in_reward, "entropy bonus": cfg.grpo.entropy_coef,
         "clip ratios (low, high)": [cfg.grpo.clip_low, cfg.grpo.clip_high],
         "max response tokens": cfg.rollout.max_new_tokens,
+        "dual-clip bound": cfg.grpo.dual_clip_c, "weight decay": cfg.train.weight_decay,
     }[what]
 
 

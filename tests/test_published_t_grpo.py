@@ -40,6 +40,7 @@ PUBLISHED = [
     ("train.max_grad_norm", 5.0, "scripts: --max_grad_norm 5"),
     ("train.prompts_per_step", 4, "scripts: 4 processes x per-device batch 1 x accumulation 1"),
     ("train.steps", 1200, "README: about 1.2k RL steps"),
+    ("grpo.adv_eps", 1e-4, "trainer/vllm_grpo_trainer_modified.py: (std_grouped_rewards + 1e-4)"),
 ]
 
 # the rewards, summed unweighted (grpo.py: accuracy, format; the trainer's len_control length bonus)
