@@ -5,7 +5,6 @@ weights (:func:`mmrl.engine.checkpoint.save_model`); read here without torch, as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +28,12 @@ def read_eval_settings(model_dir: str | Path) -> dict[str, Any] | None:
     """The evaluation settings stored in a model folder (:func:`eval_settings`), or None. An unreadable, cut or
     garbled file raises :class:`MmrlError` naming it (not a JSON traceback, nor settings taken for none)."""
     from mmrl_common.errors import MmrlError
+    from mmrl_common.json_file import read_json_mapping
 
     path = Path(model_dir) / EVAL_SETTINGS_FILE
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-        why = None if isinstance(data, dict) else "does not hold a mapping of sections"
-    except OSError as exc:
-        why = f"cannot be read ({exc.strerror or exc})"
-    except ValueError as exc:
-        why = f"is not valid JSON (cut short or garbled: {str(exc).splitlines()[0][:80]})"
+    data, why = read_json_mapping(path)
     if why is not None:
         raise MmrlError(f"{path} {why}: it holds the settings the model was trained with; copy or export the model "
                         "folder again, or pass --recipe-settings to use the recipe's settings instead")

@@ -28,6 +28,7 @@ from mmrl.run.inputs import (
 )
 from mmrl_common.errors import ConfigError, MmrlError
 from mmrl_common.file_digest import write_atomic
+from mmrl_common.json_file import read_json_mapping
 
 
 def check_run_folder_shared(w: Any, cfg_path: Path, text: str, *, wait_s: float = 10.0) -> None:
@@ -91,15 +92,8 @@ class RunState:
 def read_run_state(path: Path) -> dict[str, Any]:
     """A run's ``run_state.json`` (its finished stages and their results), checked: an unreadable, empty, cut or
     garbled one raises :class:`MmrlError` naming it and what to do (nothing in the folder is changed)."""
-    try:
-        text = path.read_text()
-        data = json.loads(text) if text.strip() else None
-        why = "is empty" if data is None else None
-    except OSError as exc:
-        data, why = None, f"cannot be read ({exc.strerror or exc})"
-    except ValueError as exc:
-        data, why = None, f"is not valid JSON (cut short or garbled: {str(exc).splitlines()[0][:80]})"
-    if why is None and not (isinstance(data, dict) and isinstance(data.get("stages"), dict)):
+    data, why = read_json_mapping(path)
+    if why is None and not isinstance(data.get("stages"), dict) or why == "does not hold a mapping":
         why = "does not hold a run's state (a mapping with its 'stages')"
     if why is not None:
         raise MmrlError(f"{path} {why}: the record of the run's finished stages is lost, so the run cannot continue "

@@ -231,22 +231,12 @@ def read_inputs(run_dir: Path) -> dict[str, Any] | None:
     """The run's ``inputs.json`` (None for a run started before mmrl recorded one). An unreadable, empty, cut or
     garbled one raises :class:`MmrlError` naming it: taking it for none would turn the resume's data check off."""
     from mmrl_common.errors import MmrlError
+    from mmrl_common.json_file import read_json_mapping
 
     path = Path(run_dir) / INPUTS_FILE
     if not path.exists():
         return None
-    why = None
-    try:
-        text = path.read_text()
-        data = json.loads(text) if text.strip() else None
-        if data is None:
-            why = "is empty"
-        elif not isinstance(data, dict):
-            why = "does not hold a mapping"
-    except OSError as exc:
-        why = f"cannot be read ({exc.strerror or exc})"
-    except ValueError as exc:
-        why = f"is not valid JSON (cut short or garbled: {str(exc).splitlines()[0][:80]})"
+    data, why = read_json_mapping(path)
     if why is not None:
         raise MmrlError(f"{path} {why}: it records the data files and model the run started with, which --resume "
                         "checks; nothing was changed. Put back a good copy, or delete it to resume without that "
