@@ -315,3 +315,24 @@ def test_submodules_import_through_the_fronts() -> None:
         """)
     assert out == {"mods": ["mmrl.model.families", "mmrl.model.options", "mmrl.grpo.names", "mmrl.grpo.config"],
                    "unknown": True, "heavy": []}
+
+
+def test_a_lazy_front_loads_a_module_once_and_keeps_a_name_bound_before() -> None:
+    """mmrl_common.lazy_front: a name is loaded with its module's others on first use; a name bound on the package
+    first (a monkeypatch) is not overwritten when its module loads later; an unknown name is an AttributeError."""
+    from mmrl_common.lazy_front import lazy_front
+
+    loads: list[str] = []
+
+    def load(home: str) -> dict:
+        loads.append(home)
+        return {"a": 1, "b": 2} if home == "m" else {"c": 3}
+
+    namespace = {"__name__": "pkg", "__all__": ["a", "b", "c"]}
+    getattr_, dir_ = lazy_front(namespace, {"m": ("a", "b"), "n": ("c",)}, load)
+    namespace["b"] = "patched"
+    assert getattr_("a") == 1 and namespace["b"] == "patched" and loads == ["m"]
+    assert getattr_("c") == 3 and loads == ["m", "n"]
+    assert {"a", "b", "c"} <= set(dir_())
+    with pytest.raises(AttributeError, match="has no attribute 'zz'"):
+        getattr_("zz")

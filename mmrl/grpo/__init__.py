@@ -16,6 +16,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from mmrl_common.lazy_front import lazy_front
 from mmrl_common.registry import Registry
 
 # the module of the package that defines each name
@@ -33,7 +34,6 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "policy_loss": ("compute_policy_loss",),
     "shaping": ("ShapingInput", "ShapingOutput", "TokenShaper", "build_shaper", "get_shaper", "register_shaper"),
 }
-_HOME_OF = {name: home for home, names in _HOMES.items() for name in names}
 
 __all__ = [
     "Denominators", "GRPOConfig", "GlobalCounts", "GroupAccumulator", "GroupStats", "PolicyLossOutput",
@@ -101,23 +101,10 @@ def _load(home: str) -> dict[str, Any]:
             get_shaper,
             register_shaper,
         )
-    found = {k: v for k, v in locals().items() if k != "home"}
-    assert set(found) == set(_HOMES[home]), f"mmrl.grpo: {home} gives {sorted(found)}, not {_HOMES[home]}"
-    return found
+    return {k: v for k, v in locals().items() if k != "home"}
 
 
-def __getattr__(name: str) -> Any:
-    """A name of ``__all__``, imported from its module on first use (then bound here)."""
-    home = _HOME_OF.get(name)
-    if home is None:  # a submodule not imported yet is not an attribute (the import system then imports it)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    found = _load(home)
-    globals().update(found)
-    return found[name]
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_front(globals(), _HOMES, _load)
 
 
 class _Front(ModuleType):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmrl_common.lazy_front import lazy_front
+
 from .families import FAMILIES
 from .options import PolicyOptions, RankBinding
 
@@ -22,7 +24,6 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "policy": ("Policy", "checkpointing_switch"),
     "types": ("IMAGE", "TEXT", "VIDEO", "EncodedMedia", "Generation", "MediaInput", "MediaStore", "TokenSeq"),
 }
-_HOME_OF = {name: home for home, names in _HOMES.items() for name in names}
 
 __all__ = [
     "FAMILIES", "IMAGE", "TEXT", "VIDEO", "EncodedMedia", "Generation", "MediaInput", "MediaStore", "Policy",
@@ -50,20 +51,7 @@ def _load(home: str) -> dict[str, Any]:
             MediaStore,
             TokenSeq,
         )
-    found = {k: v for k, v in locals().items() if k != "home"}
-    assert set(found) == set(_HOMES[home]), f"mmrl.model: {home} gives {sorted(found)}, not {_HOMES[home]}"
-    return found
+    return {k: v for k, v in locals().items() if k != "home"}
 
 
-def __getattr__(name: str) -> Any:
-    """A name of ``__all__``, imported from its module on first use (then bound here)."""
-    home = _HOME_OF.get(name)
-    if home is None:  # a submodule not imported yet is not an attribute (the import system then imports it)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    found = _load(home)
-    globals().update(found)
-    return found[name]
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_front(globals(), _HOMES, _load)

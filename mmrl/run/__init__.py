@@ -18,27 +18,37 @@ from __future__ import annotations
 
 from typing import Any
 
+from mmrl_common.lazy_front import lazy_front
+
 __all__ = [
     "RunState", "Stopped", "check_rewards", "configure_policy", "default_run_dir", "gpu_advice", "load_split",
     "resolve_model", "set_cpu_threads", "settings_differences", "split_path", "stop_on_signals", "train",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("load_split", "resolve_model", "set_cpu_threads", "split_path"):
-        from mmrl.run import helpers
-
-        return getattr(helpers, name)
-    if name in ("RunState", "default_run_dir", "settings_differences"):
-        from mmrl.run import folder
-
-        return getattr(folder, name)
-    if name in ("Stopped", "check_rewards", "configure_policy", "gpu_advice", "stop_on_signals", "train"):
-        from mmrl.run import pipeline
-
-        return getattr(pipeline, name)
-    raise AttributeError(f"module 'mmrl.run' has no attribute {name!r}")
+_HOMES: dict[str, tuple[str, ...]] = {  # the module of the package that gives each name
+    "helpers": ("load_split", "resolve_model", "set_cpu_threads", "split_path"),
+    "folder": ("RunState", "default_run_dir", "settings_differences"),
+    "pipeline": ("Stopped", "check_rewards", "configure_policy", "gpu_advice", "stop_on_signals", "train"),
+}
 
 
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+def _load(home: str) -> dict[str, Any]:
+    """The names of the package's module ``home`` (import statements: ``tests/test_layers.py`` reads them)."""
+    if home == "helpers":
+        from mmrl.run.helpers import load_split, resolve_model, set_cpu_threads, split_path  # noqa: F401
+    elif home == "folder":
+        from mmrl.run.folder import RunState, default_run_dir, settings_differences  # noqa: F401
+    elif home == "pipeline":
+        from mmrl.run.pipeline import (  # noqa: F401  (the names are returned by locals())
+            Stopped,
+            check_rewards,
+            configure_policy,
+            gpu_advice,
+            stop_on_signals,
+            train,
+        )
+    return {k: v for k, v in locals().items() if k != "home"}
+
+
+__getattr__, __dir__ = lazy_front(globals(), _HOMES, _load)
