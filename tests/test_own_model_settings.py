@@ -160,3 +160,23 @@ def test_config_show_sources_names_the_origin_of_every_value(tiny, tmp_path, cap
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith(" ")]
     assert lines and all(ln.endswith("]") and "    [" in ln for ln in lines), [ln for ln in lines if "    [" not in ln][:3]
     assert "train.seed: 7    [a KEY=VALUE override]" in lines
+
+
+@pytest.mark.parametrize("task", ["acre", "ares", "earl"])
+def test_a_recipes_toy_cold_start_does_not_run_in_train_on_a_real_model_but_sft_keeps_its_steps(
+        tiny, task: str, capsys) -> None:
+    """ACRE's 200-step reasoning cold start (ARES's 600, EARL's 30) is the toy's practice on synthetic traces: under
+    ``--model <a real model>`` ``mmrl train`` starts RL at once, says so, and runs one when asked (sft.steps=N);
+    ``mmrl sft --model`` of the same folder keeps its own steps."""
+    from mmrl.cli.commands import own_model_config
+
+    big = as_7b(tiny)
+    toy = _cfg("--task", task)[2]
+    assert toy.sft.steps > 0  # the recipe's toy cold start
+    args, base, cfg = _cfg("--task", task, "--model", str(big))
+    assert cfg.sft.steps == 0
+    _say_changes(args, cfg, base)
+    assert "sft.steps=0" in capsys.readouterr().out
+    assert _cfg("--task", task, "--model", str(big), "sft.steps=7")[2].sft.steps == 7
+    sft_args = build_parser().parse_args(["sft", "--task", task, "--model", str(big), "--quiet"])
+    assert own_model_config(sft_args, {"sft": {"target": "gold"}}, command="sft").sft.steps == toy.sft.steps
