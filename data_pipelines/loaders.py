@@ -313,10 +313,13 @@ def _choose_hint(base: Path, names: list[str], pick: str | None = None, role: st
 def held_out_split(path: str | Path, role: str) -> str | None:
     """``PATH:SPLIT`` of the split of the training data ``path`` that holds the held-out data for ``role``
     (``"val"``, ``"test"``: :data:`ROLE_SPLITS`), when ``path`` is a folder with several splits and names none
-    or ``train`` (``--data folder`` or ``folder:train``, whose ``test`` split evaluates); None otherwise."""
+    or ``train`` (``--data folder``, ``folder:train`` or the train split's own folder ``folder/train``, whose
+    ``test`` split evaluates); None otherwise."""
     base, named = split_spec(path)
     if named not in (None, "train") or _is_glob(str(base)) or not base.is_dir():
         return None
+    if named is None and base.name == "train" and (parent := split_folder_parent(base)) is not None:
+        base = parent  # the train split's own folder (my_dd/train): its DatasetDict's held-out split, as my_dd:train
     try:
         names = [n for n in dataset_splits(base) if n is not None]
     except DataError:

@@ -107,11 +107,15 @@ def test_the_training_file_given_as_eval_data_is_not_reported_as_held_out(
             "questions the model trains on, not held-out ones") in out
     accuracy = [line for line in out.splitlines() if line.startswith("accuracy before RL")]
     assert len(accuracy) == 1 and accuracy[0].endswith("(on the training data, not held out)"), out
+    report = (tmp_path / "run" / "report.md").read_text()  # the report says it too, and not "held-out"
+    assert "## Evaluation on the training data (not held out)" in report and "Held-out" not in report, report
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["eval_on_training_data"].startswith(f"data.test {data} is the training data")
 
 
 def test_held_out_data_of_its_own_gets_no_warning() -> None:
-    from mmrl.cli.commands import evaluated_on_training_data
     from mmrl.config import load_run_config
+    from mmrl.run.helpers import evaluated_on_training_data
 
     cfg = load_run_config("video-qa", overrides=["data.train=a.jsonl", "data.test=b.jsonl", "eval.split=test"])
     assert evaluated_on_training_data(cfg) is None

@@ -178,7 +178,11 @@ def test_datasets_folder_splits_by_name_by_folder_and_by_role(dataset_dict: Path
     assert [s.id for s in load_samples(dd, role="test", on_bad_sample="skip")] == ["x2"]
     # what `mmrl train --data dd` evaluates on when no --eval-data is given; what exists for data.<split>
     assert (held_out_split(dd, "test"), held_out_split(f"{dd}:train", "val")) == (f"{dd}:test", f"{dd}:validation")
-    assert held_out_split(dd / "train", "test") is None and held_out_split(f"{dd}:test", "test") is None
+    # the train split's own folder (the README's fallback) evaluates on its DatasetDict's test split as `dd` does;
+    # another split's own folder, or a split named, picks nothing
+    assert (held_out_split(dd / "train", "test"), held_out_split(dd / "train", "val")) == (f"{dd}:test",
+                                                                                         f"{dd}:validation")
+    assert held_out_split(dd / "test", "test") is None and held_out_split(f"{dd}:test", "test") is None
     assert dataset_exists(f"{dd}:test") and dataset_exists(dd / "test") and not dataset_exists(f"{dd}-x:test")
     # a bad record is named at its split's folder
     with pytest.raises(DataError) as exc:

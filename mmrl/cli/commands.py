@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mmrl.run.helpers import evaluated_on_training_data
 from mmrl.run.recipe import (
     OVERRIDE_HELP,
     REAL_MODEL_PRESET,
@@ -120,28 +121,6 @@ def _check_paths(cfg) -> None:
         path = getattr(cfg.data, split)
         if path and not dataset_exists(path):
             raise ConfigError(f"data.{split}: file not found: {path}{_recipe_hint(cfg, 'data', split)}")
-
-
-def _data_identity(path: str, *, training: bool) -> tuple[str, str | None]:
-    """What a data path reads: its resolved file, folder or glob and the split (training reads a folder's
-    ``train`` split when none is named)."""
-    from data_pipelines.loaders import split_spec
-
-    base, split = split_spec(path)
-    if training and split is None and base.is_dir():
-        split = "train"
-    return str(base.resolve()), split
-
-
-def evaluated_on_training_data(cfg: Any) -> str | None:
-    """A line when the held-out data evaluated (``data.<eval.split>``) is the training data itself (``--data
-    FILE --eval-data FILE``): its accuracies are not held-out ones. None otherwise."""
-    held_out, train = getattr(cfg.data, cfg.eval.split, None), cfg.data.train
-    if not held_out or not train or _data_identity(str(held_out), training=False) != \
-            _data_identity(str(train), training=True):
-        return None
-    return (f"data.{cfg.eval.split} {held_out} is the training data (data.train, --data): its accuracy is measured "
-            "on questions the model trains on, not held-out ones; give held-out questions with --eval-data FILE")
 
 
 def train_config(argv: list[str], extra: dict[str, Any] | None = None):

@@ -144,3 +144,25 @@ def shared_inputs(cfg: RunConfig) -> dict[str, str | Path | None]:
     files["data.media_root"] = cfg.data.media_root
     files["model.path"] = Path(cfg.model.path) / "config.json" if cfg.model.path else None
     return files
+
+
+def data_identity(path: str, *, training: bool) -> tuple[str, str | None]:
+    """What a data path reads: its resolved file, folder or glob and the split (training reads a folder's
+    ``train`` split when none is named)."""
+    from data_pipelines.loaders import split_spec
+
+    base, split = split_spec(path)
+    if training and split is None and base.is_dir():
+        split = "train"
+    return str(base.resolve()), split
+
+
+def evaluated_on_training_data(cfg: Any) -> str | None:
+    """A line when the held-out data evaluated (``data.<eval.split>``) is the training data itself (``--data
+    FILE --eval-data FILE``): its accuracies are not held-out ones. None otherwise."""
+    held_out, train = getattr(cfg.data, cfg.eval.split, None), cfg.data.train
+    if not held_out or not train or data_identity(str(held_out), training=False) != \
+            data_identity(str(train), training=True):
+        return None
+    return (f"data.{cfg.eval.split} {held_out} is the training data (data.train, --data): its accuracy is measured "
+            "on questions the model trains on, not held-out ones; give held-out questions with --eval-data FILE")

@@ -33,6 +33,7 @@ from mmrl.run.folder import (
     write_config,
 )
 from mmrl.run.helpers import (
+    evaluated_on_training_data,
     load_split,
     no_training_samples,
     resolve_model,
@@ -346,7 +347,7 @@ def _summary(s: Session) -> dict[str, Any]:
     cfg, run_dir, model_dir, state, stages, threads = s.cfg, s.run_dir, s.model_dir, s.state, s.stages, s.threads
     return {
         "task": cfg.task, "run_dir": str(run_dir), "model": str(model_dir), "eval_split": cfg.eval.split,
-        "eval_min_options": cfg.eval.min_options,
+        "eval_min_options": cfg.eval.min_options, "eval_on_training_data": evaluated_on_training_data(cfg),
         "eval_before_rl": state.get("eval_before_rl"), "eval_after_rl": state.get("eval_after_rl"),
         "stages": stages, "wall_seconds": round(state.elapsed(), 1), "torch_threads": threads,
         "settings_changes": state.data.get("settings_changes") or [],

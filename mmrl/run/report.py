@@ -62,10 +62,12 @@ def save_figure(fig: Any, ax: Any, title: str, path: Path) -> None:
     fig.savefig(path)
 
 
-def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) -> list[tuple[str, str]]:
+def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None,
+                eval_label: str = "held-out eval") -> list[tuple[str, str]]:
     """Write one PNG per curve found in metrics.jsonl; returns ``(title, file)`` pairs. The accuracy curve
     carries the held-out evaluations: those during RL (``eval/accuracy``) and ``held_out`` (step, accuracy)
-    points such as the evaluations before and after RL."""
+    points such as the evaluations before and after RL, labelled ``eval_label`` (the report's "eval on the training
+    data" when the data evaluated is the training data)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,7 +91,7 @@ def plot_curves(run_dir: Path, held_out: list[tuple[int, float]] | None = None) 
         ax.plot(steps, vals, color="#9ab", lw=1, label="per step")
         ax.plot(steps, _smooth(list(vals), max(1, len(vals) // 20)), color="#135", lw=2, label="smoothed")
         if evals:
-            ax.plot(*zip(*evals), "o-", color="#c50", label="held-out eval")
+            ax.plot(*zip(*evals), "o-", color="#c50", label=eval_label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
@@ -187,14 +189,17 @@ def write_report(run_dir: Path, summary: dict[str, Any]) -> Path:
     skips = skipped_updates(run_dir)
     summary = {**summary, "warnings": run_warnings(run_dir) + ([skips] if skips else [])}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    plots = plot_curves(run_dir, _held_out_points(summary))
+    plots = plot_curves(run_dir, _held_out_points(summary), eval_label="eval on the training data" if
+                        summary.get("eval_on_training_data") else "held-out eval")
     lines = [f"# mmrl run report: {summary.get('task', '')}", ""]
     stopped = ((summary.get("stages") or {}).get("rl") or {}).get("stopped")
     if stopped:  # the run stopped itself (mmrl.engine.trainer.Diverged): what happened and what to do, first
         lines += ["## Stopped early", "", str(stopped), ""]
     before, after = summary.get("eval_before_rl"), summary.get("eval_after_rl")
+    on_training = summary.get("eval_on_training_data")  # --eval-data FILE is --data FILE: not held out
     if before or after:
-        lines += ["## Held-out evaluation", "",
+        lines += ["## Evaluation on the training data (not held out)" if on_training else "## Held-out evaluation",
+                  ""] + ([f"**{on_training}.**", ""] if on_training else []) + [
                   f"Split `{summary.get('eval_split')}`, greedy decoding; {_counted(summary)}", "",
                   "| | before RL | after RL |", "| --- | --- | --- |"]
         b, a = before or {}, after or {}
