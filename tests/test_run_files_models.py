@@ -79,6 +79,33 @@ def test_a_cut_or_bit_flipped_final_is_named_by_eval_not_scored(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("damage", ["cut", "missing_shard"])
+def test_a_cut_folder_without_a_digest_is_one_line_naming_the_file_not_the_loaders_traceback(
+        finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture, damage: str) -> None:
+    """A folder from elsewhere (no digest.json, as a Hugging Face download) is not hashed, but a weights file cut
+    short, or a shard its index lists that is not there, is named from the files' headers before loading."""
+    folder = tmp_path / "downloaded"
+    shutil.copytree(finished / "final", folder)
+    (folder / "digest.json").unlink()
+    if damage == "cut":
+        cut(folder / "model.safetensors")
+        named = "model.safetensors"
+    else:  # two shards listed, the second never arrived
+        header = json.loads((folder / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+            (folder / "model.safetensors").read_bytes()[:8], "little")])
+        keys = sorted(k for k in header if k != "__metadata__")
+        (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+            k: "model-00001-of-00002.safetensors" if i % 2 else "model-00002-of-00002.safetensors"
+            for i, k in enumerate(keys)}}))
+        named = "model-00002-of-00002.safetensors"
+    rc, _, err = run_cli(capsys, *eval_args(folder, tmp_path / "ev"))
+    line = one_error_line(err)
+    assert rc == 2 and str(folder) in line and named in line and "again" in line, line
+    assert not (tmp_path / "ev").exists()
+
+
+@pytest.mark.slow
 def test_a_damaged_final_is_refused_by_every_command_that_loads_a_model_by_path(
         finished: Path, tmp_path: Path) -> None:
     """``mmrl eval --benchmark``, ``mmrl train --model`` and the methods' commands resolve the model folder

@@ -18,10 +18,12 @@ def check_model_dir(path: str | Path) -> Path:
         raise MmrlError(f"model folder not found: {path}")
     if not (path / "config.json").is_file() and (path / "adapter_config.json").is_file():
         adapter_base(path)  # a LoRA checkpoint: its base model must be found
+        check_weight_files(path)
         return path
     if not (path / "config.json").is_file():
         raise MmrlError(f"{path}: no config.json; expected a Hugging Face model folder (save_pretrained)")
     check_family(path)
+    check_weight_files(path)
     has_processor = any((path / name).is_file() for name in (
         "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"))
     if not has_processor:
@@ -29,6 +31,54 @@ def check_model_dir(path: str | Path) -> Path:
             f"{path}: no processor (preprocessor_config.json or processor_config.json); "
             "save the processor beside the model with processor.save_pretrained(folder)")
     return path
+
+
+def weight_file_problem(file: Path) -> str | None:
+    """Why ``file`` (a ``.safetensors`` file) cannot be loaded whole, from its header alone, or None: the format
+    is an 8-byte little-endian header length, a JSON header giving each tensor's ``data_offsets`` into the bytes
+    after it, and those bytes, which the tensors must cover exactly (the ``safetensors`` loader's own rule)."""
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or 8 + n > size:
+                return f"{size} bytes: shorter than its header says"
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except ValueError:
+        return "its header is not valid JSON"
+    if not isinstance(header, dict):
+        return "its header is not a table of tensors"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
+            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2]
+    want = 8 + n + max(ends, default=0)
+    if size != want:
+        return f"{size} bytes where its header describes {want}"
+    return None
+
+
+def check_weight_files(path: Path) -> None:
+    """The folder's safetensors weights are whole (:func:`weight_file_problem`) and a sharded model's every shard
+    is there, checked from the files' headers (a cut copy or download of a folder without mmrl's digest.json:
+    one line, not the loader's traceback)."""
+    index = path / "model.safetensors.index.json"
+    files = sorted(path.glob("*.safetensors"))
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            raise MmrlError(f"{index}: unreadable or not a safetensors index (cut short?); copy or download the "
+                            "model folder again") from None
+        missing = sorted(str(s) for s in shards if not (path / str(s)).is_file())
+        if missing:
+            raise MmrlError(f"{path}: {len(missing)} weight file(s) its model.safetensors.index.json lists are "
+                            f"missing: {', '.join(missing[:4])}; copy or download the model folder again")
+    for file in files:
+        if why := weight_file_problem(file):
+            raise MmrlError(f"{file}: the weights file is cut short or damaged ({why}); copy or download the model "
+                            "folder again (or save it again)")
 
 
 def check_family(path: Path) -> None:
