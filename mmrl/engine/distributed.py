@@ -237,6 +237,27 @@ class World:
         if self.active:
             torch.distributed.barrier()
 
+    @contextlib.contextmanager
+    def all_or_none(self, what: str) -> Iterator[None]:
+        """Run a block that has no collective inside (rank 0 writing a checkpoint, each rank its own files) on
+        every rank, then agree: when it raised on some rank, every rank raises, the failing ones their own error,
+        the others one line naming the first failing rank and ``what`` it was doing, instead of waiting at the
+        run's next collective until ``train.dist_timeout_minutes`` (a disk full on rank 0 while it saves)."""
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:  # noqa: BLE001 (re-raised below, after the other ranks are told)
+            error = exc
+        if self.active:
+            failed = [r for r, bad in enumerate(self.gather(error is not None)) if bad]
+        else:
+            failed = [0] if error is not None else []
+        if error is not None:
+            raise error
+        if failed:
+            raise MmrlError(f"rank {failed[0]} failed while {what} (its error is in its output"
+                            f"{'' if len(failed) == 1 else f'; ranks {failed} failed'}); rank {self.rank} stops too")
+
     def main_first(self) -> contextlib.AbstractContextManager:
         """Rank 0 runs the block first (building what lives in the shared run folder), the others after.
         For the mmrl cache, which is each node's own, use :meth:`node_first`."""

@@ -951,19 +951,21 @@ class GRPOTrainer:
         with peaks.stage("save"):
             state = self.state_dict()  # the optimizer's tensors themselves: streamed to host as they are written
             weights = self.weights_on_main(adapters_only=has_lora(self.policy.model))
-            if w.is_main:
-                write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state, reference=ref,
-                                 settings=eval_settings(self.cfg), weights=weights)
+            with w.all_or_none(f"writing checkpoint-{self.step}"):  # rank 0 failing: every rank stops at once
+                if w.is_main:
+                    write_checkpoint(tmp, self.step, self.policy.model, self.policy.processor, state,
+                                     reference=ref, settings=eval_settings(self.cfg), weights=weights)
             del state, weights
             self.updater.save_files(tmp)
-            if w.active:
-                torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
-        w.barrier()
+            with w.all_or_none(f"writing checkpoint-{self.step}'s random state"):  # (all ranks meet here)
+                if w.active:
+                    torch.save(rng_state(), tmp / f"rng_state_rank{w.rank}.pt")
         self.log.metrics("checkpoint", self.step, {**peaks.metrics(overall=False),
                                                    "time/save_s": time.perf_counter() - t0})
-        final = publish_checkpoint(self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints) \
-            if w.is_main else None
-        w.barrier()
+        final = None
+        with w.all_or_none(f"publishing checkpoint-{self.step}"):
+            if w.is_main:
+                final = publish_checkpoint(self.run_dir, self.step, keep=self.cfg.train.keep_checkpoints)
         return w.broadcast(final)
 
     def weights_on_main(self, *, adapters_only: bool = False, merged: bool = False) -> dict[str, torch.Tensor] | None:
@@ -984,10 +986,10 @@ class GRPOTrainer:
         lora = has_lora(self.policy.model)
         merged = self.weights_on_main(merged=True)
         adapters = self.weights_on_main(adapters_only=True) if lora else None
-        if self.world.is_main:
-            save_model(folder, self.policy.model, self.policy.processor, eval_settings(self.cfg), weights=merged,
-                       adapter_weights=adapters)
-        self.world.barrier()
+        with self.world.all_or_none(f"writing {folder.name}/"):  # every rank stops when rank 0's write fails
+            if self.world.is_main:
+                save_model(folder, self.policy.model, self.policy.processor, eval_settings(self.cfg),
+                           weights=merged, adapter_weights=adapters)
 
     # ------------------------------------------------------------------------------------ loop
     def run_eval(self, tag: str) -> dict[str, Any]:

@@ -269,8 +269,9 @@ def cold_start(s: Session) -> None:
             t0 = time.perf_counter()
             seed_everything(cfg.train.seed + 1)
             result = run_sft(cfg, s.policy, s.train_samples, log=s.log, show_progress=s.show)
-            if s.world.is_main:
-                save_model(sft_dir, s.policy.model, s.policy.processor, eval_settings(cfg))
+            with s.world.all_or_none("writing sft-model/"):
+                if s.world.is_main:
+                    save_model(sft_dir, s.policy.model, s.policy.processor, eval_settings(cfg))
             state.finish("sft", {**result, "steps": cfg.sft.steps, "target": cfg.sft.target,
                                  "seconds": round(time.perf_counter() - t0, 1)})
         s.stages["sft"] = state.get("sft")
