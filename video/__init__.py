@@ -1,4 +1,4 @@
-"""Videos: readers (decord first, PyAV fallback), sampling policies, EARL re-sampling, MP4 writing.
+"""Videos: readers (decord, PyAV, torchcodec: ``video.decoders``), sampling policies, EARL re-sampling, MP4 writing.
 
 Names are imported lazily so that ``from video.writer import write_mp4`` does not pull in torch.
 """
@@ -14,6 +14,8 @@ _EXPORTS = {
     "VideoReader": "reader",
     "DecordReader": "reader",
     "PyAVReader": "reader",
+    "TorchCodecReader": "reader",
+    "DecodeTimeoutError": "reader",
     "FrameIndexError": "reader",
     "decord_available": "reader",
     "SampledVideo": "sampling",
@@ -33,11 +35,13 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "DecodeTimeoutError",
     "DecordReader",
     "FrameIndexError",
     "PyAVReader",
     "Resampled",
     "SampledVideo",
+    "TorchCodecReader",
     "VideoReader",
     "available_policies",
     "decode_indices",

@@ -1,41 +1,122 @@
-"""One video-reader interface over decord (preferred) and PyAV (fallback).
+"""One video-reader interface over decord, PyAV and torchcodec (``data.media.decoder``, :mod:`video.decoders`).
 
 Frame ``i`` has timestamp ``i / fps`` (constant frame rate is assumed, as qwen-vl-utils and the HF
 processors do); ``duration == num_frames / fps``.
+
+**Timeouts.** A reader opened with ``timeout=T`` (``data.media.decode_timeout`` in a run) bounds each call
+into its decoder, the opening (the file check included) and each batch of frames, to ``T`` seconds: past it,
+:class:`DecodeTimeoutError`, a :class:`~mmrl_common.errors.MediaError` naming the file, which
+``data.on_bad_sample: skip`` skips like any bad file. A decoder stuck in its C code cannot be interrupted from
+Python, so the call runs on a daemon thread of its own and the caller stops waiting for it: the thread is
+given up on, not stopped (it ends when the decoder returns, or with the process), the reader is never used
+again (closing it drops it without touching the decoder that thread may still be inside), and fd 2, held
+while decoders run (:func:`native_output_held`), is given back at once. This works because the decoders run
+their C code without Python's GIL, so the waiting thread wakes on time: decord's calls go through ctypes,
+which releases the GIL; PyAV decodes in ``nogil`` blocks; torchcodec's decoding is a torch operator, called with
+the GIL released. (Measured: a Python loop beside a 1.3 s decord or PyAV decode of 120 frames at 640x480 was
+never held up for more than 16 ms.) A decoder process, killed on a timeout, would also bound a decoder that
+held the GIL, but costs a process start and a copy of every frame per video; a thread costs about 0.1 ms per
+call.
 """
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import errno
-import importlib.util
 import os
 import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from mmrl_common.errors import MediaError, check_media_path
+from mmrl_common.errors import ConfigError, MediaError, check_media_path
+
+from .decoders import decoder_problem, installed
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-Backend = Literal["auto", "decord", "pyav"]
+Backend = Literal["auto", "decord", "pyav", "torchcodec"]
+T = TypeVar("T")
 
 
 class FrameIndexError(MediaError, IndexError):
     """A requested frame index or timestamp lies outside the video."""
 
 
+class DecodeTimeoutError(MediaError):
+    """A call into a decoder ran past the reader's timeout (``data.media.decode_timeout``)."""
+
+
 def decord_available() -> bool:
     """True when decord can be imported."""
-    return importlib.util.find_spec("decord") is not None
+    return installed("decord")
+
+
+EXIT_GRACE_S = 10.0
+"""At exit, how long the process waits for the decodes it gave up on to end: a decoder still inside its C code
+while the interpreter and the libraries it calls (torch's operator registry for torchcodec) are torn down can
+abort the process."""
+_given_up: list[threading.Thread] = []
+
+
+def _remember_given_up(worker: threading.Thread) -> None:
+    with _held_lock:
+        if not _given_up:
+            atexit.register(_wait_for_given_up)
+        _given_up[:] = [t for t in _given_up if t.is_alive()] + [worker]
+
+
+def _wait_for_given_up() -> None:
+    """Give the decodes given up on up to :data:`EXIT_GRACE_S` seconds, together, to end; name those that do not."""
+    deadline = time.monotonic() + EXIT_GRACE_S
+    for t in _given_up:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name.removeprefix("mmrl-decode ") for t in _given_up if t.is_alive()]
+    if stuck:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"mmrl: {len(stuck)} video decode(s) given up on after data.media.decode_timeout are "
+                             f"still running at exit ({', '.join(stuck[:5])}); the decoder may abort the exit\n")
+
+
+def within(timeout: float | None, path: Path, backend: str, what: str, fn: Callable[[], T]) -> T:
+    """``fn()``, given up on after ``timeout`` seconds (None or 0: waited for however long it takes) with a
+    :class:`DecodeTimeoutError` naming ``path``; ``backend`` (may be empty) and ``what`` (``"opening"``,
+    ``"reading frames of"``) go into its message. ``fn`` runs on a daemon thread of its own, which is left to finish or hang."""
+    if not timeout:
+        return fn()
+    out: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the waiting thread as it is
+            out["error"] = exc
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=run, name=f"mmrl-decode {path.name}", daemon=True)
+    worker.start()
+    if not done.wait(timeout):
+        let_go(worker.ident)
+        _remember_given_up(worker)
+        how = f" with {backend}" if backend else ""
+        raise DecodeTimeoutError(path, f"decoding took longer than {timeout:g} s (data.media.decode_timeout) while "
+                                       f"{what} the video{how}: the file may be damaged or still being written; "
+                                       "replace it, raise data.media.decode_timeout, or choose another "
+                                       "data.media.decoder")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 # The first bytes of the image formats FFmpeg would open as a one-frame "video" (its png_pipe, jpeg_pipe, ...
@@ -78,6 +159,7 @@ def _check_file(path: Path) -> None:
 _NATIVE_NOISE = re.compile(r"^\s*(\[\d\d:\d\d:\d\d\] \S+:\d+: |\[[\w,.-]+ @ (0x)?[0-9a-fA-F]+\] |Stack trace|\[bt\] )")
 _held_lock = threading.Lock()
 _held: dict[str, Any] = {"depth": 0, "saved": None, "file": None}
+_held_by: dict[int, int] = {}  # thread id -> how many native_output_held blocks it is inside
 _decord_quiet = False
 
 
@@ -88,7 +170,9 @@ def native_output_held() -> Iterator[None]:
     The first thread in sends fd 2 to a temporary file; the last one out restores it and writes back every
     line that is not a decoder's own message (decord's and FFmpeg's log lines, C++ stack traces), so a
     warning printed meanwhile by anything else still appears. Nothing is held back when fd 2 cannot be
-    redirected (no real stderr)."""
+    redirected (no real stderr). A thread given up on (a decode past its timeout, :func:`let_go`) counts no
+    more: fd 2 comes back without waiting for it."""
+    me = threading.get_ident()
     with _held_lock:
         if _held["depth"] == 0:
             try:
@@ -101,25 +185,45 @@ def native_output_held() -> Iterator[None]:
                 os.dup2(tmp.fileno(), 2)
                 _held["saved"], _held["file"] = saved, tmp
         _held["depth"] += 1
+        _held_by[me] = _held_by.get(me, 0) + 1
     try:
         yield
     finally:
         with _held_lock:
-            _held["depth"] -= 1
-            if _held["depth"] == 0 and _held["saved"] is not None:
-                saved, tmp = _held["saved"], _held["file"]
-                _held["saved"] = _held["file"] = None
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
-                tmp.seek(0)
-                kept = [line for line in tmp.read().splitlines(keepends=True)
-                        if not _NATIVE_NOISE.match(line.decode("utf-8", "replace"))]
-                tmp.close()
-                if kept:
-                    with contextlib.suppress(OSError):
-                        os.write(2, b"".join(kept))
+            if _held_by.get(me, 0) > 0:  # not let go of meanwhile
+                _held_by[me] -= 1
+                if not _held_by[me]:
+                    del _held_by[me]
+                _release_held(1)
+
+
+def let_go(thread_id: int | None) -> None:
+    """Stop counting thread ``thread_id`` (one that still runs a decode nobody waits for) as inside
+    :func:`native_output_held`: fd 2 is restored once the other threads are out."""
+    with _held_lock:
+        _release_held(_held_by.pop(thread_id, 0) if thread_id is not None else 0)
+
+
+def _release_held(n: int) -> None:
+    """``n`` threads' blocks out of :func:`native_output_held` (``_held_lock`` held): the last one out restores
+    fd 2 and writes back what others printed meanwhile."""
+    if n <= 0:
+        return
+    _held["depth"] -= n
+    if _held["depth"] == 0 and _held["saved"] is not None:
+        saved, tmp = _held["saved"], _held["file"]
+        _held["saved"] = _held["file"] = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        tmp.seek(0)
+        kept = [line for line in tmp.read().splitlines(keepends=True)
+                if not _NATIVE_NOISE.match(line.decode("utf-8", "replace"))]
+        tmp.close()
+        if kept:
+            with contextlib.suppress(OSError):
+                os.write(2, b"".join(kept))
 
 
 def _quiet_decord() -> None:
@@ -148,8 +252,9 @@ def _decoder_reason(exc: BaseException) -> str:
 class VideoReader:
     """Random access to the frames of one video. Use :func:`open_video` to make one.
 
-    Attributes: ``path``, ``backend`` (``"decord"`` or ``"pyav"``), ``num_frames``, ``fps``,
-    ``duration`` (seconds), ``width``, ``height``.
+    Attributes: ``path``, ``backend`` (``"decord"``, ``"pyav"`` or ``"torchcodec"``), ``num_frames``, ``fps``,
+    ``duration`` (seconds), ``width``, ``height``, ``timeout`` (seconds each read of frames may take; None: no
+    bound).
     """
 
     path: Path
@@ -158,6 +263,9 @@ class VideoReader:
     fps: float
     width: int
     height: int
+    timeout: float | None = None
+    given_up: str | None = None
+    """Why a read of this reader was given up on (a timeout); such a reader reads no more."""
 
     @property
     def duration(self) -> float:
@@ -186,8 +294,15 @@ class VideoReader:
         idx = self._check_indices(indices)
         if not idx:
             return np.zeros((0, self.height, self.width, 3), dtype=np.uint8)
+        if self.given_up is not None:
+            raise MediaError(self.path, f"an earlier read of this video was given up on ({self.given_up}); open it "
+                                        "again")
         try:
-            return self._read(idx)
+            return within(self.timeout, self.path, self.backend, "reading frames of", lambda: self._read(idx))
+        except DecodeTimeoutError:
+            self.given_up = f"past {self.timeout:g} s"
+            self._drop()  # the decoder may still be busy on the abandoned thread: never touched again from here
+            raise
         except MediaError:
             raise
         except Exception as exc:  # decoder failures on corrupt data
@@ -204,6 +319,10 @@ class VideoReader:
 
     def close(self) -> None:
         """Release the decoder. Safe to call twice."""
+
+    def _drop(self) -> None:
+        """Forget the decoder without calling it (it may still be in use on a thread given up on); it is
+        released when that thread lets go of it."""
 
     def __enter__(self) -> Self:
         return self
@@ -251,6 +370,8 @@ class DecordReader(VideoReader):
 
     def close(self) -> None:
         self._vr = None
+
+    _drop = close  # dropping the reference is all closing does: decord frees the reader when no thread holds it
 
 
 class PyAVReader(VideoReader):
@@ -394,29 +515,94 @@ class PyAVReader(VideoReader):
             container.close()
             self._container = None
 
+    def _drop(self) -> None:
+        self._container = None  # not closed: a thread given up on may be decoding from it
 
-def open_video(path: str | os.PathLike[str], backend: Backend = "auto") -> VideoReader:
-    """Open a video. ``"auto"`` tries decord, then PyAV when decord is missing or cannot open the file.
 
-    Raises :class:`mmrl_common.errors.MediaError` naming the file (missing, empty, truncated/corrupt, no video).
+class TorchCodecReader(VideoReader):
+    """torchcodec's ``VideoDecoder`` (PyTorch's decoder, on the system's FFmpeg) behind the common interface.
+
+    Opened in torchcodec's ``exact`` seek mode, which scans the file once so that frame ``i`` is the ``i``-th
+    frame in presentation order whatever the container's index says, as :class:`PyAVReader` counts them; frames
+    come as NHWC uint8 (``dimension_order="NHWC"``). The frame rate is the stream's average rate from the header
+    (what PyAV and decord report), else the one torchcodec measured over the frames. API: torchcodec's
+    ``decoders/_video_decoder.py`` and ``_core/_metadata.py`` (meta-pytorch/torchcodec).
+    """
+
+    backend = "torchcodec"
+
+    def __init__(self, path: str | Path, num_threads: int = 1) -> None:
+        self.path = Path(path)
+        _check_file(self.path)
+        problem = decoder_problem("torchcodec")
+        if problem is not None:  # the setup, not this file: stops the run instead of skipping every video
+            raise ConfigError(f"data.media.decoder=torchcodec: {problem}")
+        from torchcodec.decoders import VideoDecoder
+
+        try:
+            with native_output_held():
+                self._decoder: Any = VideoDecoder(str(self.path), dimension_order="NHWC", seek_mode="exact",
+                                                  num_ffmpeg_threads=num_threads, device="cpu")
+                meta = self._decoder.metadata
+                self.num_frames = len(self._decoder)
+        except Exception as exc:  # torchcodec raises RuntimeError/ValueError with FFmpeg's words
+            raise MediaError(
+                self.path, f"cannot open the video (truncated or corrupt?): torchcodec: {_decoder_reason(exc)}"
+            ) from exc
+        fps = next((float(f) for f in (meta.average_fps_from_header, meta.average_fps) if f and f > 0), 0.0)
+        if self.num_frames <= 0 or not np.isfinite(fps) or fps <= 0:
+            raise MediaError(self.path, f"torchcodec reports {self.num_frames} frames at {fps} fps")
+        self.fps = fps
+        self.width, self.height = int(meta.width), int(meta.height)
+
+    def _read(self, indices: list[int]) -> np.ndarray:
+        with native_output_held():
+            batch = self._decoder.get_frames_at(indices)
+        return np.ascontiguousarray(batch.data.numpy(), dtype=np.uint8)
+
+    def close(self) -> None:
+        self._decoder = None
+
+    _drop = close
+
+
+_READERS: dict[str, type[VideoReader]] = {"decord": DecordReader, "pyav": PyAVReader, "torchcodec": TorchCodecReader}
+
+
+def open_video(path: str | os.PathLike[str], backend: Backend = "auto", *, timeout: float | None = None
+               ) -> VideoReader:
+    """Open a video with ``backend`` (:data:`video.decoders.DECODERS`). ``"auto"`` tries decord, then PyAV when
+    decord is missing, cannot open the file or takes longer than ``timeout`` to.
+
+    ``timeout`` (seconds; None or 0: none) bounds the opening and each later :meth:`VideoReader.get_frames` of the
+    reader (see the module's notes). Raises :class:`mmrl_common.errors.MediaError` naming the file (missing, empty,
+    truncated/corrupt, no video, :class:`DecodeTimeoutError`), and :class:`mmrl_common.errors.ConfigError` when
+    ``backend`` is unknown or cannot run here (not installed; torchcodec without FFmpeg).
     """
     p = Path(path)
-    if backend not in ("auto", "decord", "pyav"):
-        raise ValueError(f"unknown video backend {backend!r}; use 'auto', 'decord' or 'pyav'")
-    _check_file(p)
-    if backend == "pyav":
-        return PyAVReader(p)
-    if backend == "decord":
-        if not decord_available():
-            raise MediaError(p, "backend 'decord' requested but decord is not installed")
-        return DecordReader(p)
+    if backend not in ("auto", *_READERS):
+        raise ConfigError(str(decoder_problem(backend)))
+    problem = decoder_problem(backend)
+    if problem is not None:
+        raise ConfigError(f"data.media.decoder={backend}: {problem}")
+    # the file itself first (missing, empty, an image, a pipe nothing writes to): said once, not per decoder
+    within(timeout, p, "", "opening", lambda: _check_file(p))
+    if backend != "auto":
+        return _open(_READERS[backend], p, timeout)
     if decord_available():
         try:
-            return DecordReader(p)
+            return _open(DecordReader, p, timeout)
         except MediaError as decord_error:
             try:
-                return PyAVReader(p)
+                return _open(PyAVReader, p, timeout)
             except MediaError as exc:
                 decord_said = decord_error.reason.split("decord: ", 1)[-1]  # the same "cannot open" said once
                 raise MediaError(p, f"{exc.reason}; decord also failed: {decord_said}") from exc
-    return PyAVReader(p)
+    return _open(PyAVReader, p, timeout)
+
+
+def _open(cls: type[VideoReader], path: Path, timeout: float | None) -> VideoReader:
+    """``cls(path)`` within ``timeout`` seconds, its reads bounded by the same timeout."""
+    reader = within(timeout, path, cls.backend, "opening", lambda: cls(path))
+    reader.timeout = timeout or None
+    return reader

@@ -30,8 +30,10 @@ from qwen_vl_utils import vision_process as qvu
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
+from mmrl_common.errors import MediaError
 from mmrl_common.registry import Registry
 
+from .decoders import DECODERS
 from .reader import VideoReader, open_video
 
 PolicyFn = Callable[..., list[int]]
@@ -235,6 +237,15 @@ class SampledVideo:
     backend: str = ""
     policy: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    decode_timeout: float | None = None
+
+    def reopen(self) -> VideoReader:
+        """The source video opened again as it was decoded: the same decoder (so the same frames) and timeout.
+        A method or environment that reads more of the video (EARL's new frames, a zoom) opens it this way."""
+        if not self.path:
+            raise MediaError("(frames)", "the video has no source file to open again")
+        backend = self.backend if self.backend in DECODERS else "auto"  # e.g. a benchmark's folder of frames
+        return open_video(self.path, backend=backend, timeout=self.decode_timeout)  # type: ignore[arg-type]
 
     def frame(self, i: int) -> SampledVideo:
         """The ``i``-th frame alone, as a one-frame video (same source, fps and window)."""
@@ -302,6 +313,7 @@ def decode_indices(
         backend=reader.backend,
         policy=policy,
         options=dict(options or {}),
+        decode_timeout=getattr(reader, "timeout", None),
     )
 
 
@@ -315,18 +327,22 @@ def sample_video(
     start: float | None = None,
     end: float | None = None,
     backend: str = "auto",
+    decode_timeout: float | None = None,
     **options: Any,
 ) -> SampledVideo:
     """Sample frames from a path or an open reader with a registered ``policy``.
 
-    ``start``/``end`` bound the window in seconds. Resize options (``min_pixels``, ``max_pixels``,
+    A path is opened with decoder ``backend`` (``data.media.decoder``: auto, decord, pyav, torchcodec) and
+    ``decode_timeout`` seconds for its opening and its read (``data.media.decode_timeout``; None: no bound; past it
+    :class:`video.reader.DecodeTimeoutError`); an open reader keeps its own. ``start``/``end`` bound the window in
+    seconds. Resize options (``min_pixels``, ``max_pixels``,
     ``total_pixels``, ``image_patch_size`` — 14 for Qwen2/2.5-VL, 16 for Qwen3-VL — ``resized_height``,
     ``resized_width``) go to the pixel budget; the rest to the policy.
     """
     fn = get_policy(policy)
     resize = {k: options.pop(k) for k in _RESIZE_KEYS if k in options}
     own = not isinstance(video, VideoReader)
-    reader = open_video(video, backend=backend) if own else video  # type: ignore[arg-type]
+    reader = open_video(video, backend=backend, timeout=decode_timeout) if own else video  # type: ignore[arg-type]
     try:
         try:
             first, last = frame_window(reader.num_frames, reader.fps, start, end)

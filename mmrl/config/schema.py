@@ -19,6 +19,7 @@ from mmrl.grpo.config import GRPOConfig, check_number, range_words
 from mmrl.model.families import DEFAULT_TARGETS, FAMILIES
 from mmrl_common.errors import ConfigError
 from rewards.registry import RewardSpec
+from video.decoders import DECODERS, DEFAULT_DECODE_TIMEOUT, decoder_problem
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
@@ -83,6 +84,7 @@ RANGES: dict[str, Range] = {
     "data.media.image_min_pixels": _count(1),
     "data.media.image_max_pixels": _count(1),
     "data.media.cache_mb": Range(0, hint="0: no cache"),
+    "data.media.decode_timeout": Range(0, hint="seconds a video may take to open or to read; 0 or null: no limit"),
     "rollout.group_size": _count(2, why="GRPO compares the rollouts of a prompt with each other, so one rollout per "
                                       "prompt has advantage 0 and never learns; use 2 or more (8 is usual)"),
     "rollout.temperature": Range(0, low_open=True, why="must be a finite number > 0; training rollouts must be "
@@ -291,9 +293,19 @@ class MediaConfig:
     """Largest image size in pixels (28x28 pixels make one visual token)."""
     cache_mb: float = 1024
     """Decoded media kept in memory between steps (LRU, megabytes of pixels; 0: no cache)."""
+    decoder: Literal["auto", "decord", "pyav", "torchcodec"] = "auto"
+    """Video decoder: auto (decord, falling back to PyAV), decord, pyav, or torchcodec (not installed with mmrl:
+    pip install torchcodec, and it needs FFmpeg's shared libraries)."""
+    decode_timeout: float | None = DEFAULT_DECODE_TIMEOUT
+    """Seconds opening a video, or reading its frames, may take; past it the video is a bad file, named (skipped
+    with data.on_bad_sample=skip). 0 or null: no limit."""
 
     def __post_init__(self) -> None:
         check_ranges(self, "data.media")
+        problem = decoder_problem(self.decoder)
+        if problem is not None:
+            raise ConfigError(f"data.media.decoder={self.decoder}: {problem}" if self.decoder in DECODERS
+                              else f"data.media.decoder: {problem}")
         for kind in ("video", "image"):
             lo, hi = getattr(self, f"{kind}_min_pixels"), getattr(self, f"{kind}_max_pixels")
             if lo > hi:
