@@ -11,6 +11,7 @@ Every function here is deterministic, pure and string-based; nothing evaluates m
   percentages, small number words).
 * :func:`plain_number` — Python's ``float`` of the text without commas (Video-R1's reading) or ``None``.
 * :func:`parse_span` — ``(start, end)`` seconds or ``None``.
+* :func:`json_span` — ``(start, end)`` as Temporal-R1's released reward reads it (only its JSON object) or ``None``.
 * :func:`normalize_text` / :func:`text_tokens` — lower-case, punctuation and articles removed.
 
 The ``normalize_gold_*`` helpers turn a dataset's gold answer into the same form and raise ``ValueError`` for
@@ -19,6 +20,7 @@ gold answers that cannot be read (a data problem, not a model error).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -34,6 +36,7 @@ __all__ = [
     "extract_choice",
     "extract_yes_no",
     "first_tag_block",
+    "json_span",
     "last_boxed",
     "latex_number",
     "normalize_gold_choice",
@@ -874,6 +877,37 @@ def parse_span(text: Any) -> tuple[float, float] | None:
     if not (math.isfinite(a) and math.isfinite(b)) or a > b:
         return None
     return (a, b)
+
+
+@lru_cache(maxsize=16)
+def _first_block_exact(tag: str) -> re.Pattern[str]:
+    t = re.escape(tag)
+    return re.compile(rf"<{t}>(.*?)</{t}>", re.DOTALL)
+
+
+def json_span(text: Any, *, tag: str = "answer") -> tuple[float, float] | None:
+    """The span of a completion as Temporal-R1's released reward reads it (appletea233/Temporal-R1,
+    ``verl/utils/reward_score/tvg.py``, ``tvg_accuracy_reward``), or ``None`` where that code fails (and scores 0).
+
+    The first ``<tag>...</tag>`` block (``re.search``: case-sensitive, across lines), stripped, must be JSON
+    (``json.loads``: ``NaN``/``Infinity`` included) for an object with ``"start_time"`` and ``"end_time"``; each
+    is read by Python's ``float``, so ``"12.5"``, ``" 12.5 "``, ``12.5``, ``"1e1"`` and ``true`` all read, a
+    list, ``null`` or ``"12.5s"`` does not. Nothing else is a span here: ``[12.5, 18]``, ``12.5 to 18``, a JSON
+    object outside the block or with unquoted keys give ``None`` (see :func:`parse_span` for the lenient reading).
+    The values are returned as read -- negative, inverted or not finite -- for tvg.py's IoU formula to score."""
+    found = _first_block_exact(tag).search("" if text is None else str(text))
+    if found is None:
+        return None
+    try:
+        data = json.loads(found.group(1).strip())
+    except (ValueError, RecursionError):  # json.JSONDecodeError, too many digits, nesting
+        return None
+    if not isinstance(data, dict) or "start_time" not in data or "end_time" not in data:
+        return None
+    try:
+        return float(data["start_time"]), float(data["end_time"])
+    except (TypeError, ValueError, OverflowError):  # null, a list, "12.5s", an integer past float's range
+        return None
 
 
 def normalize_gold_span(answer: Any) -> tuple[float, float]:

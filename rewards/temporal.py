@@ -26,22 +26,32 @@ has ``min_tokens``..``max_tokens`` tokens (320..512, inclusive) gets ``bonus`` (
 format + answer_weight * accuracy + iou_weight * tIoU``. The accuracy term (discrete) scores the answer of
 questions that are not pure grounding (multiple choice, yes/no, numbers, ...); the tIoU term (continuous) scores
 the predicted span against the gold span: the answer of ``temporal_grounding`` questions, or ``meta[span_key]``
-(default ``gold_span``) for grounded QA. Spans are read in both forms (``[12.5, 18]``/``12.5 to 18 s`` and
-Temporal-R1's JSON ``{"start_time": "12.5", "end_time": "18"}``) by :func:`rewards.answers.parse_span`
-(``span_tag`` reads another block, e.g. ``glue``). tIoU is the paper's and the released code's formula
-(appletea233/Temporal-R1 ``verl/utils/reward_score/tvg.py``): ``max(0, min(e, e') - max(s, s')) /
-(max(e, e') - min(s, s'))`` on the predicted span as given (the code divides both spans by the clip length,
-which leaves the ratio unchanged), so a span that runs past the clip is penalised by its whole length.
+(default ``gold_span``) for grounded QA. ``span_tag`` reads the span from another block (e.g. ``glue``).
+
+How the span is read (``span_form``):
+
+* ``any`` (default, mmrl's lenient reading): :func:`rewards.answers.parse_span` takes ``[12.5, 18]``, ``12.5 to
+  18 s`` and the JSON ``{"start_time": "12.5", "end_time": "18"}``; an inverted or unreadable span scores 0, a
+  zero-length one 0 unless the gold span is the same point (:func:`rewards.metrics.temporal_iou`).
+* ``json`` (the released code's, appletea233/Temporal-R1 ``verl/utils/reward_score/tvg.py``,
+  ``tvg_accuracy_reward``): only the JSON object in the first ``<answer>`` block counts
+  (:func:`rewards.answers.json_span`: ``[12.5, 18]``, "12.5 to 18", unquoted keys score 0), and its IoU is
+  tvg.py's ``temporal_iou`` as written (:func:`released_tiou`): the same formula, where an inverted span gets
+  0 from the formula itself, a zero-length union (a division by zero in the code) or a value that is not finite
+  gives 0, and negative times are scored as given. The code divides both spans by the video's length first,
+  which leaves the ratio unchanged; mmrl scores seconds.
+
+tIoU is the paper's and the code's formula, ``max(0, min(e, e') - max(s, s')) / (max(e, e') - min(s, s'))``, on
+the predicted span as given, so a span that runs past the clip is penalised by its whole length.
 ``clip_to_shown: true`` (not the paper's; off by default) first clips the prediction to the clip the model was
 shown (the media's ``start``/``end`` sampling window, else ``[0, duration]`` from ``meta.duration`` or
-``meta.video.duration``). An inverted or unreadable span scores 0, a zero-length one 0 unless the gold span
-is the same point. Weights
-default to 1 each (the unweighted sum of VideoChat-R1 and Video-R1); Temporal-R1's grounding code uses
-``format_weight: 0.5, iou_weight: 0.5`` (configs/temporal-grounding.yaml). ``format_mode`` is the format
-reward's ``mode`` (default ``think_answer``). ``strict_tags: true`` (off by default) reads the answer (and the
-``span_tag`` block) only from the first complete block and scores a completion without one 0, as ``tvg.py`` does
-(its first ``<answer>`` block, any failure 0). Logged: ``temporal_r1/format``, ``temporal_r1/answer``,
-``temporal_r1/tiou`` (means over the samples each applies to).
+``meta.video.duration``). Weights default to 1 each (the unweighted sum of VideoChat-R1 and Video-R1);
+Temporal-R1's grounding code uses ``format_weight: 0.5, iou_weight: 0.5`` (configs/temporal-grounding.yaml, with
+``span_form: json`` and ``format_mode: tvg_json``, the code's format regex: :mod:`rewards.format`).
+``format_mode`` is the format reward's ``mode`` (default ``think_answer``). ``strict_tags: true`` (off by
+default) reads the answer (and, with ``span_form: any``, the ``span_tag`` block) only from the first complete
+block and scores a completion without one 0, as ``tvg.py`` does. Logged: ``temporal_r1/format``,
+``temporal_r1/answer``, ``temporal_r1/tiou`` (means over the samples each applies to).
 """
 
 from __future__ import annotations
@@ -53,12 +63,13 @@ from typing import Any
 
 from mmrl_common.errors import ConfigError
 from rewards.accuracy import score_answer
-from rewards.answers import extract_answer, first_tag_block, normalize_gold_span, parse_span
+from rewards.answers import extract_answer, first_tag_block, json_span, normalize_gold_span, parse_span
 from rewards.format import check_format
 from rewards.metrics import temporal_iou
 from rewards.registry import normalize_completions, register_reward
 
-__all__ = ["clip_window", "length_bonus", "shown_window", "temporal_bonus", "temporal_r1_reward"]
+__all__ = ["clip_window", "length_bonus", "released_tiou", "shown_window", "temporal_bonus",
+           "temporal_r1_reward"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -173,9 +184,36 @@ def clip_window(span: tuple[float, float], window: tuple[float, float] | None) -
     return (min(max(span[0], lo), hi), min(max(span[1], lo), hi))
 
 
-def span_iou(prediction_text: str, gold: Any, window: tuple[float, float] | None = None) -> float:
+def released_tiou(pred: Sequence[float], gold: Sequence[float]) -> float:
+    """tIoU as Temporal-R1's released ``temporal_iou`` computes it (appletea233/Temporal-R1,
+    ``verl/utils/reward_score/tvg.py``): ``max(0, max(min(e, e') - max(s, s'), 0) / (max(e, e') - min(s, s')))``
+    on the spans as given. Unlike :func:`rewards.metrics.temporal_iou` nothing is refused: an inverted span
+    scores 0 by the formula, a zero union (the code's ZeroDivisionError, caught by its caller) 0, and a NaN the
+    code's ``max``/``min`` order passes on to a final ``max(0, nan)``: 0. The arguments of each ``max``/``min``
+    are in the code's order (prediction first), which decides what a NaN does."""
+    lo_max, lo_min = max(pred[0], gold[0]), min(pred[0], gold[0])
+    hi_max, hi_min = max(pred[1], gold[1]), min(pred[1], gold[1])
+    union = hi_max - lo_min
+    if union == 0:
+        return 0.0
+    value = max(hi_min - lo_max, 0) / union
+    return float(max(0, value))
+
+
+_SPAN_FORMS = ("any", "json")
+
+
+def span_iou(prediction_text: str, gold: Any, window: tuple[float, float] | None = None, *,
+             span_form: str = "any", tag: str = "answer") -> float:
     """tIoU of the span in ``prediction_text`` against the gold span (the paper's formula; clipped to
-    ``window`` first when one is given); 0 for an unreadable or inverted prediction."""
+    ``window`` first when one is given); 0 for an unreadable prediction. ``span_form="json"``: the whole
+    completion, its first ``<tag>`` block read and scored as Temporal-R1's released code does (module
+    docstring)."""
+    if span_form == "json":
+        span = json_span(prediction_text, tag=tag)
+        if span is None:
+            return 0.0
+        return released_tiou(clip_window(span, window), normalize_gold_span(gold))
     span = parse_span(prediction_text)
     if span is None:
         return 0.0
@@ -200,6 +238,10 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
     strict = columns.get("strict_tags", False)
     if not isinstance(strict, bool):
         raise ConfigError(f"rewards[].kwargs.strict_tags must be true or false, got {strict!r}")
+    span_form = columns.get("span_form", "any")
+    if span_form not in _SPAN_FORMS:
+        raise ConfigError(f"rewards[].kwargs.span_form must be one of {', '.join(_SPAN_FORMS)} (any: mmrl's lenient "
+                          f"reading; json: Temporal-R1's tvg.py), got {span_form!r}")
     batch = columns.get("rollout_batch")
     samples = list(batch.samples) if batch is not None and len(batch) == n else [None] * n
 
@@ -227,8 +269,11 @@ def temporal_r1_reward(completions: list[Any], **columns: Any) -> list[float]:
         gold = col("answer", i) if ptype == "temporal_grounding" else meta.get(span_key)
         if gold is not None:
             media = getattr(samples[i], "media", None) or []
-            span_text = read(text, span_tag) if span_tag else answer_text
-            iou = span_iou(span_text, gold, shown_window(meta, media) if clip else None)
+            window = shown_window(meta, media) if clip else None
+            if span_form == "json":  # tvg.py reads the raw completion's first block itself
+                iou = span_iou(text, gold, window, span_form="json", tag=span_tag or "answer")
+            else:
+                iou = span_iou(read(text, span_tag) if span_tag else answer_text, gold, window)
             total += w_iou * iou
             terms["tiou"].append(iou)
         out.append(total)
