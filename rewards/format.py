@@ -12,6 +12,19 @@ Modes (kwarg ``mode``):
   holding ``\\boxed{…}`` (``re.fullmatch`` of ``<think>.*</think>.*\\\\boxed\\{.*\\}.*``, across lines). It
   starts with the think block; ``strip`` and ``allow_empty_answer`` do not apply; ``think_tag`` renames the
   tag.
+* ``"tvg_json"``: Temporal-R1's format reward (appletea233/Temporal-R1, ``verl/utils/reward_score/tvg.py``,
+  ``tvg_format_reward``): the whole completion, not stripped, is ``<think>…</think>``, optional whitespace, then
+  an ``<answer>`` block holding only the JSON object ``{"start_time": "S", "end_time": "E"}`` with S and E quoted
+  strings of digits and dots (whitespace allowed around the braces, colons and comma; ``re.fullmatch``, across
+  lines). Unquoted numbers, other keys, a span in another form or any text after the block: 0.
+* ``"mmr1"``: MMR1's format reward (LengSicong/MMR1, ``verl/utils/reward_score/openr1_rewards_batch.py``,
+  ``format_reward_batch``): exactly one ``<think>…</think>`` that starts a line (whitespace before it allowed)
+  and exactly one ``<answer>…</answer>`` that ends a line (whitespace after it allowed), counted by
+  ``re.findall`` with ``^``/``$`` at every line; text between the blocks, before the think block's line and
+  after the answer's line is allowed. It is not stripped.
+
+As in ``think_boxed``, ``strip`` and ``allow_empty_answer`` do not apply to ``tvg_json`` and ``mmr1`` (the
+released rules are taken as they are); ``think_tag`` / ``answer_tag`` rename their tags.
 
 ``think_tag`` / ``answer_tag`` rename the tags (``"reasoning"``, ``"final"``, ...). ``strip=True`` (default)
 ignores whitespace around the whole completion (VideoChat-R1 strips, Video-R1 does not; pass
@@ -31,7 +44,7 @@ from rewards.registry import normalize_completions, register_reward
 
 __all__ = ["check_format", "format_reward"]
 
-_MODES = ("think_answer", "answer", "think_optional", "think_boxed")
+_MODES = ("think_answer", "answer", "think_optional", "think_boxed", "tvg_json", "mmr1")
 _SPACED_MARK = re.compile(r"\s*(<|>|/)\s*")
 
 
@@ -42,6 +55,12 @@ def _compiled(mode: str, think_tag: str, answer_tag: str):
     t, a = re.escape(think_tag), re.escape(answer_tag)
     if mode == "think_boxed":
         return re.compile(rf"<{t}>.*</{t}>.*\\boxed\{{.*\}}.*", re.DOTALL), None
+    if mode == "tvg_json":  # tvg.py's pattern: quoted digit-and-dot times, nothing around the two blocks
+        return re.compile(rf'<{t}>.*?</{t}>\s*<{a}>\s*{{\s*"start_time"\s*:\s*"[\d.]+"\s*,\s*"end_time"\s*:'
+                          rf'\s*"[\d.]+"\s*}}\s*</{a}>', re.DOTALL), None
+    if mode == "mmr1":  # format_reward_batch's two patterns, each to be found exactly once
+        flags = re.MULTILINE | re.DOTALL
+        return re.compile(rf"^\s*<{t}>.*?</{t}>", flags), re.compile(rf"<{a}>.*?</{a}>\s*$", flags)
     think = rf"<{t}>(?P<think>.*?)</{t}>\s*"
     answer = rf"<{a}>(?P<answer>.*?)</{a}>"
     body = {"think_answer": think + answer, "answer": answer, "think_optional": f"(?:{think})?{answer}"}[mode]
@@ -74,6 +93,10 @@ def check_format(
     block, any_tag = _compiled(mode, think_tag, answer_tag)
     if mode == "think_boxed":
         return block.fullmatch(_SPACED_MARK.sub(r"\1", text)) is not None
+    if mode == "tvg_json":
+        return block.fullmatch(text) is not None
+    if mode == "mmr1":  # here the pair is (think pattern, answer pattern)
+        return _count(block, text) == 1 and _count(any_tag, text) == 1
     m = block.fullmatch(s)
     if m is None:
         return False
@@ -82,6 +105,16 @@ def check_format(
         if content is not None and any_tag.search(content):
             return False
     return allow_empty_answer or bool(m.group("answer").strip())
+
+
+def _count(pattern: re.Pattern[str], text: str) -> int:
+    """How many non-overlapping matches ``re.findall`` would return (at most 2: only "exactly one" is asked)."""
+    n = 0
+    for _ in pattern.finditer(text):
+        n += 1
+        if n > 1:
+            break
+    return n
 
 
 @register_reward("format")

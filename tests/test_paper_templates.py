@@ -7,6 +7,7 @@ mmrl's template, so a paraphrase in mmrl fails these tests."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from data_pipelines.schema import Sample
 from mmrl.cli import main
@@ -124,9 +125,11 @@ def test_the_temporal_grounding_recipe_scores_strictly() -> None:
     assert spec.kwargs.get("strict_tags") is True
 
 
-# LengSicong/MMR1 examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT (bash string: its line breaks and trailing
-# spaces), joined to the problem by verl/utils/dataset.py: " ".join((system_prompt.strip(), prompt_str))
-MMR1_SYSTEM = (
+# LengSicong/MMR1 examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT as bash makes it (its line breaks and
+# trailing spaces), passed as data.system_prompt="${SYSTEM_PROMPT}"; verl/trainer/main.py reads the command line
+# with OmegaConf.from_cli, which yaml-loads each value (folding every line break into one space), and
+# verl/utils/dataset.py joins it to the problem: " ".join((system_prompt.strip(), prompt_str))
+MMR1_SCRIPT_VALUE = (
     'A conversation between User and Assistant. \n'
     'The User provides an image and asks a question. \n'
     'The Assistant first analyzes both the image and the question, \n'
@@ -139,18 +142,20 @@ MMR1_SYSTEM = (
     'i.e., <think> reasoning process here, with potential reflections and corrections </think>\n'
     '<answer> final answer here, with the key result enclosed in \\boxed{} </answer>.'
 )
+MMR1_SYSTEM = yaml.safe_load(MMR1_SCRIPT_VALUE)  # OmegaConf.from_cli's yaml.load of the command-line value
 
 
 def test_mmr1_prompt_is_the_script_s_text_before_the_question() -> None:
     got = user_text(NUM, PromptConfig(template="mmr1", answer_format="think_answer"))
     assert got == MMR1_SYSTEM.strip() + " " + "How many flashes are there?" + "\n"
+    assert got.startswith("A conversation between User and Assistant. The User provides")  # one line, as read
 
 
 def test_the_vas_recipe_prompts_as_mmr1() -> None:
     cfg = load_run_config("vas")
     assert cfg.prompt.template == "mmr1"
     (message,) = build_messages(NUM, cfg.prompt, ["image"])
-    assert message["content"][1]["text"].startswith("A conversation between User and Assistant. \nThe User")
+    assert message["content"][1]["text"] == MMR1_SYSTEM + " How many flashes are there?\n"
 
 
 def test_ares_math_prompt_is_math_jinja() -> None:

@@ -86,21 +86,23 @@ def register_template(name: str, text: str, suffixes: dict[str, str] | None = No
         SUFFIXES[name] = dict(suffixes)
 
 
-# MMR1 (LengSicong/MMR1, examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT, the line breaks and trailing spaces
-# of the script's string kept): verl/utils/dataset.py puts it in the user turn, " ".join((system_prompt.strip(),
+# MMR1 (LengSicong/MMR1, examples/mmr1/train_qwen2_5_vl_7b.sh SYSTEM_PROMPT, as the code reads it): the script
+# passes it as data.system_prompt="${SYSTEM_PROMPT}", and verl/trainer/main.py's OmegaConf.from_cli yaml-loads the
+# value, which folds each line break (with the trailing space before it) into one space: one line, as Temporal-R1's
+# (configs/temporal-grounding.yaml). verl/utils/dataset.py puts it in the user turn, " ".join((system_prompt.strip(),
 # problem)), not in a system message; the problem's <image> marks where the image goes (mmrl: media first).
 MMR1_PROMPT = (
-    "A conversation between User and Assistant. \n"
-    "The User provides an image and asks a question. \n"
-    "The Assistant first analyzes both the image and the question, \n"
-    "then carefully thinks about the reasoning process step by step, \n"
-    "and finally provides the User with an accurate answer. \n"
-    "The Assistant must carefully checkout the correctness and validity of each reasoning step. \n"
-    "If any errors or inconsistencies are found during the reasoning process, \n"
-    "the Assistant reflects and corrects them logically. \n"
+    "A conversation between User and Assistant. "
+    "The User provides an image and asks a question. "
+    "The Assistant first analyzes both the image and the question, "
+    "then carefully thinks about the reasoning process step by step, "
+    "and finally provides the User with an accurate answer. "
+    "The Assistant must carefully checkout the correctness and validity of each reasoning step. "
+    "If any errors or inconsistencies are found during the reasoning process, "
+    "the Assistant reflects and corrects them logically. "
     "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
-    "respectively, \n"
-    "i.e., <think> reasoning process here, with potential reflections and corrections </think>\n"
+    "respectively, "
+    "i.e., <think> reasoning process here, with potential reflections and corrections </think> "
     "<answer> final answer here, with the key result enclosed in \\boxed{{}} </answer>."
     " {question}\n{options}"
 )

@@ -51,6 +51,9 @@ Defaults: ``alpha`` 0.8, ``beta`` 0.2, ``mix`` (lambda) 0.5, ``weighting`` propo
 released config; the main text uses 32, as configs/vas.yaml does); ``floor`` 0.05 (minmax only) and
 ``stale_after`` (2 ``update_every``) are ours; ``reward`` ``accuracy`` with
 ``pass_threshold`` 1.0 (a rollout passes when it earns full accuracy).
+
+Importing this module also registers MMR1's reward term ``repetition_penalty`` (:mod:`rewards.repetition`), which
+configs/vas.yaml adds to the paper's format + accuracy as the released code does.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ import numpy as np
 from data_pipelines.diversity import distinct_n, diversity_measure, levenshtein, mean_pairwise, self_bleu
 from data_pipelines.samplers import Sampler, register_sampler
 from mmrl_common.errors import ConfigError, MmrlError
+from rewards import repetition  # noqa: F401  (registers MMR1's repetition_penalty reward: the recipe's one import)
 
 KEY = "data.sampler_kwargs"
 WEIGHTINGS = ("proportional", "minmax")
