@@ -36,6 +36,12 @@ PUBLISHED = [
     ("train.lr_schedule", "constant", "code: verl/workers/fsdp_workers.py get_constant_schedule_with_warmup"),
     ("train.max_grad_norm", 1.0, "Table 6: max grad norm 1.0"),
     ("train.prompts_per_step", 512, "Table 6: global batch 512"),
+    # the released reward (LengSicong/MMR1 verl/utils/reward_score/openr1_rewards_batch.py,
+    # openr1_compute_score_batch_wo_LMM: accuracy + format + cosine length (0 in examples/mmr1.yaml) + repetition)
+    ("rewards[1].kwargs.mode", "mmr1", "code: format_reward_batch, a <think> line start and an <answer> line end"),
+    ("rewards[2].weight", 1.0, "code: overall = accuracy + format + cosine length + repetition penalty"),
+    ("rewards[2].kwargs.ngram_size", 40, "code: get_repetition_penalty_reward(ngram_size=40)"),
+    ("rewards[2].kwargs.max_penalty", -0.5, "code: get_repetition_penalty_reward(max_penalty=-0.5)"),
 ]
 
 
