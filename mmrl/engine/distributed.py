@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from mmrl.model.loading import warn_cpu_fallback
+from mmrl.model.sequence_parallel import SequenceGroup
 from mmrl_common.errors import ConfigError, MmrlError
 
 T = TypeVar("T")
@@ -164,6 +165,27 @@ class World:
                 f"ranks would span two nodes; use a size that divides the ranks per node "
                 f"({', '.join(map(str, fits))}), or start a multiple of {size} ranks on every node "
                 "(torchrun --nproc-per-node)")
+
+    def sequence_group(self, size: int) -> SequenceGroup | None:
+        """This rank's sequence-parallel group (``train.sequence_parallel_size``): blocks of ``size`` consecutive
+        ranks, each spreading its samples' tokens over its ranks (:mod:`mmrl.model.sequence_parallel`), data
+        parallelism over the blocks. Every rank creates every block's process group (torch's rule for
+        ``new_group``), so every rank calls this alike. None for a size of 1; a size that does not divide the
+        ranks is a :class:`ConfigError`."""
+        size = int(size)
+        if size <= 1:
+            return None
+        if self.size % size:
+            raise ConfigError(f"train.sequence_parallel_size={size} does not divide the {self.size} ranks: each "
+                              f"group takes {size} consecutive ranks; use a divisor of {self.size}, or start a "
+                              f"multiple of {size} ranks")
+        mine = None
+        for first in range(0, self.size, size):
+            ranks = list(range(first, first + size))
+            group = torch.distributed.new_group(ranks) if size < self.size else torch.distributed.group.WORLD
+            if self.rank in ranks:
+                mine = SequenceGroup(rank=self.rank - first, size=size, group=group)
+        return mine
 
     def shard(self, items: Sequence[T], engine_ranks: int = 1) -> list[T]:
         """This rank's contiguous share of ``items`` for work that ends in :meth:`unshard`; with

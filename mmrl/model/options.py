@@ -75,9 +75,12 @@ class RankBinding:
       no collectives (:meth:`mmrl.model.Policy.generation_weights`); None: the weights are whole already.
     * ``gather_params``: ``gather_params(params)`` is a context in which those parameters are whole
       (:func:`mmrl.model.weights.stream_weights` reads the weights through it); None: read as they are.
+    * ``sequence_group``: this rank's sequence-parallel group (:class:`mmrl.model.sequence_parallel.SequenceGroup`,
+      ``train.sequence_parallel_size``): the log-prob passes spread each sequence's tokens over it; None: off.
     """
 
     invariant: str | None = None
     max_int: Callable[[int], int] = _same
     gather_for_generation: Callable[[], Any] | None = None
     gather_params: Callable[[list], Any] | None = None
+    sequence_group: Any = None

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import generation, inputs, logprobs, recurrent, rope
+from . import generation, inputs, logprobs, recurrent, rope, sequence_parallel
 from .options import PolicyOptions, RankBinding
 from .types import EncodedMedia, Generation, MediaInput, MediaStore, TokenSeq
 from .vision import VisionEncoder
@@ -81,7 +81,8 @@ class Policy:
         store (same keys, and a frozen tower's cached features) and rank invariance; whole weights of its own
         (no gathering for generation or weight reads)."""
         return Policy(model, self.processor, options=self.options, media=self.media, load_args=self.load_args,
-                      binding=RankBinding(invariant=self.binding.invariant, max_int=self.binding.max_int))
+                      binding=RankBinding(invariant=self.binding.invariant, max_int=self.binding.max_int,
+                                          sequence_group=self.binding.sequence_group))
 
     def on_encode(self, listener: Callable[[Sequence[MediaInput]], None] | None) -> None:
         """``listener(media)`` after each successful :meth:`encode` (:meth:`VisionEncoder.on_encode`)."""
@@ -194,7 +195,14 @@ class Policy:
         entropy_grad: bool = True, chunk_tokens: int | None = None, shared_prefix: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """``(logps, entropies, mask)`` of each sequence's own tokens, each (B, L)
-        (:func:`mmrl.model.logprobs.forward_logprobs`)."""
+        (:func:`mmrl.model.logprobs.forward_logprobs`; under a sequence-parallel group,
+        :func:`mmrl.model.sequence_parallel.forward_logprobs`: the same values, each rank of the group computing a
+        slice of the tokens)."""
+        group = self.binding.sequence_group
+        if group is not None and group.active:
+            return sequence_parallel.forward_logprobs(self, seqs, group, temperature=temperature,
+                                                      with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                      chunk_tokens=chunk_tokens)
         return logprobs.forward_logprobs(self, seqs, temperature=temperature, with_entropy=with_entropy,
                                          entropy_grad=entropy_grad, chunk_tokens=chunk_tokens,
                                          shared_prefix=shared_prefix)

@@ -212,6 +212,17 @@ def _sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
             is_causal=is_causal and mask is None and query.shape[2] > 1, enable_gqa=True)
         return out.transpose(1, 2)
+    groups = query.shape[1] // key.shape[1]
+    if groups != getattr(module, "num_key_value_groups", groups):
+        # a sequence-parallel rank's share of the heads (mmrl.model.sequence_parallel: key heads repeated to fill
+        # the group): grouped as the shapes say, not as the module's whole heads are (transformers' function
+        # repeats the keys by the module's count)
+        if groups > 1:
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+            is_causal=is_causal and mask is None and query.shape[2] > 1)
+        return out.transpose(1, 2)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
@@ -282,14 +293,32 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
               is_causal: bool | None = None, cu_seq_lens_q: torch.Tensor | None = None,
               cu_seq_lens_k: torch.Tensor | None = None, max_length_q: int | None = None,
               max_length_k: int | None = None, mmrl_key_index: torch.Tensor | None = None,
-              **kwargs: Any) -> tuple[torch.Tensor, None]:
+              mmrl_sequence_group: Any = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature (``query`` ``(batch, heads, q, dim)``, keys and values
     ``(batch, kv_heads, k, dim)``); returns ``((batch, q, heads, dim), None)``.
 
     ``mmrl_key_index`` (with the segment lengths; the model passes its keyword arguments down to every layer):
     the keys and values of the segments are these columns of the packed row's, in order, so a segment can see
     tokens of another besides its own: a shared prompt's continuations, packed after it, each see the prompt and
-    themselves (``cu_seq_lens_k`` counts both), in one pass (:func:`mmrl.model.shared_prefix.one_pass_hidden`)."""
+    themselves (``cu_seq_lens_k`` counts both), in one pass (:func:`mmrl.model.shared_prefix.one_pass_hidden`).
+
+    ``mmrl_sequence_group`` (a :class:`mmrl.model.sequence_parallel.SequenceGroup`, handed to the language model's
+    layers by a sequence-parallel pass): the queries, keys and values are this rank's slice of the packed row's
+    tokens and the segment lengths the whole row's; the heads are exchanged for the tokens with an all-to-all
+    around the segments' attention (Ulysses). The vision tower never gets it (its frames are split whole)."""
+    if mmrl_sequence_group is not None and mmrl_sequence_group.active:
+        if cu_seq_lens_q is None:
+            raise ValueError("sequence-parallel attention needs the whole row's segment lengths (cu_seq_lens_q)")
+        cu_k = cu_seq_lens_k if cu_seq_lens_k is not None else cu_seq_lens_q
+        max_q = max_length_q if max_length_q is not None else int(_lengths(cu_seq_lens_q).max())
+        max_k = max_length_k if max_length_k is not None else int(_lengths(cu_k).max())
+        causal = bool(getattr(module, "is_causal", True)) if is_causal is None else bool(is_causal)
+
+        def whole(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return _segments(module, q, k, v, cu_seq_lens_q, cu_k, max_q, max_k, causal, scaling, dropout,
+                             mmrl_key_index)
+
+        return mmrl_sequence_group.attend(module, query, key, value, whole), None
     causal = bool(getattr(module, "is_causal", True)) if is_causal is None else bool(is_causal)
     if mmrl_key_index is not None and cu_seq_lens_q is None:
         raise ValueError("mmrl_key_index needs the segments' lengths (cu_seq_lens_q / cu_seq_lens_k)")
