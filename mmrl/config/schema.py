@@ -583,6 +583,12 @@ class TrainConfig:
     batch, with far less compute for long (video) prompts and short answers, under activation checkpointing
     too (model.gradient_checkpointing). A token budget (micro_batch_tokens) counts the common prompt once.
     Off: every sequence whole."""
+    sequence_parallel_size: int = 1
+    """Sequence parallelism under torchrun (mmrl.model.sequence_parallel): blocks of this many consecutive ranks
+    each spread every sample's tokens over their ranks in the log-prob passes (Ulysses: an all-to-all over the
+    attention heads; the vision tower split by whole frames), data parallelism over the blocks. Must divide the
+    ranks and the language model's attention heads; needs model.attn_implementation=varlen; a block rolls out
+    its prompts whole on each of its ranks. 1: off."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel where torch has one for the device."""
     dist_timeout_minutes: float = 30
@@ -603,6 +609,10 @@ class TrainConfig:
             from mmrl.config.preflight import check_version
 
             check_version("deepspeed", setting=f"train.deepspeed={self.deepspeed}")
+        if isinstance(self.sequence_parallel_size, bool) or not isinstance(self.sequence_parallel_size, int) \
+                or self.sequence_parallel_size < 1:
+            raise ConfigError(f"train.sequence_parallel_size={self.sequence_parallel_size!r}: must be a whole number "
+                              ">= 1 (1: off), a divisor of the number of ranks")
         if self.offload != "none" and not self.deepspeed:
             raise ConfigError(f"train.offload={self.offload} is DeepSpeed's CPU offload: set train.deepspeed=zero2 "
                               "or zero3 too")
