@@ -51,15 +51,28 @@ as Video-R1's ``accuracy_reward`` (tulerfeng/Video-R1 src/r1-v/src/open_r1/grpo.
 (:func:`~rewards.answers.last_boxed`, braces balanced), ``""`` when there is none (so it scores 0), as ARES's
 and EasyR1's math reward (examples/reward_function/math.py: ``extract_boxed_content(response)``) reads it for
 the ``ares-math`` prompt. ``accuracy`` also takes ``on_unknown_type="raise"|"none"``.
+
+``grader="problem_type"`` (default) scores with the problem type's scorer above; ``grader="mathruler"`` grades
+as ARES's reward does (shawn0728/ARES examples/reward_function/aepo.py, ``accuracy_reward``; EasyR1's
+examples/reward_function/math.py the same): the completion with the white space around ``<``, ``>`` and ``/``
+removed (aepo.py's ``re.sub`` before it reads anything), its answer read by mathruler's
+``extract_boxed_content`` (the last ``\\boxed{`` and its braces counted to the closing one; ``"None"`` when
+there is no box or it never closes) and graded 1/0 by mathruler's ``grade_answer`` against the gold answer
+(any of the accepted answers, :func:`reference_answers`; ARES has one) -- for every problem type, as ARES grades
+every question, except ``temporal_grounding``, whose gold is a span ARES never grades: its IoU stays (our
+choice). It needs ``answer_from="boxed"`` (the reading above; ARES's only one) and the ``mathruler`` package
+(a dependency of mmrl, imported on first use).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from mmrl_common.errors import ConfigError
+from mmrl_common.errors import ConfigError, MmrlError
 from mmrl_common.registry import Registry
 from rewards import answers as A
 from rewards.metrics import rouge_l, temporal_iou, token_f1
@@ -68,6 +81,7 @@ from rewards.video_r1_metrics import ocr_score, rouge_mean
 
 __all__ = [
     "ANSWER_FROM",
+    "GRADERS",
     "NUMERIC_SCORING",
     "SCORED_AS",
     "SCORERS",
@@ -75,6 +89,9 @@ __all__ = [
     "answer_from_settings",
     "available_scorers",
     "get_scorer",
+    "grader_setting",
+    "mathruler_boxed_answer",
+    "mathruler_grade",
     "reference_answers",
     "register_scorer",
     "sample_meta",
@@ -187,13 +204,19 @@ def answer_from_settings(text: str, settings: Mapping[str, Any]) -> str:
     """The answer in a completion, read by :func:`rewards.answers.extract_answer` with the reward's
     ``tag``, ``think_tag`` and ``fallback`` settings (defaults ``answer``, ``think``, ``strip_think``); with
     ``strict_tags`` true, the first complete ``<tag>…</tag>`` block's content or ``""``; with
-    ``answer_from="boxed"`` the last ``\\boxed{...}``'s content or ``""`` (module doc)."""
+    ``answer_from="boxed"`` the last ``\\boxed{...}``'s content or ``""``, and with ``grader="mathruler"`` too
+    as ARES reads it (:func:`mathruler_boxed_answer`) (module doc)."""
     strict = settings.get("strict_tags", False)
     if not isinstance(strict, bool):
         raise ConfigError(f"rewards[].kwargs.strict_tags must be true or false, got {strict!r}")
     source = settings.get("answer_from", "tags")
     if source not in ANSWER_FROM:
         raise ConfigError(f"rewards[].kwargs.answer_from must be one of {', '.join(ANSWER_FROM)}, got {source!r}")
+    if grader_setting(settings) == "mathruler":
+        if source != "boxed":
+            raise ConfigError("rewards[].kwargs.grader: mathruler grades the answer in \\boxed{} as ARES's reward "
+                              f"reads it; set answer_from: boxed (it is {source!r})")
+        return mathruler_boxed_answer(text)
     if source == "boxed":
         return A.last_boxed(text)
     if strict:
@@ -204,6 +227,48 @@ def answer_from_settings(text: str, settings: Mapping[str, Any]) -> str:
         think_tag=settings.get("think_tag", "think"),
         fallback=settings.get("fallback", "strip_think"),
     )
+
+
+GRADERS = ("problem_type", "mathruler")
+"""The values of the ``accuracy`` reward's ``grader`` setting (module doc)."""
+MATHRULER_KEEPS = ("temporal_grounding",)
+"""The problem types ``grader="mathruler"`` leaves to their own scorer: a span, which ARES never grades."""
+# aepo.py (and EasyR1's math.py) remove the white space around these before reading the answer
+_ARES_SPACES = re.compile(r"\s*([<>/])\s*")
+
+
+def grader_setting(settings: Mapping[str, Any]) -> str:
+    """The reward's ``grader`` setting, checked (default ``problem_type``)."""
+    grader = settings.get("grader", "problem_type")
+    if grader not in GRADERS:
+        raise ConfigError(f"rewards[].kwargs.grader must be one of {', '.join(GRADERS)}, got {grader!r}")
+    return grader
+
+
+def _mathruler() -> Any:
+    try:
+        from mathruler import grader  # a dependency of mmrl (pyproject.toml); it imports sympy and pylatexenc
+    except ImportError as exc:
+        raise MmrlError(f"rewards[].kwargs.grader: mathruler needs the mathruler package, which does not import "
+                        f"({exc}): pip install -c constraints.txt mathruler pylatexenc") from None
+    # pylatexenc logs a warning for every malformed LaTeX macro it reads ("\\frac" without its arguments): one a
+    # completion, on stderr; the grade is the same without them
+    logging.getLogger("pylatexenc").setLevel(logging.ERROR)
+    return grader
+
+
+def mathruler_boxed_answer(text: Any) -> str:
+    """The answer ARES's reward grades (shawn0728/ARES examples/reward_function/aepo.py): white space around
+    ``<``, ``>`` and ``/`` removed from the completion, then mathruler's ``extract_boxed_content`` -- the last
+    ``\\boxed{``'s content up to its closing brace, stripped; ``"None"`` when there is none or it never closes."""
+    return _mathruler().extract_boxed_content(_ARES_SPACES.sub(r"\1", "" if text is None else str(text)))
+
+
+def mathruler_grade(prediction: str, row: Mapping[str, Any]) -> float:
+    """1.0 when mathruler's ``grade_answer(prediction, gold)`` holds for one of the sample's accepted answers
+    (:func:`reference_answers`), else 0.0 (ARES's ``accuracy_reward``)."""
+    grade = _mathruler().grade_answer
+    return float(any(grade(prediction, ref) for ref in reference_answers(row)))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -383,6 +448,8 @@ def accuracy(completions: list[Any], **columns: Any) -> list[float | None]:
 
     def one(prediction: str, row: dict[str, Any], settings: dict[str, Any]) -> float | None:
         ptype = row.get("problem_type")
+        if grader_setting(settings) == "mathruler" and ptype not in MATHRULER_KEEPS:
+            return mathruler_grade(prediction, row)
         scorer = SCORERS.find(ptype)
         if scorer is None:
             if on_unknown == "none":

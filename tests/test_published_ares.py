@@ -22,6 +22,7 @@ PUBLISHED = [
     ("rollout.stop", [], "code: vllm_rollout_spmd.py SamplingParams without stop strings"),
     ("prompt.template", "ares-math", "code: config.yaml data.format_prompt examples/format_prompt/math.jinja"),
     ("rewards[0].kwargs.answer_from", "boxed", "code: aepo.py accuracy_reward(extract_boxed_content(response))"),
+    ("rewards[0].kwargs.grader", "mathruler", "code: aepo.py accuracy_reward: mathruler.grader.grade_answer"),
     ("rewards[1].weight", 0.0, "code: aepo.py overall = accuracy + entropy_score (format logged only)"),
     ("train.prompts_per_step", 512, "code: config.yaml data.rollout_batch_size"),
     ("grpo.ppo_mini_batch_size", 128 * 8, "code: config.yaml actor.global_batch_size 128 prompts x n 8"),

@@ -64,6 +64,8 @@ WHEELS = {
     "math-verify": "0.9.0",  # LaTeX numbers in answers (rewards/answers.py, on first use)
     "latex2sympy2-extended": "1.11.0",  # math-verify's parser
     "antlr4-python3-runtime": "4.13.2",  # latex2sympy2-extended's parser runtime
+    "mathruler": "0.1.0",  # ARES's grader (rewards/accuracy.py grader: mathruler, on first use); 15 KB
+    "pylatexenc": "2.11",  # mathruler's LaTeX reader (mathruler declares no requirements; sympy is the image's)
     # DeepSpeed's (the deepspeed stage; mmrl imports it where it is installed)
     "hjson": "3.1.0", "pydantic": "2.14.3", "pydantic-core": "2.50.4", "annotated-types": "0.8.0",
     "typing-inspection": "0.4.5", "typing-extensions": "4.16.0",  # pydantic wants >=4.16; the image's is unread
