@@ -1,4 +1,8 @@
-"""Small text and time metrics used by the rewards (pure functions, no dependencies)."""
+"""Small text and time metrics used by the rewards (pure functions, no dependencies).
+
+The BLEU and ROUGE scorers here equal ``nltk``'s ``sentence_bleu`` and ``rouge_score``'s F-measures on the same
+tokens, pinned on random text pairs by tests/test_metric_pins.py; each docstring says where mmrl's differ by design.
+"""
 
 from __future__ import annotations
 
@@ -53,9 +57,14 @@ def llava_med_overlap(prediction: Any, reference: Any) -> tuple[float, float, fl
 
 
 def bleu1(prediction: Any, reference: Any) -> float:
-    """Sentence BLEU-1 as NLTK computes it with weights (1, 0, 0, 0): BP · p₁, where p₁ is the clipped
-    unigram precision and BP = 1 if c > r else exp(1 − r/c) (c, r: prediction and reference lengths).
-    An empty prediction or reference scores 0."""
+    """Sentence BLEU-1 as NLTK computes it with weights (1, 0, 0, 0) and no smoothing (microsoft/LLaVA-Med
+    llava/eval/run_eval.py's call): BP · p₁, where p₁ is the clipped unigram precision and BP = 1 if c > r else
+    exp(1 − r/c) (c, r: prediction and reference lengths). An empty prediction or reference scores 0.
+
+    The tokens are mmrl's normaliser's (:func:`rewards.answers.text_tokens`). LLaVA-Med splits the output of its
+    VQA normaliser (eval_metrics/glossary.py ``normalize_word``) on white space: both drop articles and
+    punctuation, but there number words become digits ("two" is "2") and contractions keep their apostrophe, so
+    "two masses" against "2 masses" scores 0.5 here and 1.0 there."""
     p, r = _tokens(prediction), _tokens(reference)
     if not p or not r:
         return 0.0
@@ -71,7 +80,8 @@ def bleu(prediction: Any, reference: Any, *, max_n: int = 1) -> float:
     """Sentence BLEU with uniform weights 1/``max_n`` over 1..``max_n``-grams and no smoothing, as NLTK's
     ``sentence_bleu`` computes it: BP · exp(Σ_k log p_k / max_n), p_k the clipped k-gram precision,
     BP = 1 if c > r else exp(1 − r/c). Any p_k = 0 (e.g. a prediction shorter than ``max_n`` tokens) gives
-    0, which is why BLEU-4 collapses on one- or two-word answers. ``max_n=1`` is :func:`bleu1`."""
+    0, which is why BLEU-4 collapses on one- or two-word answers (NLTK gives such an order the precision
+    ``sys.float_info.min``: a score of about 1e-77 where this gives 0). ``max_n=1`` is :func:`bleu1`."""
     if max_n < 1:
         raise ValueError(f"BLEU max_n must be >= 1, got {max_n}")
     p, r = _tokens(prediction), _tokens(reference)
@@ -93,8 +103,11 @@ def bleu(prediction: Any, reference: Any, *, max_n: int = 1) -> float:
 
 def rouge_n(prediction: Any, reference: Any, *, n: int = 1) -> float:
     """ROUGE-N F1 over normalised tokens: overlap = clipped count of shared n-grams, P = overlap/#pred n-grams,
-    R = overlap/#ref n-grams, F = 2PR/(P+R) (the ``rouge`` package's F-score). Both empty → 1.0; no n-gram on
-    one side → 0.0."""
+    R = overlap/#ref n-grams, F = 2PR/(P+R) -- ``rouge_score``'s ROUGE-N F-measure given these tokens. No n-gram on
+    one side → 0.0. Differences by design: the tokens are mmrl's normaliser's (:func:`rewards.answers.text_tokens`:
+    articles dropped, numbers whole, no stemming; ``rouge_score``'s own tokenizer keeps articles, splits "3.5"
+    and can stem), and two texts without a token score 1.0 (SQuAD's convention, as :func:`token_f1`;
+    ``rouge_score``: 0.0)."""
     p, r = _tokens(prediction), _tokens(reference)
     if not p and not r:
         return 1.0
@@ -128,7 +141,8 @@ def lcs_length(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 def rouge_l(prediction: Any, reference: Any, *, beta: float = 1.0) -> float:
     """ROUGE-L F-measure over normalised tokens: P = LCS/|pred|, R = LCS/|ref|,
-    F = (1+β²)·P·R / (R + β²·P). ``beta=1`` (default) is the harmonic mean. Both empty → 1.0."""
+    F = (1+β²)·P·R / (R + β²·P). ``beta=1`` (default) is the harmonic mean, ``rouge_score``'s ROUGE-L F-measure
+    given these tokens; the tokens and the two empty texts (1.0) differ from it as :func:`rouge_n` says."""
     p, r = _tokens(prediction), _tokens(reference)
     if not p or not r:
         return float(p == r)

@@ -49,7 +49,8 @@ def _scorer(use_stemmer: bool) -> Any:
 def rouge_mean(prediction: Any, reference: Any, *, use_stemmer: bool = True) -> float:
     """Video-R1's free-form accuracy: the mean of the ROUGE-1, ROUGE-2 and ROUGE-L F-measures of the
     prediction against the reference (``rouge-score``'s tokenizer: lower-case, alphanumeric words; Porter
-    stemming), clipped to [0, 1]."""
+    stemming), clipped to [0, 1]: ``RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True).score(reference,
+    prediction)`` as grpo.py's ``compute_rouge_score`` calls it (pinned in tests/test_metric_pins.py)."""
     scores = _scorer(bool(use_stemmer)).score(str(reference), str(prediction))
     mean = (scores["rouge1"].fmeasure + scores["rouge2"].fmeasure + scores["rougeL"].fmeasure) / 3
     return max(0.0, min(1.0, mean))
