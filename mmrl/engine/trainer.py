@@ -75,6 +75,7 @@ from mmrl.grpo.kl import kl_in_reward
 from mmrl.grpo.shaping import ShapingInput
 from mmrl.model import Policy, RankBinding, TokenSeq, router_loss
 from mmrl.model.lora import AdapterReference, has_lora
+from mmrl.model.sequence_parallel import check_policy as check_sequence_parallel
 from mmrl_common.errors import ConfigError, MediaError, MmrlError
 
 LOSS_TERMS = ("loss", "pg_loss", "kl_loss")
@@ -137,6 +138,18 @@ class GRPOTrainer:
                                      entropies=r.record_entropies)
         self.env_cls = get_environment(r.environment) if r.environment else None
         self._tp = int(getattr(self.backend, "tensor_parallel_size", 1))  # ranks per rollout engine
+        # train.sequence_parallel_size: this rank's group (None: off); a group rolls out its prompts together, as one
+        # data-parallel rank, and spreads each sample's tokens over its ranks in the log-prob passes
+        self._sp = self.world.sequence_group(cfg.train.sequence_parallel_size)
+        sp_size = self._sp.size if self._sp is not None else 1
+        if sp_size > 1:
+            check_sequence_parallel(policy, sp_size)
+            if self._tp > 1 and self._tp != sp_size:
+                raise ConfigError(f"train.sequence_parallel_size={sp_size} with rollout.vllm.tensor_parallel_size="
+                                  f"{self._tp}: a sequence-parallel group must be one rollout engine's ranks; use "
+                                  "the same size for both, or one of them 1")
+        self._block = max(self._tp, sp_size)  # ranks that roll out the same prompts
+        self._sp_lead = self._sp is None or self._sp.rank == 0  # counts its group's rows and statistics once
         self._base_grpo = cfg.grpo
         self._base_rewards = [to_dict(spec) for spec in cfg.rewards]
         self.rewards = CombinedReward(self._base_rewards)
@@ -148,6 +161,10 @@ class GRPOTrainer:
         self.sampler = self._make_sampler()
         # a mixture-of-experts policy's router load-balancing loss, added to the policy loss (0: off)
         self.router_aux_coef = router_loss.resolve_coef(cfg.model.router_aux_loss_coef, policy.model)
+        if self.router_aux_coef > 0 and self._sp is not None:
+            raise ConfigError(f"train.sequence_parallel_size={self._sp.size}: the router load-balancing loss "
+                              f"(model.router_aux_loss_coef={self.router_aux_coef:g}) is a function of every token's "
+                              "routing, which a rank of the group sees a slice of; set model.router_aux_loss_coef=0")
         if not any(p.requires_grad for p in policy.model.parameters()):
             raise MmrlError("nothing to train: model.freeze_vision, freeze_merger and freeze_llm are all on")
         t = cfg.train
@@ -180,7 +197,7 @@ class GRPOTrainer:
         policy.bind_ranks(RankBinding(
             invariant=invariant, max_int=self.world.max_int,
             gather_for_generation=self.updater.gathered_for_generation if sharded else None,
-            gather_params=self.updater.gather_params if sharded else None))
+            gather_params=self.updater.gather_params if sharded else None, sequence_group=self._sp))
         if ref_model is not None:  # a copy of the model (not LoRA's adapters-off view of the policy)
             self.ref = self.policy.reference(self.updater.wrap_reference(ref_model))
         # train.lr_schedule over train.steps; a curriculum stage may restart it (set_stage)
@@ -203,7 +220,7 @@ class GRPOTrainer:
         w, t = self.world, self.cfg.train
         if not w.active:
             return
-        _, blocks, _ = w.block(self._tp)
+        _, blocks, _ = w.block(self._block)
         if t.prompts_per_step < blocks:
             raise ConfigError(f"train.prompts_per_step={t.prompts_per_step} is below the {blocks} rollout ranks: each "
                               f"rolls out whole prompts; use at least {blocks}")
@@ -438,8 +455,10 @@ class GRPOTrainer:
         n = n or self.cfg.rollout.group_size
         indices = list(indices)
         # this rank's contiguous share of the prompts (may be empty); the ranks of a tensor-parallel engine's
-        # block (rollout.vllm.tensor_parallel_size) share one share, so they call the engine in lockstep
-        tp = self._tp
+        # block (rollout.vllm.tensor_parallel_size) share one share, so they call the engine in lockstep; so do
+        # the ranks of a sequence-parallel group (train.sequence_parallel_size), each generating the same
+        # rollouts (same prompts, same seeds; one copy is kept) and encoding the same media for its passes
+        tp = self._block
         index, count, _ = self.world.block(tp)
         mine = World(rank=index, size=count).share(len(indices))
         with self.rollout_session():
@@ -454,9 +473,11 @@ class GRPOTrainer:
             else:
                 episodes = self._episodes(prompts, n) if prompts else []
             batch = RolloutBatch.from_episodes(episodes, [p.index for p in prompts], n)
-            # who trains each row: its rank, or in a block, the member the row's group falls to (contiguous)
+            # who trains each row: its rank, or in a block, the member the row's group falls to (contiguous); a
+            # sequence-parallel group trains its rows together (recorded as its first rank)
             groups = max(1, batch.n_groups)
-            batch.extra["rank"] = index * tp + batch.group_index * tp // groups
+            spread = 1 if self._sp is not None else tp
+            batch.extra["rank"] = index * tp + batch.group_index * spread // groups
             if hooks and len(batch):
                 self._hook("after_rollout", batch)
             self.score(batch)
@@ -563,7 +584,7 @@ class GRPOTrainer:
                 seqs, width = batch.micro_batch(idx) if not dummy else ([self._dummy_seq()], 2)
                 lp, ent, _ = policy.forward_logprobs(seqs, temperature=self.cfg.rollout.temperature,
                                                      with_entropy=entropies)
-                if dummy:
+                if dummy or not self._sp_lead:  # a sequence-parallel group's rows: filled once, by its first rank
                     continue
                 logps[idx, :width] = lp.float().cpu()
                 if ents is not None:
@@ -583,9 +604,12 @@ class GRPOTrainer:
         if not self.world.active:
             return [(c, False) for c in self._chunks(rows, batch)]
         owner = batch.extra["rank"]
-        # every rank holds the whole batch (its lengths too), so each computes every rank's chunks alike
-        per_rank = [self._chunks([i for i in rows if int(owner[i]) == r], batch) for r in range(self.world.size)]
-        mine = [(c, False) for c in per_rank[self.world.rank]]
+        # every rank holds the whole batch (its lengths too), so each computes every rank's chunks alike; the ranks
+        # of a sequence-parallel group run the same chunks (each a slice of their tokens)
+        sp = self._sp.size if self._sp is not None else 1
+        per_rank = [self._chunks([i for i in rows if int(owner[i]) // sp == r], batch)
+                    for r in range(self.world.size // sp)]
+        mine = [(c, False) for c in per_rank[self.world.rank // sp]]
         most = max(len(c) for c in per_rank)
         return mine + [([], True)] * (most - len(mine))
 
@@ -690,6 +714,8 @@ class GRPOTrainer:
                 self.recent_updates = [*self.recent_updates, grad_norm is None][-SKIP_WINDOW:]
                 self.updater.zero_grad()
         sums, gap_sum, gap_tokens = self._sums.read()
+        if not self._sp_lead:  # the ranks of a sequence-parallel group computed the same loss: counted once
+            sums, gap_sum, gap_tokens = {k: 0.0 for k in sums}, 0.0, 0.0
         stats: dict[str, Any] = dict(self.world.sum_stats(sums))
         if batch.rollout_logprobs is not None:  # mean |training - rollout| log-prob per token
             gap = self.world.sum_stats({"sum": gap_sum, "tokens": gap_tokens})
