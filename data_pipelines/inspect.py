@@ -145,9 +145,10 @@ def _probe(p: str, kind: str, stats: dict[str, list[float]], report: InspectRepo
     at = f"{where}: " if where else ""
     try:
         if kind == "video":
+            from video.decoders import DEFAULT_DECODE_TIMEOUT
             from video.reader import open_video
 
-            with open_video(p) as r:
+            with open_video(p, timeout=DEFAULT_DECODE_TIMEOUT) as r:
                 for key, value in (("duration_s", r.duration), ("fps", r.fps), ("width", r.width),
                                    ("height", r.height), ("num_frames", r.num_frames)):
                     stats[key].append(float(value))
@@ -185,9 +186,10 @@ def _sample_frames(sample: Sample, frames: int) -> tuple[list[np.ndarray], list[
     for item in sample.media:
         try:
             if item.type == "video":
+                from video.decoders import DEFAULT_DECODE_TIMEOUT
                 from video.reader import open_video
 
-                with open_video(item.path) as r:
+                with open_video(item.path, timeout=DEFAULT_DECODE_TIMEOUT) as r:
                     idx = np.unique(np.linspace(0, max(0, r.num_frames - 1), frames).round().astype(int)).tolist()
                     arr = r.get_frames(idx)
                     fps = float(r.fps) or 1.0

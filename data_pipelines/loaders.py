@@ -557,8 +557,9 @@ class RecordChecker:
     def __init__(self, path: Path, *, record_format: str = "auto", columns: Mapping[str, str] | None = None,
                  base_dir: Path | None = None, media: str | None = None, progress: bool = False,
                  max_question_chars: int | None = DEFAULT_MAX_QUESTION_CHARS,
-                 cap_hint: str = MAX_QUESTION_HINT) -> None:
+                 cap_hint: str = MAX_QUESTION_HINT, decoding: Mapping[str, Any] | None = None) -> None:
         self.path = path
+        self.decoding = dict(decoding or {})  # check_files' decoder and decode_timeout (a run's data.media)
         self.max_question_chars = max_question_chars  # None: no cap
         self.cap_hint = cap_hint
         self.progress = progress  # a progress bar while media files are checked
@@ -586,7 +587,7 @@ class RecordChecker:
 
         good = [c for c in checked if c.sample is not None]
         reasons = check_samples_media([c.sample for c in good], self.base_dir, decode=(self.media == "decode"),
-                                      cache=self.media_cache, progress=self.progress)
+                                      cache=self.media_cache, progress=self.progress, **self.decoding)
         for c, found in zip(good, reasons):
             c.problems.extend(Problem(c.file, c.line, c.sample.id, "media", r, c.unit) for r in found)
 
@@ -693,6 +694,7 @@ def load_samples(
     progress: bool = False,
     skip_hint: str = "pass on_bad_sample='skip'",
     max_question_chars: int | None = DEFAULT_MAX_QUESTION_CHARS,
+    decoding: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Read every record of ``path`` into :class:`Sample` objects.
 
@@ -700,7 +702,8 @@ def load_samples(
     "meta.difficulty"}``). Relative media paths resolve against ``media_root`` if given, else the dataset
     file's folder (the folder itself for a ``datasets`` folder, its ``DatasetDict`` folder for a split's own
     folder); with ``resolve_paths`` the loaded samples carry the resolved paths. ``check_media``: ``False``; ``True``/``"exists"`` (each file exists and is
-    not empty); ``"decode"`` (each file is opened and decoded, as ``mmrl data validate`` does).
+    not empty); ``"decode"`` (each file is opened and decoded, as ``mmrl data validate`` does; ``decoding``:
+    ``{"decoder", "decode_timeout"}`` as a run's ``data.media`` sets them).
     ``split`` picks a split of a dataset with several (a ``DatasetDict`` folder, a Hub folder), as ``PATH:SPLIT``
     does; else ``role`` (``"train"``, ``"val"``, ``"test"``) picks the split for that use (:data:`ROLE_SPLITS`);
     several splits and neither: :class:`DataError` naming them. ``result.split`` is the split read. Media files are checked all at once, in parallel,
@@ -718,7 +721,7 @@ def load_samples(
                         files=[p.path for p in parts])
     mode = "exists" if check_media is True else (check_media or None)
     checker = RecordChecker(path, record_format=rec_fmt, columns=columns, base_dir=base_dir, media=mode,
-                            progress=progress, max_question_chars=max_question_chars)
+                            progress=progress, max_question_chars=max_question_chars, decoding=decoding)
     for checked in checker.run(iter_parts(parts)):
         result.total += 1
         sample = checked.sample

@@ -35,28 +35,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmrl_common.errors import DataError, MediaError
+from mmrl_common.errors import ConfigError, DataError, MediaError
+from video.decoders import DEFAULT_DECODE_TIMEOUT
 
 from .schema import MediaItem, Sample, check_media_item, guess_media_type
 
 CACHE_FILE = "media-check.json"
 
 
-def check_media_file(path: str | Path, kind: str, *, decode: bool = True) -> str | None:
-    """The reason ``path`` is not a usable ``kind`` ("image"/"video") file, or None when it is."""
-    return probe_media_file(path, kind, decode=decode)[0]
+def check_media_file(path: str | Path, kind: str, *, decode: bool = True, decoder: str = "auto",
+                     decode_timeout: float | None = DEFAULT_DECODE_TIMEOUT) -> str | None:
+    """The reason ``path`` is not a usable ``kind`` ("image"/"video") file, or None when it is. A video is decoded
+    with ``decoder`` (``data.media.decoder``), each call into it bounded by ``decode_timeout`` seconds
+    (``data.media.decode_timeout``)."""
+    return probe_media_file(path, kind, decode=decode, decoder=decoder, decode_timeout=decode_timeout)[0]
 
 
-def probe_media_file(path: str | Path, kind: str, *, decode: bool = True) -> tuple[str | None, dict[str, Any] | None]:
+def probe_media_file(path: str | Path, kind: str, *, decode: bool = True, decoder: str = "auto",
+                     decode_timeout: float | None = DEFAULT_DECODE_TIMEOUT
+                     ) -> tuple[str | None, dict[str, Any] | None]:
     """:func:`check_media_file`'s reason, and what decoding a good file found: ``{"width", "height"}`` and, of a
     video, ``{"frames", "fps"}`` (None for bad files and unopened ones), against which a record's sampling window
     is checked."""
     facts: dict[str, Any] = {}
-    reason = _check_file(Path(path), kind, decode, facts)
+    reason = _check_file(Path(path), kind, decode, facts, decoder, decode_timeout)
     return reason, (facts or None) if reason is None else None
 
 
-def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str | None:
+def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any], decoder: str = "auto",
+                decode_timeout: float | None = DEFAULT_DECODE_TIMEOUT) -> str | None:
     try:
         os.stat(p)
     except FileNotFoundError:
@@ -94,7 +101,7 @@ def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str 
         elif kind == "video":
             from video.reader import open_video
 
-            with open_video(p) as reader:
+            with open_video(p, backend=decoder, timeout=decode_timeout) as reader:  # type: ignore[arg-type]
                 n = int(reader.num_frames)
                 if n <= 0:
                     return f"video has no frames: {p}; re-encode it"
@@ -105,6 +112,8 @@ def _check_file(p: Path, kind: str, decode: bool, facts: dict[str, Any]) -> str 
                 return f"video decoded {len(frames)} of frames {idx}: {p}; the file looks truncated, re-encode it"
         else:
             return f"unknown media type {kind!r} for {p}"
+    except ConfigError:  # a decoder that cannot run here (torchcodec without FFmpeg): the setup, not the file
+        raise
     except MediaError as exc:
         reason = short_reason(exc.reason, p)
         if kind == "image" and guess_media_type(str(p)) == "video":
@@ -132,7 +141,7 @@ def _shape_problem(p: Path, kind: str, facts: dict[str, Any]) -> str | None:
             f"{MAX_RATIO}:1 Qwen-VL's resize takes; crop or pad it")
 
 
-_NOT_CORRUPTION = ("not a video", "too large to decode", "cannot open the video file", "cannot open the image file",
+_NOT_CORRUPTION = ("not a video", "too large to decode", "decoding took longer than", "cannot open the video file", "cannot open the image file",
                    "cannot read the image file")
 """Reasons of a decoder's MediaError that say what the file is (an image named .mp4, a decompression bomb, a
 symlink loop, no permission) rather than that it is damaged."""
@@ -174,8 +183,15 @@ def quiet_native_stderr() -> Iterator[Any]:
             real.close()
 
 
-def _cache_key(path: str, kind: str, decode: bool) -> str:
-    return f"{kind}:{'decode' if decode else 'exists'}:{path}"
+def _cache_key(path: str, kind: str, decode: bool, decoder: str = "auto") -> str:
+    how = "exists" if not decode else "decode" if decoder == "auto" or kind != "video" else f"decode-{decoder}"
+    return f"{kind}:{how}:{path}"  # a verdict is the decoder's: auto's key as before the setting existed
+
+
+def _lasting(reason: str | None) -> bool:
+    """Whether a verdict holds for the file's content whatever the machine's load: not a decode past its timeout
+    (video.reader.within's words)."""
+    return reason is None or "(data.media.decode_timeout)" not in reason
 
 
 DIGEST_WINDOW = 64 * 1024
@@ -297,8 +313,8 @@ def spread_checks(spread: Spread) -> Iterator[None]:
 
 def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True, workers: int | None = None,
                 cache_file: Path | None | bool = True, progress: bool = False, desc: str = "check media",
-                facts: dict[tuple[str, str], dict[str, Any] | None] | None = None
-                ) -> dict[tuple[str, str], str | None]:
+                facts: dict[tuple[str, str], dict[str, Any] | None] | None = None, decoder: str = "auto",
+                decode_timeout: float | None = DEFAULT_DECODE_TIMEOUT) -> dict[tuple[str, str], str | None]:
     """``{(path, kind): reason or None}`` for every ``(path, kind)``; checked on ``workers`` threads (default:
     the CPU count, 2 to 8, divided among the processes on this machine when the check is spread) with the
     decoders' console messages held back. ``cache_file``: True for the mmrl cache's ``media-check.json``, a
@@ -306,6 +322,8 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
     processes, which must all pass the same files (the same kinds and sizes in the same order; the paths may
     differ, as a toy world in each machine's own cache does): a difference raises :class:`DataError` on
     every process. ``facts``, when given, is filled with what :func:`probe_media_file` found of each file.
+    Videos are decoded with ``decoder`` within ``decode_timeout`` seconds a call (:func:`check_media_file`); a
+    video's verdict is cached per decoder, and a decode past the timeout is not cached (it may pass another time).
     """
     todo = list(dict.fromkeys((str(p), k) for p, k in files))
     cache = CheckCache(default_cache_file() if cache_file is True else (cache_file or None))
@@ -314,7 +332,7 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
     pending: list[int] = []  # indices into todo
     for i, (path, kind) in enumerate(todo):
         stamps[(path, kind)] = stamp = CheckCache.stamp(path)
-        hit, reason, found = cache.get(_cache_key(path, kind, decode), stamp)
+        hit, reason, found = cache.get(_cache_key(path, kind, decode, decoder), stamp)
         if hit:
             out[(path, kind)] = reason
             if facts is not None:
@@ -335,7 +353,8 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
 
             bar = tqdm(total=len(mine), desc=desc, unit="file", leave=False, disable=not progress, file=console)
             with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
-                for i, verdict in zip(mine, pool.map(lambda i: probe_media_file(*todo[i], decode=decode), mine)):
+                for i, verdict in zip(mine, pool.map(lambda i: probe_media_file(
+                        *todo[i], decode=decode, decoder=decoder, decode_timeout=decode_timeout), mine)):
                     verdicts[i] = verdict
                     bar.update(1)
             bar.close()
@@ -347,7 +366,8 @@ def check_files(files: Iterable[tuple[str | Path, str]], *, decode: bool = True,
         out[key] = reason
         if facts is not None:
             facts[key] = found
-        cache.put(_cache_key(*key, decode), stamps[key], reason, found)
+        if _lasting(reason):
+            cache.put(_cache_key(*key, decode, decoder), stamps[key], reason, found)
     if verdicts and (spread is None or spread.save):
         try:
             cache.save()

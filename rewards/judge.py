@@ -212,6 +212,7 @@ def media_images(media: list[Mapping[str, Any]], *, frames: int, max_side: int) 
     from PIL import Image
 
     from mmrl_common.errors import MediaError
+    from video.decoders import DEFAULT_DECODE_TIMEOUT
     from video.reader import open_video
     from vision.io import open_image, to_rgb
 
@@ -222,7 +223,7 @@ def media_images(media: list[Mapping[str, Any]], *, frames: int, max_side: int) 
             if m.get("type") == "image":
                 pictures = [to_rgb(open_image(path))]
             else:
-                with open_video(path) as reader:
+                with open_video(path, timeout=DEFAULT_DECODE_TIMEOUT) as reader:  # a hung decoder: a Failed
                     n = reader.num_frames
                     idx = np.unique(np.linspace(0, n - 1, num=min(frames, n)).round().astype(int))
                     pictures = [Image.fromarray(f) for f in reader.get_frames(idx)]

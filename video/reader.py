@@ -245,6 +245,7 @@ def _decoder_reason(exc: BaseException) -> str:
     text = re.split(r"\n|Stack trace", text.strip())[0]
     text = re.sub(r"Check failed: .*?\(-?\d+ vs\. -?\d+\)\s*", "", text)
     text = re.sub(r"^\[Errno -?\d+\] ", "", text)
+    text = re.sub(r"^(\w+, )?\S+\.(cc|cpp|h):\d+, ", "", text)  # torchcodec's "Class, file.cpp:41, " before its words
     text = re.sub(r": '[^']*'$", "", text).strip(" :")
     return text or type(exc).__name__
 
@@ -546,9 +547,8 @@ class TorchCodecReader(VideoReader):
                 meta = self._decoder.metadata
                 self.num_frames = len(self._decoder)
         except Exception as exc:  # torchcodec raises RuntimeError/ValueError with FFmpeg's words
-            raise MediaError(
-                self.path, f"cannot open the video (truncated or corrupt?): torchcodec: {_decoder_reason(exc)}"
-            ) from exc
+            said = _decoder_reason(exc).replace(f"{self.path} ", "").replace(str(self.path), "the file")
+            raise MediaError(self.path, f"cannot open the video (truncated or corrupt?): torchcodec: {said}") from exc
         fps = next((float(f) for f in (meta.average_fps_from_header, meta.average_fps) if f and f > 0), 0.0)
         if self.num_frames <= 0 or not np.isfinite(fps) or fps <= 0:
             raise MediaError(self.path, f"torchcodec reports {self.num_frames} frames at {fps} fps")
@@ -596,8 +596,15 @@ def open_video(path: str | os.PathLike[str], backend: Backend = "auto", *, timeo
             try:
                 return _open(PyAVReader, p, timeout)
             except MediaError as exc:
-                decord_said = decord_error.reason.split("decord: ", 1)[-1]  # the same "cannot open" said once
-                raise MediaError(p, f"{exc.reason}; decord also failed: {decord_said}") from exc
+                if isinstance(decord_error, DecodeTimeoutError):
+                    if isinstance(exc, DecodeTimeoutError):  # both ran past it: one timeout, said once
+                        raise DecodeTimeoutError(p, exc.reason.replace(" with pyav", " with decord, then with pyav", 1)
+                                                 ) from exc
+                    decord_said = f"it took longer than {timeout:g} s (data.media.decode_timeout)"
+                else:
+                    decord_said = decord_error.reason.split("decord: ", 1)[-1]  # the same "cannot open" said once
+                kind = DecodeTimeoutError if isinstance(exc, DecodeTimeoutError) else MediaError
+                raise kind(p, f"{exc.reason}; decord also failed: {decord_said}") from exc
     return _open(PyAVReader, p, timeout)
 
 

@@ -133,7 +133,7 @@ class BenchMediaPreparer(MediaPreparer):
         path = Path(item.path)
         reader = FrameFolderReader(path, float(folder_fps or 3.0)) if path.is_dir() else None
         try:
-            reader = reader or open_video(path)
+            reader = reader or open_video(path, backend=self.cfg.decoder, timeout=self.cfg.decode_timeout)
         except (OSError, RuntimeError, ValueError) as exc:
             raise MediaError(item.path, str(exc)) from exc
         try:

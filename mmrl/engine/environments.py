@@ -100,10 +100,8 @@ class ZoomEnvironment(Environment):
         video = first.data
         stamps = list(video.timestamps)
         target = at if at is not None else stamps[len(stamps) // 2]
-        if video.path:  # zoom into the source frame at full resolution
-            from video import open_video
-
-            with open_video(video.path) as reader:
+        if video.path:  # zoom into the source frame at full resolution (the run's decoder and timeout)
+            with video.reopen() as reader:
                 target = min(max(target, 0.0), reader.duration)
                 frames, _ = reader.get_frames_at([target])
             return Image.fromarray(frames[0])

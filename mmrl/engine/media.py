@@ -82,7 +82,8 @@ class MediaPreparer:
 
             start, end = opts.pop("start", None), opts.pop("end", None)
             try:
-                data = sample_video(item.path, self.cfg.video_policy, start=start, end=end, **opts)
+                data = sample_video(item.path, self.cfg.video_policy, start=start, end=end, backend=self.cfg.decoder,
+                                    decode_timeout=self.cfg.decode_timeout, **opts)
             except ValueError as exc:
                 raise MediaError(item.path, str(exc)) from exc
             except (OSError, RuntimeError, EOFError, MemoryError) as exc:  # a decoder's own error that got past

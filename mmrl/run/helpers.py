@@ -78,7 +78,8 @@ def load_split(cfg: RunConfig, split: str, *, show_progress: bool = True) -> tup
                           media_root=cfg.data.media_root, on_bad_sample=cfg.data.on_bad_sample,
                           check_media=check or False, progress=show_progress,
                           skip_hint="pass data.on_bad_sample=skip",
-                          max_question_chars=cfg.data.max_question_chars, role=split)
+                          max_question_chars=cfg.data.max_question_chars, role=split,
+                          decoding={"decoder": cfg.data.media.decoder, "decode_timeout": cfg.data.media.decode_timeout})
     samples = list(result.samples)
     left_out: dict[str, int] = {}  # good records the run's settings leave out, by setting
     if cfg.data.toy_tasks and cfg.data.train is None and getattr(cfg.data, split) is None:  # toy-world settings

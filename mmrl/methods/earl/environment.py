@@ -308,7 +308,6 @@ class FrameSelectionEnvironment(Environment):
         return self._resample(chosen)
 
     def _resample(self, chosen: list[int]) -> Observation | None:
-        from video import open_video
         from video.resample import resample_video
 
         round_ = self.info["rounds"] + 1
@@ -328,7 +327,7 @@ class FrameSelectionEnvironment(Environment):
             key = json.dumps([data.path, self.current, chosen, self.max_new_frames, args], sort_keys=True)
             found = RESAMPLED.get(key)
             if found is None:
-                with open_video(data.path) as reader:
+                with data.reopen() as reader:  # the decoder and timeout the video was first decoded with
                     found = resample_video(reader, self.current, [i - 1 for i in chosen], self.max_new_frames,
                                            **args)
                 RESAMPLED.put(key, found)
