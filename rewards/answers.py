@@ -129,10 +129,12 @@ def extract_answer(
 
 
 def first_tag_block(text: Any, *, tag: str = "answer") -> str:
-    """The stripped content of the first complete ``<tag>…</tag>`` block (case-insensitive, across lines), or
-    ``""`` when there is none: the strict reading of Video-R1's and Temporal-R1's rewards (``re.search``)."""
+    """The stripped content of the first complete ``<tag>…</tag>`` block (across lines; the tags as written,
+    case counts), or ``""`` when there is none: the strict reading of Video-R1's and Temporal-R1's rewards
+    (``re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)``: ``<ANSWER>`` is no block there)."""
     s = "" if text is None else str(text)
-    found = _tag_patterns(tag, "think")[0].search(s)
+    t = re.escape(tag)
+    found = re.search(rf"<{t}>(.*?)</{t}>", s, re.DOTALL)
     return found.group(1).strip() if found else ""
 
 

@@ -85,7 +85,7 @@ def _source_multiple_choice(content: str, solution: str) -> float:
 
 def test_multiple_choice_scores_as_video_r1_on_random_answers() -> None:
     """The recipe's accuracy reward against the source's rule on random answers, the forms the source scores 0
-    ("B.", "b", "(B)", "B. blue", an answer outside the tags) among them."""
+    ("B.", "b", "(B)", "B. blue", an answer outside the tags, tags in capitals) among them."""
     import random
 
     from rewards import CombinedReward
@@ -100,7 +100,8 @@ def test_multiple_choice_scores_as_video_r1_on_random_answers() -> None:
         letter = rng.choice("ABCD")
         said = rng.choice("ABCD") if rng.random() < 0.3 else letter
         body = rng.choice(forms).format(L=said, l=said.lower(), text=options["ABCD".index(said)][3:])
-        wrap = rng.choice(["<think>x</think><answer>{}</answer>", "<answer>{}</answer> trailing", "{}"])
+        wrap = rng.choice(["<think>x</think><answer>{}</answer>", "<answer>{}</answer> trailing", "{}",
+                           "<think>x</think><ANSWER>{}</ANSWER>", "<Answer>{}</Answer>"])  # re.search: case counts
         completions.append(wrap.format(body))
         golds.append(letter)
     n = len(completions)
