@@ -58,10 +58,11 @@ examples/reward_function/math.py the same): the completion with the white space 
 removed (aepo.py's ``re.sub`` before it reads anything), its answer read by mathruler's
 ``extract_boxed_content`` (the last ``\\boxed{`` and its braces counted to the closing one; ``"None"`` when
 there is no box or it never closes) and graded 1/0 by mathruler's ``grade_answer`` against the gold answer
-(any of the accepted answers, :func:`reference_answers`; ARES has one) -- for every problem type, as ARES grades
-every question, except ``temporal_grounding``, whose gold is a span ARES never grades: its IoU stays (our
-choice). It needs ``answer_from="boxed"`` (the reading above; ARES's only one) and the ``mathruler`` package
-(a dependency of mmrl, imported on first use).
+-- for every problem type, as ARES grades every question, except ``temporal_grounding``, whose gold is a span
+ARES never grades: its IoU stays (our choice). Where ARES has one answer string, mmrl may have more: any of the
+accepted answers passes, and so does a multiple-choice question's gold option text
+(:func:`mathruler_references` says why). It needs ``answer_from="boxed"`` (the reading above; ARES's only one)
+and the ``mathruler`` package (a dependency of mmrl, imported on first use).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ __all__ = [
     "grader_setting",
     "mathruler_boxed_answer",
     "mathruler_grade",
+    "mathruler_references",
     "reference_answers",
     "register_scorer",
     "sample_meta",
@@ -264,11 +266,32 @@ def mathruler_boxed_answer(text: Any) -> str:
     return _mathruler().extract_boxed_content(_ARES_SPACES.sub(r"\1", "" if text is None else str(text)))
 
 
+def mathruler_references(row: Mapping[str, Any]) -> list[str]:
+    """What ``grader="mathruler"`` grades an answer against: the sample's accepted answers
+    (:func:`reference_answers`; ARES has one, its ground truth) and, for a multiple-choice question with options,
+    the gold option's text, as written and as its words (:func:`rewards.answers.option_text`). ARES's questions
+    carry their options in the text and a letter as the answer; mmrl's list them apart, and the toy world's base
+    model answers with the option's words, never reliably with its letter (configs/acre.yaml, sft.mc_answer)."""
+    refs = reference_answers(row)
+    options = row.get("options")
+    if row.get("problem_type") != "multiple_choice" or not options:
+        return refs
+    try:
+        letter = A.normalize_gold_choice(row.get("answer"), options)
+    except (TypeError, ValueError):
+        return refs
+    if isinstance(options, Mapping):
+        raw = {str(k).strip().upper(): v for k, v in options.items()}[letter]
+    else:
+        raw = list(options)[A.choice_letters(options).index(letter)]
+    return list(dict.fromkeys([*refs, str(raw), A.option_text(letter, raw)]))
+
+
 def mathruler_grade(prediction: str, row: Mapping[str, Any]) -> float:
-    """1.0 when mathruler's ``grade_answer(prediction, gold)`` holds for one of the sample's accepted answers
-    (:func:`reference_answers`), else 0.0 (ARES's ``accuracy_reward``)."""
+    """1.0 when mathruler's ``grade_answer(prediction, reference)`` holds for one of
+    :func:`mathruler_references`, else 0.0 (ARES's ``accuracy_reward``)."""
     grade = _mathruler().grade_answer
-    return float(any(grade(prediction, ref) for ref in reference_answers(row)))
+    return float(any(grade(prediction, ref) for ref in mathruler_references(row)))
 
 
 # --------------------------------------------------------------------------------------------------------

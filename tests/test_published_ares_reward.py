@@ -6,17 +6,22 @@ The reference below is written here from shawn0728/ARES ``examples/reward_functi
 ``extract_boxed_content`` and scores 1.0 when mathruler's ``grade_answer(answer, ground_truth)`` holds, else 0.0.
 mmrl's recipe (``configs/ares.yaml``: the accuracy reward with ``answer_from: boxed, grader: mathruler``) must
 give the same number on every response: random ones (fixed seed) built from numbers, fractions, LaTeX, units,
-letters, words, tuples, several boxes, boxes that never close, no box, empty ones.
+letters, words, tuples, several boxes, boxes that never close, no box, empty ones. mmrl's declared differences
+(configs/ares.yaml ``published:``, README: Methods, ARES) are tested apart: a multiple-choice answer in the gold
+option's words, spans, several accepted answers.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
+from data_pipelines.schema import Sample
 from mmrl.config import load_run_config
+from mmrl.engine.evaluate import reward_columns
 from mmrl_common.errors import ConfigError
 from rewards import get_reward
 
@@ -143,9 +148,33 @@ def test_the_edge_cases_grade_as_aepo_py() -> None:
     assert got[:4] == [1.0, 0.0, 1.0, 1.0] and got[4] == 0.0 and got[5] == 1.0
 
 
+def test_a_multiple_choice_answer_passes_as_the_letter_or_the_options_words() -> None:
+    """mmrl's declared difference: the gold option's text passes too (ARES's questions hold their options in the
+    text, with a letter for the answer; the toy base model answers in words: configs/ares.yaml sft.mc_answer), so
+    the recipe's cold-start targets on the toy world score 1."""
+    from mmrl.engine.sft import reasoning_target
+
+    sample = Sample(id="t1", problem_type="multiple_choice", question="Which colour flashes first?",
+                    options=["red", "green", "blue", "yellow"], answer="A", meta={"rationale": "The first is red."})
+    kwargs = recipe_accuracy_kwargs()
+    texts = ["<think>red first</think> \\boxed{red}", "\\boxed{A}", "\\boxed{(A)}", "\\boxed{Red}", "\\boxed{green}",
+             "\\boxed{B}", "<answer>red</answer>"]
+    got = get_reward("accuracy")(texts, **reward_columns([sample] * len(texts)), **kwargs)
+    assert got == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert [ares_accuracy(t, "A") for t in texts] == [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # ARES: the letter only
+    labelled = replace(sample, options=["A. red", "B. green", "C. blue"], answer="C")
+    texts = ["\\boxed{blue}", "\\boxed{C. blue}", "\\boxed{C}", "\\boxed{B. green}"]
+    got = get_reward("accuracy")(texts, **reward_columns([labelled] * len(texts)), **kwargs)
+    assert got == [1.0, 1.0, 1.0, 0.0]  # options written with their label: the words, or the option as written
+    cfg = load_run_config("ares")
+    rng = random.Random(0)
+    targets = [reasoning_target(sample, rng, mode, cfg.prompt.template) for mode in ("option", "letter")]
+    assert get_reward("accuracy")(targets, **reward_columns([sample] * 2), **kwargs) == [1.0, 1.0]
+
+
 def test_spans_keep_their_iou_and_any_accepted_answer_passes() -> None:
-    """What ARES never grades: a temporal_grounding span keeps its IoU (our choice; the toy's needle task), and
-    a sample with several accepted answers passes on any of them (ARES has one answer string)."""
+    """What ARES never grades: a temporal_grounding span keeps its IoU (our choice), and a sample with several
+    accepted answers passes on any of them (ARES has one answer string)."""
     acc = get_reward("accuracy")
     kwargs = recipe_accuracy_kwargs()
     span = acc(["<think>t</think> \\boxed{[1.0, 3.0]}"], problem_type=["temporal_grounding"],
