@@ -67,7 +67,9 @@ rollouts (plug-in hook ``after_rewards``):
 the published checkpoints: trigger-word counts, tau the EMA 0.99 of the batch median, plain groups of rollouts,
 no KL relaxation (``count_mode: triggers``, ``threshold_aggregate: median``, ``threshold_ema: 0.99``,
 ``branching: false``, ``hwe_kl_rho: 1``), the code's shaping and KL controller, its prompt (``math.jinja``)
-and its reward (accuracy of the ``\\boxed{}`` answer; the format score logged, weight 0).
+and its reward (``aepo.py``'s accuracy: mathruler's ``grade_answer`` of the ``\\boxed{}`` answer, the accuracy
+reward's ``grader: mathruler`` (:mod:`rewards.accuracy`, with where mmrl's grading differs); the format score logged,
+weight 0).
 ``configs/ares-paper.yaml`` (``--task ares-paper``) adds what the paper describes and the code does not run:
 window counts, tau of each batch (its mean), branching and the KL relaxed inside HWE windows -- the wording
 is published, their exact form is not (the paper's full text was unavailable): ``hwe_kl_rho`` 0.5 and
