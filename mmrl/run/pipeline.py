@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -365,20 +366,19 @@ class Stopped(SystemExit):
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT")
-"""The signals after which RL stops at its next step boundary with a checkpoint (:func:`stop_on_signals`)."""
+"""The signals after which a command stops at its next boundary (RL's step, SFT's step, an evaluation's batch)
+and keeps what it did (:func:`stop_requests`)."""
 
 
 @contextlib.contextmanager
-def stop_on_signals(trainer: Any, run_dir: Path, *, show: bool = True) -> Any:
-    """RL inside stops cleanly on SIGTERM (what schedulers send before they kill a job) or SIGINT (Ctrl-C):
-    the first one lets the step in flight finish; at that step's boundary every rank agrees to stop
-    (``World.max_int`` of the signal: a rank that got none stops at the same step), a checkpoint is
-    written, the console says at which step the run stopped and how to resume, and the process ends with
-    status 128 + the signal (:class:`Stopped`: 143 SIGTERM, 130 SIGINT). A second signal stops at once, as
-    before: SIGINT with ``KeyboardInterrupt``, SIGTERM with :class:`Stopped` (143), no checkpoint. The
-    handlers are installed only in the main thread, and the earlier ones restored on leaving."""
+def stop_requests(doing: str, *, show: bool = True) -> Iterator[Callable[[], int]]:
+    """Inside, SIGTERM (what schedulers send before they kill a job) or SIGINT (Ctrl-C) asks the work to stop at
+    its next boundary: the first signal is said on stderr (``doing``: what happens now, e.g. "stopping after the
+    step in flight, with a checkpoint") and read through the callable yielded (its number; 0 while none came),
+    which the work polls at its boundaries. A second signal stops at once: SIGINT with ``KeyboardInterrupt``,
+    SIGTERM with :class:`Stopped` (143). The handlers are installed only in the main thread, and the earlier
+    ones restored on leaving. ``mmrl train`` (:func:`stop_on_signals`), ``mmrl sft`` and ``mmrl eval`` use it."""
     import signal
-    import sys
     import threading
 
     got: list[int] = []
@@ -391,19 +391,34 @@ def stop_on_signals(trainer: Any, run_dir: Path, *, show: bool = True) -> Any:
                 raise KeyboardInterrupt
             raise Stopped(signum)
         got.append(signum)
-        _say(show, f"\n{name}: stopping after the step in flight, with a checkpoint (send it again to stop at "
-                   "once)\n")
+        _say(show, f"\n{name}: {doing} (send it again to stop at once)\n")
 
     main = threading.current_thread() is threading.main_thread()
     signums = [getattr(signal, name) for name in STOP_SIGNALS]
     previous = {sig: signal.signal(sig, on_signal) for sig in signums} if main else {}
-    trainer.stop_requested = lambda: got[0] if got else 0
     try:
-        yield
+        yield lambda: got[0] if got else 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        trainer.stop_requested = lambda: 0
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Any, run_dir: Path, *, show: bool = True) -> Any:
+    """RL inside stops cleanly on SIGTERM or SIGINT (:func:`stop_requests`): the first one lets the step in
+    flight finish; at that step's boundary every rank agrees to stop (``World.max_int`` of the signal: a rank
+    that got none stops at the same step), a checkpoint is written, the console says at which step the run
+    stopped and how to resume, and the process ends with status 128 + the signal (:class:`Stopped`: 143
+    SIGTERM, 130 SIGINT). A second signal stops at once, as before, no checkpoint."""
+    import signal
+    import sys
+
+    with stop_requests("stopping after the step in flight, with a checkpoint", show=show) as asked:
+        trainer.stop_requested = asked
+        try:
+            yield
+        finally:
+            trainer.stop_requested = lambda: 0
     if trainer.stopped_by:
         name = signal.Signals(trainer.stopped_by).name
         if show:
