@@ -17,7 +17,8 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -141,11 +142,33 @@ def _episode(cfg: RunConfig, policy: Policy, sample: Any, prompt: Any, media: li
     return None
 
 
+@dataclass
+class SftCheckpoints:
+    """How ``mmrl sft`` (:func:`mmrl.run.sft_run.sft_run`) stops and continues: ``stop_requested()`` (a signal's
+    number, 0 while none came: :func:`mmrl.run.pipeline.stop_requests`) is read before each optimizer step; when
+    it is set, :func:`run_sft` writes ``run_dir/checkpoint-<step>/`` (:func:`mmrl.engine.checkpoint.save_checkpoint`:
+    the weights, or with LoRA the adapters, and ``trainer_state.pt`` with the optimizer, the scheduler, the data
+    position and every random state) and returns, ``stopped_by`` set to the signal and ``step`` to the steps done.
+    ``resume``: start from the folder's latest intact checkpoint (none: from step 0), so that the steps after it are
+    those of a run never stopped. ``saved``: the checkpoint this session wrote (None: none). A signal during the
+    last step lets it finish: the run ends, with nothing left to continue."""
+
+    run_dir: Path
+    stop_requested: Callable[[], int] = field(default=lambda: 0)
+    resume: bool = False
+    stopped_by: int = 0
+    step: int = 0
+    resumed_from: Path | None = None
+    saved: Path | None = None
+
+
 def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunLog | None = None,
-            show_progress: bool = True, keep_encoded: bool = False, desc: str = "sft") -> dict[str, float]:
+            show_progress: bool = True, keep_encoded: bool = False, desc: str = "sft",
+            checkpoints: SftCheckpoints | None = None) -> dict[str, float]:
     """``keep_encoded``: encode each sample's prompt and media once and keep them for the next epochs (fast
     when a small dataset is seen many times, e.g. the toy base model's pre-training; memory grows with the
-    dataset's pixels)."""
+    dataset's pixels). ``checkpoints``: stop at a step boundary with a checkpoint when asked, and continue from
+    one (:class:`SftCheckpoints`); None: the cold start of ``mmrl train``, which keeps none."""
     s = cfg.sft
     if s.steps <= 0:
         return {}
@@ -162,16 +185,30 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
     order: list[int] = []
     encoded: dict[str, Any] = {}
     bad = 0
+    first = 0
+    if checkpoints is not None and checkpoints.resume:
+        loop = _resume(checkpoints, policy, opt, sched)
+        if loop is not None:
+            first, order, bad = loop["step"], list(loop["order"]), int(loop["bad"])
+            rng.setstate(_python_rng(loop["targets_rng"]))
+            tqdm.write(f"resumed from {checkpoints.resumed_from} (SFT step {first} of {s.steps})")
     if log is not None:
         cut = log.last_step("sft")
-        if cut:
+        if cut > first and checkpoints is None:
             tqdm.write(f"cold start: the earlier session stopped at SFT step {cut} of {s.steps}; the cold start keeps "
                        "no checkpoints, so it runs again from step 0 (its earlier log rows are replaced)")
-        log.truncate_after("sft", 0)  # a cold start that was killed is redone from its first step
+        log.truncate_after("sft", first)  # a cold start that was killed is redone from its first step
     policy.model.train()
     last = {}
-    bar = tqdm(range(s.steps), desc=desc, unit="step", disable=not show_progress, dynamic_ncols=True)
+    bar = tqdm(range(first, s.steps), desc=desc, unit="step", total=s.steps, initial=first,
+               disable=not show_progress, dynamic_ncols=True)
+    done = first
     for step in bar:
+        if checkpoints is not None and (signum := checkpoints.stop_requested()):
+            checkpoints.stopped_by = signum  # asked to stop (SIGTERM, SIGINT): the steps so far kept, here
+            if step > first:  # (asked before this session's first step: its checkpoint, if any, is the one)
+                checkpoints.saved = _save(checkpoints.run_dir, cfg, policy, step, opt, sched, order, bad, rng)
+            break
         seqs = []
         while len(seqs) < s.batch_size:
             if not order:
@@ -211,6 +248,51 @@ def run_sft(cfg: RunConfig, policy: Policy, samples: Sequence[Any], *, log: RunL
         bar.set_postfix(loss=f"{last['loss']:.3f}", refresh=False)  # drawn at the next update (mininterval)
         if log is not None:
             log.metrics("sft", step + 1, last)
+        done = step + 1
+    bar.close()
+    if checkpoints is not None:
+        checkpoints.step = done
     if keep_encoded:
         policy.media.clear()
     return last
+
+
+def _save(run_dir: Path, cfg: RunConfig, policy: Policy, step: int, opt: torch.optim.Optimizer, sched: Any,
+          order: list[int], bad: int, rng: random.Random) -> Path:
+    """``checkpoint-<step>`` of an SFT run: the model, the optimizer and scheduler, the data position (the rest of
+    this epoch's order, the unreadable samples met) and the targets' random stream; the global random states are
+    added by :func:`mmrl.engine.checkpoint.write_checkpoint`. Only the newest is kept."""
+    from mmrl.engine.checkpoint import eval_settings, save_checkpoint
+
+    version, internal, gauss = rng.getstate()
+    loop = {"step": step, "order": list(order), "bad": bad, "targets_rng": [version, list(internal), gauss]}
+    return save_checkpoint(run_dir, step, policy.model, policy.processor,
+                           {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "sft": loop},
+                           keep=1, settings=eval_settings(cfg))
+
+
+def _resume(checkpoints: SftCheckpoints, policy: Policy, opt: torch.optim.Optimizer, sched: Any
+            ) -> dict[str, Any] | None:
+    """Load the run's latest intact checkpoint (its weights, optimizer, scheduler and random states) into this
+    session; its SFT loop state (``step``, ``order``, ``bad``, ``targets_rng``), or None when the run has none."""
+    from mmrl.engine.checkpoint import latest_checkpoint, load_trainer_state, load_weights, set_rng_state
+
+    ckpt = latest_checkpoint(checkpoints.run_dir)
+    if ckpt is None:
+        return None
+    state = load_trainer_state(ckpt)
+    if "sft" not in state:
+        raise MmrlError(f"{ckpt}: not a checkpoint of mmrl sft (its trainer_state.pt has no SFT position); resume "
+                        "it with mmrl train --resume, or give mmrl sft another --out")
+    load_weights(policy.model, ckpt)
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    checkpoints.resumed_from = ckpt
+    return state["sft"]
+
+
+def _python_rng(saved: list[Any]) -> tuple[Any, ...]:
+    """A ``random.Random`` state as :meth:`random.Random.setstate` takes it, from its saved plain-data form."""
+    version, internal, gauss = saved
+    return version, tuple(internal), gauss
