@@ -357,6 +357,8 @@ def run_benchmark(
     is reached before the model loads, and the report names its model and prompt beside the score.
     """
     from mmrl.engine.distributed import world
+    from mmrl.run.lock import acquire_on_main
+    from mmrl.run.pipeline import stop_requests
 
     t_start = time.perf_counter()
     w = world()
@@ -381,26 +383,34 @@ def run_benchmark(
         settings["checks"] = {k: v for k, (_, v) in runs.items()}
     if judge_settings is not None:
         settings["judge"] = {"base_url": judge_settings.base_url, "model": judge_settings.model}
-    done, parts = _earlier_answers(w, run.out, settings, fresh=answerer is not None and not answerer.resume)
-    if answerer is None:
-        answerer = _Generate(_engine(run, backend, batch_size, vllm), run.policy, run.protocol, spec.name, seed, runs)
-    timing = _answer_all(w, run, answerer, done, batch_size=batch_size, workers=workers, subtitles=subtitles,
-                         show_progress=show_progress, on_batch=on_batch)
-    w.barrier()
-    metrics: dict[str, Any] = {}
-    if w.is_main and answerer.modes:
-        _merge_parts(run.out, run.samples, tuple(answerer.modes))
-        rows = read_predictions(run.out / "predictions.jsonl")
-        metrics = answerer.metrics(run, {m: [p for p in rows if p.get("mode") == m] for m in answerer.modes},
-                                   time.perf_counter() - t_start)
-        (run.out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    elif w.is_main:
-        if w.active or parts:
-            _merge_parts(run.out, run.samples)
-        timing.update(generate_s=answerer.generate_s, workers=workers, batch_size=batch_size, ranks=w.size)
-        metrics = _score(spec, run, settings, runs, timing, on_bad_sample=on_bad_sample, limit=limit,
-                         judge_settings=judge_settings, t_start=t_start)
-    return w.broadcast(metrics)
+    lock = acquire_on_main(run.out, w, show=show_progress)  # one writer per folder, as mmrl eval's held-out split
+    try:
+        done, parts = _earlier_answers(w, run.out, settings, fresh=answerer is not None and not answerer.resume)
+        if answerer is None:
+            answerer = _Generate(_engine(run, backend, batch_size, vllm), run.policy, run.protocol, spec.name, seed,
+                                 runs)
+        with stop_requests("stopping after the batch in flight, keeping the answers so far", show=w.is_main) as asked:
+            timing = _answer_all(w, run, answerer, done, batch_size=batch_size, workers=workers, subtitles=subtitles,
+                                 show_progress=show_progress, on_batch=on_batch, stop_requested=asked)
+        w.barrier()  # (a rank a signal stopped waits here for the others' batches in flight: every rank's file whole)
+        _stop_if_asked(w, run, answerer, timing, len(done))
+        metrics: dict[str, Any] = {}
+        if w.is_main and answerer.modes:
+            _merge_parts(run.out, run.samples, tuple(answerer.modes))
+            rows = read_predictions(run.out / "predictions.jsonl")
+            metrics = answerer.metrics(run, {m: [p for p in rows if p.get("mode") == m] for m in answerer.modes},
+                                       time.perf_counter() - t_start)
+            (run.out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+        elif w.is_main:
+            if w.active or parts:
+                _merge_parts(run.out, run.samples)
+            timing.update(generate_s=answerer.generate_s, workers=workers, batch_size=batch_size, ranks=w.size)
+            metrics = _score(spec, run, settings, runs, timing, on_bad_sample=on_bad_sample, limit=limit,
+                             judge_settings=judge_settings, t_start=t_start)
+        return w.broadcast(metrics)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _check_options(spec: Any, *, protocol: str, subtitles: bool, on_bad_sample: str) -> None:
@@ -432,6 +442,35 @@ def _earlier_answers(w: Any, out: Path, settings: dict[str, Any], *, fresh: bool
     return done, parts
 
 
+def _stop_if_asked(w: Any, run: BenchmarkRun, answerer: Answers, timing: dict[str, Any], resumed: int) -> None:
+    """A signal stopped the answering on some rank (``timing["stopped_by"]``): every rank ends with
+    :class:`mmrl.run.pipeline.Stopped` (128 + the signal), rank 0 saying how many questions are answered (their
+    records kept in the folder's predictions files, which a re-run continues from, unless ``answerer`` starts
+    over every time) and the command to continue."""
+    import shlex
+    import signal
+    import sys
+
+    from mmrl.run.pipeline import Stopped
+
+    signum = w.max_int(timing.get("stopped_by", 0))
+    if not signum:
+        return
+    answered = resumed + sum(w.gather(timing["written_this_run"])[::max(1, answerer.engine_ranks)])
+    if w.is_main:
+        name = signal.Signals(signum).name
+        if not answerer.resume:
+            print(f"stopped by {name} after {answered} of {len(run.samples)} questions; this evaluation keeps no "
+                  "partial answers: run it again to start over", file=sys.stderr, flush=True)
+        else:
+            words = ["mmrl", *sys.argv[1:]] if Path(sys.argv[0]).name in ("mmrl", "__main__.py") else []
+            again = shlex.join(words if "--resume" in words else [*words, "--resume"]) if words else \
+                f"the same mmrl eval --benchmark command (--out {run.out})"
+            print(f"stopped by {name} after {answered} of {len(run.samples)} questions; their answers kept in "
+                  f"{run.out} (predictions*.jsonl). Continue with: {again}", file=sys.stderr, flush=True)
+    raise Stopped(signum)
+
+
 def _engine(run: BenchmarkRun, backend: str, batch_size: int, vllm: dict[str, Any] | None) -> Any:
     """The rollout backend that answers the protocol's prompts: transformers' generate, or vLLM with a
     ``max_model_len`` bound from the protocol's frames and pixels unless ``vllm`` sets one."""
@@ -444,10 +483,12 @@ def _engine(run: BenchmarkRun, backend: str, batch_size: int, vllm: dict[str, An
 
 
 def _answer_all(w: Any, run: BenchmarkRun, answerer: Any, done: dict[str, Any], *, batch_size: int, workers: int,
-                subtitles: bool, show_progress: bool, on_batch: Callable[[int], None] | None) -> dict[str, Any]:
+                subtitles: bool, show_progress: bool, on_batch: Callable[[int], None] | None,
+                stop_requested: Callable[[], int] | None = None) -> dict[str, Any]:
     """Answer this rank's share of the questions not done yet, batch by batch, the next batches' media decoded
     by ``workers`` threads meanwhile; each batch's records appended to the rank's file and synced before the
-    next. Returns the loop's timing and counts."""
+    next. ``stop_requested`` (a signal's number, 0 while none came) is read before each batch: set, the loop
+    ends there (``stopped_by``). Returns the loop's timing and counts."""
     from tqdm import tqdm
 
     out, samples, policy = run.out, run.samples, run.policy
@@ -458,7 +499,7 @@ def _answer_all(w: Any, run: BenchmarkRun, answerer: Any, done: dict[str, Any], 
     bar = tqdm(total=len(samples), initial=resumed, desc=f"{run.name} eval", unit="q",
                disable=not show_progress or not w.is_main, dynamic_ncols=True)
     pool = _Workers(policy, run.protocol, subtitles, max(0, workers), render=answerer.render)
-    generated, wait_s = 0, 0.0
+    generated, written, wait_s, stopped_by = 0, 0, 0.0, 0
     pending: deque[Future] = deque()
     it = iter(batches)
     try:
@@ -468,6 +509,8 @@ def _answer_all(w: Any, run: BenchmarkRun, answerer: Any, done: dict[str, Any], 
                 break
         with open(my_path, "a", encoding="utf-8") as fh:
             while pending:
+                if stop_requested is not None and (stopped_by := stop_requested()):
+                    break  # the batches written so far are whole: a re-run continues after them
                 t0 = time.perf_counter()
                 prepared = pending.popleft().result()
                 wait_s += time.perf_counter() - t0
@@ -480,13 +523,15 @@ def _answer_all(w: Any, run: BenchmarkRun, answerer: Any, done: dict[str, Any], 
                 fh.flush()
                 os.fsync(fh.fileno())
                 generated += answered
+                written += len(prepared)
                 bar.update(len(prepared) * w.size)
                 if on_batch is not None:
                     on_batch(generated)
     finally:
         pool.close()
         bar.close()
-    return {"decode_wait_s": wait_s, "generated_this_run": generated, "resumed": resumed}
+    return {"decode_wait_s": wait_s, "generated_this_run": generated, "resumed": resumed, "written_this_run": written,
+            "stopped_by": stopped_by}
 
 
 def _score(spec: Any, run: BenchmarkRun, settings: dict[str, Any], runs: dict[str, tuple[Any, dict[str, Any]]],

@@ -66,10 +66,33 @@ def register_check(name: str, *, summarize: Callable[[Sequence[dict[str, Any]]],
     return deco
 
 
+@dataclass
+class EvalProgress:
+    """What an evaluation had done when a signal stopped it (:class:`EvalStopped`), or what a stopped one had
+    done before (``evaluate(earlier=...)``): the prediction rows and the questions skipped as unreadable
+    (``{"id", "reason"}``), each in the order of the questions."""
+
+    predictions: list[dict[str, Any]]
+    unreadable: list[dict[str, Any]]
+
+    def ids(self) -> set[str]:
+        return {str(r["id"]) for r in self.predictions} | {str(r["id"]) for r in self.unreadable}
+
+
+class EvalStopped(Exception):
+    """:func:`evaluate` stopped at a batch boundary when ``stop_requested`` said so: ``signum`` the signal,
+    ``progress`` the questions answered before it (every rank's, in the order of the questions, on every rank)."""
+
+    def __init__(self, signum: int, progress: EvalProgress):
+        super().__init__(f"evaluation stopped by signal {signum}")
+        self.signum, self.progress = signum, progress
+
+
 def evaluate(
     service: RolloutService, samples: Sequence[Any], *, max_new_tokens: int = 64, batch_size: int = 16,
     min_options: int = 0, desc: str = "eval", skip_bad: bool | None = None, show_progress: bool = True,
-    checks: Mapping[str, Mapping[str, Any]] | None = None,
+    checks: Mapping[str, Mapping[str, Any]] | None = None, stop_requested: Callable[[], int] | None = None,
+    earlier: EvalProgress | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy evaluation through the rollout service (the run's prompt, media and stop settings, so
     evaluation reads the same answer the rewards read); returns ``(metrics, predictions)``.
@@ -82,7 +105,13 @@ def evaluate(
     what the run's plug-ins turned on). ``skip_bad``: a question whose media cannot be decoded is left out (and
     counted in ``metrics["skipped"]``, named in ``metrics["excluded"]``) instead of stopping the evaluation with
     the file named; None: ``service.evaluation["skip_bad"]`` (``data.on_bad_sample=skip`` of the run's config,
-    so ``mmrl eval`` and a training run's evaluations agree), else True."""
+    so ``mmrl eval`` and a training run's evaluations agree), else True.
+
+    ``stop_requested`` (``mmrl eval``: a signal's number, 0 while none came) is read before each batch, every
+    rank agreeing (the largest over ranks, the same number of times on each); when set, :class:`EvalStopped`
+    carries the questions done so far. ``earlier``: what a stopped evaluation with these settings did; a batch
+    whose questions it all holds is taken from it instead of answered again, so the batches answered are those
+    of an evaluation never stopped and the result is the same."""
     from mmrl.engine.distributed import world
     from mmrl.engine.rollout import rollout_session
     from rewards import get_reward
@@ -98,15 +127,25 @@ def evaluate(
     unreadable: list[dict[str, Any]] = []
     tp = int(getattr(service.backend, "tensor_parallel_size", 1))  # a block of ranks shares one engine
     share = w.shard(samples, tp)
+    rounds = None
+    if stop_requested is not None:  # every rank polls as often as the largest share has batches
+        import math
+
+        _, count, _ = w.block(tp)
+        rounds = math.ceil(math.ceil(len(samples) / count) / max(1, batch_size))
     bar = tqdm(total=len(share), desc=desc, unit="q", disable=not show_progress, leave=False)
     with rollout_session(service.backend):  # ZeRO-3: the weights gathered once; vLLM: the engine awake
-        _answer(service, share, accuracy, predictions, unreadable, bar, max_new_tokens=max_new_tokens,
-                batch_size=batch_size, skip_bad=skip_bad, runs=runs)
+        stopped = _answer(service, share, accuracy, predictions, unreadable, bar, max_new_tokens=max_new_tokens,
+                          batch_size=batch_size, skip_bad=skip_bad, runs=runs, earlier=earlier,
+                          stop_requested=(lambda: w.max_int(stop_requested())) if stop_requested else None,
+                          rounds=rounds)
     bar.close()
     if w.active:  # every block's share, in the order of ``samples``
         parts = w.unshard([(predictions, unreadable)], tp)
         predictions = [p for part, _ in parts for p in part]
         unreadable = [u for _, part in parts for u in part]
+    if stopped:
+        raise EvalStopped(stopped, EvalProgress(predictions, unreadable))
     metrics = summarize(predictions, min_options=min_options, unreadable=unreadable)
     for name, (check, _) in runs.items():
         metrics[name] = check.summarize(predictions)
@@ -115,10 +154,28 @@ def evaluate(
 
 def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, predictions: list[dict[str, Any]],
             unreadable: list[dict[str, Any]], bar: Any, *, max_new_tokens: int, batch_size: int, skip_bad: bool,
-            runs: Mapping[str, tuple[EvalCheck, dict[str, Any]]]) -> None:
-    """Answer ``samples`` in batches, appending their prediction rows (and the unreadable ones)."""
-    for start in range(0, len(samples), batch_size):
+            runs: Mapping[str, tuple[EvalCheck, dict[str, Any]]], earlier: EvalProgress | None = None,
+            stop_requested: Callable[[], int] | None = None, rounds: int | None = None) -> int:
+    """Answer ``samples`` in batches, appending their prediction rows (and the unreadable ones); a batch whose
+    questions ``earlier`` all holds is taken from it. With ``stop_requested``: read before each of ``rounds``
+    batches (a rank whose share has fewer still reads it), and the signal's number returned when it asks to
+    stop (0: every batch answered)."""
+    done_rows = {str(r["id"]): r for r in earlier.predictions} if earlier else {}
+    done_bad = {str(r["id"]): r for r in earlier.unreadable} if earlier else {}
+    starts = range(0, len(samples), batch_size)
+    for i in range(max(len(starts), rounds or 0)):
+        if stop_requested is not None and (signum := stop_requested()):
+            return signum
+        if i >= len(starts):
+            continue
+        start = starts[i]
         chunk = list(samples[start:start + batch_size])
+        if chunk and all(str(s.id) in done_rows or str(s.id) in done_bad for s in chunk):  # answered before
+            for s in chunk:
+                (predictions if str(s.id) in done_rows else unreadable).append(
+                    done_rows.get(str(s.id)) or done_bad[str(s.id)])
+            bar.update(len(chunk))
+            continue
         kept = []
         for s in chunk:  # decode first, so one unreadable sample does not sink the batch
             try:
@@ -139,6 +196,7 @@ def _answer(service: RolloutService, samples: Sequence[Any], accuracy: Any, pred
                 check.run(service, kept, rows, max_new_tokens=max_new_tokens, **settings)
             predictions.extend(rows)
         bar.update(len(chunk))
+    return 0
 
 
 def require_questions(samples: Sequence[Any], info: Mapping[str, Any]) -> None:
