@@ -240,10 +240,25 @@ def cmd_sft(args: argparse.Namespace) -> int:
     cfg = sft_config(args)
     _quiet_loading(args.quiet)
     _check_paths(cfg)
+    if args.resume:
+        _check_sft_resume_settings(args, cfg)
     run_dir = Path(cfg.out) if cfg.out else default_run_dir(cfg).with_name(default_run_dir(cfg).name + "-sft")
-    result = sft_run(cfg, run_dir, overwrite=args.overwrite, show=not args.quiet)
+    result = sft_run(cfg, run_dir, overwrite=args.overwrite, show=not args.quiet, resume=args.resume)
     print(f"sft: {cfg.sft.steps} steps, last loss {result.get('loss', float('nan')):.4f}; model: {run_dir / 'final'}")
     return 0
+
+
+def _check_sft_resume_settings(args: argparse.Namespace, cfg: Any) -> None:
+    """``mmrl sft --resume`` continues with the settings in the run's ``config.yaml``; other ones (KEY=VALUE
+    overrides, --steps, --model, --data ...) are refused, naming each difference, and nothing is written."""
+    from mmrl.run import settings_differences
+    from mmrl_common.errors import MmrlError
+
+    changes = settings_differences(Path(args.out) / "config.yaml", cfg)
+    if changes:
+        raise MmrlError(f"--resume: these settings differ from those the SFT run in {args.out} started with (its "
+                        f"config.yaml; run's value -> now): {'; '.join(changes)}. Resume without them to continue "
+                        "as the run started, or start afresh (--overwrite, or another --out)")
 
 
 def sft_config(args: argparse.Namespace):
@@ -272,6 +287,11 @@ def _check_eval_flags(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     _check_eval_flags(args)  # a bad --limit / --frames / ... is one line, whichever path evaluates
+    if getattr(args, "resume_eval", False) and getattr(args, "agent", None):
+        from mmrl_common.errors import ConfigError
+
+        raise ConfigError("--resume continues mmrl eval on a held-out split or a --benchmark, not an --agent "
+                          "evaluation; run it again without --resume")
     if getattr(args, "agent", None):  # a method's agent loop (EARL's): held-out split or --benchmark
         from mmrl.cli import load_method
 
@@ -299,7 +319,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if (same := evaluated_on_training_data(cfg)) and w.is_main:
         print(f"warning: {same}", flush=True)
     result = eval_run(cfg, w, checks=_checks(args), show=not args.quiet and w.is_main,
-                      no_split=lambda: _check_eval_split(args, cfg, None))
+                      no_split=lambda: _check_eval_split(args, cfg, None), resume=args.resume_eval)
     if result is None:  # not rank 0
         return 0
     metrics, out = result
@@ -384,7 +404,9 @@ def add_sft_parser(sub: argparse._SubParsersAction) -> None:
                        description="Supervised fine-tuning on the reference answers (sft.target=gold; loss on the "
                                    "assistant tokens only); the model is written to <out>/final with the settings "
                                    "it was trained with (mmrl_eval.json), for mmrl train --model and mmrl eval. "
-                                   "With --model DIR the settings are chosen as mmrl train chooses them.")
+                                   "With --model DIR the settings are chosen as mmrl train chooses them. "
+                                   "SIGTERM or Ctrl-C stops it after the step in flight with a checkpoint; "
+                                   "--resume continues from there.")
     _common(p, "sft")
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps (default: sft.steps when above 0, else 100)")
@@ -395,7 +417,10 @@ def add_sft_parser(sub: argparse._SubParsersAction) -> None:
                         "mmrl_eval.json")
     p.add_argument("--overwrite", action="store_true",
                    help="--out holds a run: start afresh there, its old contents moved aside into "
-                        "<out>.replaced-<time> (without it such a folder is refused)")
+                        "<out>.replaced-<time> (without it or --resume such a folder is refused)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the SFT run in --out that a signal stopped (SIGTERM, Ctrl-C), from its "
+                        "checkpoint, with the settings it started with (its config.yaml; other settings are refused)")
     p.set_defaults(func=cmd_sft)
 
 
@@ -463,6 +488,10 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                         "order: accuracy with shuffled frames and the gap, per task), or one a loaded module "
                         "registers (mmrl.engine.evaluate.register_check); with --benchmark, consistency runs under the "
                         "benchmark's own protocol")
+    p.add_argument("--resume", dest="resume_eval", action="store_true",
+                   help="continue the evaluation in --out that a signal stopped (SIGTERM, Ctrl-C) from the answers "
+                        "it kept (predictions.partial.jsonl), with the same command and settings; with --benchmark "
+                        "a re-run always continues from the predictions in its folder")
     p.add_argument("--consistency", action="store_true", help="the same as --check consistency")
     p.add_argument("--shuffled-frames", action="store_true", help="the same as --check shuffled_frames")
     p.add_argument("--consistency-seed", type=int, default=0,
