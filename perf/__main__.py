@@ -1,6 +1,6 @@
 """``python -m perf [--reps N] [--build-reps N] [--only SECTION]`` (step, rollout, longvideo, build, semantic,
-libraries, memory, trl, scaling): print tables of timings and of memory: the peak of one training micro-batch, the
-optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each rank.
+libraries, decode, memory, trl, scaling): print tables of timings and of memory: the peak of one training
+micro-batch, the optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each rank.
 
 * ``--only trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` as interleaved pairs of step blocks (mmrl,
   TRL, mmrl, TRL, ... after a warm-up pair; the median of the per-pair samples/s ratios) at about 1M and 23M
@@ -19,6 +19,9 @@ optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each r
   repeated G times, interleaved repetitions after a warm-up, median seconds, the speed-up and whether both
   drew the same tokens under the same seed (:mod:`perf.longvideo`), on the default tiny model
   (``--longvideo-size small``: the hidden-512 x 4-layer text model);
+* ``--only decode``: seconds per video of each video decoder that runs here (decord, PyAV, torchcodec where FFmpeg's
+  libraries load), on the same MP4 files of three kinds, opening + the frames a run samples and opening + every
+  frame, with the ratio to PyAV's, and ``data.media.decode_timeout``'s cost (:mod:`perf.decode`; ``--decode-reps``);
 * ``--only libraries``: hand-written code against the library that replaced it or does the same, in one run
   (:mod:`perf.libraries`): Video-R1's word edit distance on a 512 x 512-word pair, the old Python DP vs
   rapidfuzz; the scoring part of the variance filters (VAS's edit diversity, Temporal-R1's ``variance_filter``
@@ -290,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
     parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "libraries", "memory",
-                                           "trl", "scaling", "update"], default=None)
+                                           "trl", "scaling", "update", "decode"], default=None)
+    parser.add_argument("--decode-reps", type=int, default=5,
+                        help="timed repetitions of every decoder on every file in the decode section (median)")
     parser.add_argument("--lib-before-prompts", type=int, default=10,
                         help="with libraries: prompts of the 1,000-prompt pool the old edit-distance DP is timed on "
                              "(scaled to the pool; 1000 measures all of it: about 20 minutes)")
@@ -375,6 +380,14 @@ def main(argv: list[str] | None = None) -> int:
         print_libraries(run_libraries(min(args.reps, 5), args.lib_before_prompts))
         sys.stdout.flush()
     if args.only == "libraries":
+        return 0
+    if args.only in (None, "decode"):
+        from perf.decode import bench_decode, print_decode
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-decode-") as tmp:
+            print_decode(bench_decode(Path(tmp), reps=args.decode_reps))
+        sys.stdout.flush()
+    if args.only == "decode":
         return 0
     if args.only in (None, "build"):
         with tempfile.TemporaryDirectory(prefix="mmrl-perf-build-") as tmp:
