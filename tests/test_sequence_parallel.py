@@ -197,3 +197,28 @@ def test_two_data_parallel_by_two_sequence_parallel_equals_one_process_and_resum
     assert not differ, f"{len(differ)} tensors differ after the resume, e.g. {differ[:3]}"
     for a, b in zip(four, rl_rows(killed)):
         assert a["loss"] == b["loss"], a["step"]
+
+
+def test_what_cannot_be_split_is_refused_with_the_setting_named(setup) -> None:
+    """Qwen3.5's recurrent layers and an attention implementation without the all-to-all are refused by name."""
+    from mmrl.model import load_policy
+    from mmrl.model.sequence_parallel import check_policy
+    from mmrl.toy.tiny_models import ensure_tiny
+
+    _, env = setup
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MMRL_CACHE", env["MMRL_CACHE"])
+    try:
+        qwen35 = load_policy(ensure_tiny("qwen3_5"), device="cpu", attn_implementation="varlen")
+        with pytest.raises(ConfigError, match=r"sequence_parallel_size=2: qwen3_5's Gated DeltaNet"):
+            check_policy(qwen35, 2)
+        sdpa = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu")
+        with pytest.raises(ConfigError, match=r"needs model.attn_implementation=varlen"):
+            check_policy(sdpa, 2)
+        check_policy(sdpa, 1)  # off: nothing to check
+        varlen = load_policy(ensure_tiny("qwen2_5_vl"), device="cpu", attn_implementation="varlen")
+        with pytest.raises(ConfigError, match=r"4 attention heads do not divide over 3 ranks"):
+            check_policy(varlen, 3)
+        check_policy(varlen, 4)
+    finally:
+        mp.undo()
