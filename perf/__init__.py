@@ -18,7 +18,7 @@ and ``mmrl/benchmarks/``; this package only times mmrl itself.)
   repeated G times before its prefill (:mod:`perf.longvideo`);
 * ``decode``: seconds per video of each video decoder that runs here (``data.media.decoder``: decord, PyAV,
   torchcodec where FFmpeg's libraries load) on the same MP4 files of three kinds (toy 112x112, a 30 s 336x336 video, a
-  10 s 640x360 30 fps clip): opening + the frames a run samples, and opening + every frame; ratios to PyAV's, and
+  5 s 640x360 30 fps clip): opening + the frames a run samples, and opening + every frame; ratios to PyAV's, and
   what ``data.media.decode_timeout``'s thread per call costs (:mod:`perf.decode`);
 * ``build``: seconds to build the small toy world (``make_toy(size="small")``) and a tiny random-weight model
   of each Qwen-VL family (``make_tiny``), the fixtures every test and demo starts from;

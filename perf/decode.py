@@ -6,7 +6,7 @@ of pictures with B-frames) in three kinds, two files each (a square moving over 
 
 * ``toy``: 112x112, 16 frames at 8 fps (2 s), the size of the toy world and the tests;
 * ``long``: 336x336, 240 frames at 8 fps (30 s), a long toy video;
-* ``clip``: 640x360, 300 frames at 30 fps (10 s), a camera-like clip.
+* ``clip``: 640x360, 150 frames at 30 fps (5 s), a camera-like clip.
 
 Two kinds of work, each timed from the opening to the last frame in memory (the reader's work alone: the resize to
 the pixel budget after it is the same for every decoder and is left out):
@@ -35,7 +35,7 @@ import numpy as np
 KINDS: dict[str, tuple[int, int, int, float]] = {  # name: (height, width, frames, fps)
     "toy": (112, 112, 16, 8.0),
     "long": (336, 336, 240, 8.0),
-    "clip": (360, 640, 300, 30.0),
+    "clip": (360, 640, 150, 30.0),
 }
 FILES_PER_KIND = 2
 SAMPLING = {"fps": 2.0, "min_frames": 4, "max_frames": 16}  # MediaConfig's defaults

@@ -66,10 +66,11 @@ EXIT_GRACE_S = 10.0
 while the interpreter and the libraries it calls (torch's operator registry for torchcodec) are torn down can
 abort the process."""
 _given_up: list[threading.Thread] = []
+_given_up_lock = threading.Lock()
 
 
 def _remember_given_up(worker: threading.Thread) -> None:
-    with _held_lock:
+    with _given_up_lock:
         if not _given_up:
             atexit.register(_wait_for_given_up)
         _given_up[:] = [t for t in _given_up if t.is_alive()] + [worker]
@@ -90,7 +91,8 @@ def _wait_for_given_up() -> None:
 def within(timeout: float | None, path: Path, backend: str, what: str, fn: Callable[[], T]) -> T:
     """``fn()``, given up on after ``timeout`` seconds (None or 0: waited for however long it takes) with a
     :class:`DecodeTimeoutError` naming ``path``; ``backend`` (may be empty) and ``what`` (``"opening"``,
-    ``"reading frames of"``) go into its message. ``fn`` runs on a daemon thread of its own, which is left to finish or hang."""
+    ``"reading frames of"``) go into its message. ``fn`` runs on a daemon thread of its own, which is left to
+    finish or hang."""
     if not timeout:
         return fn()
     out: dict[str, Any] = {}
@@ -238,14 +240,14 @@ def _quiet_decord() -> None:
 
 def _decoder_reason(exc: BaseException) -> str:
     """A decoder's error in one short line: without decord's ``[time] file.cc:line:`` prefixes, its
-    ``Check failed: ... (a vs. b)`` expression and C++ stack trace, and without PyAV's ``[Errno N]`` and
-    the quoted path or function name it appends."""
+    ``Check failed: ... (a vs. b)`` expression and C++ stack trace, without PyAV's ``[Errno N]`` and
+    the quoted path or function name it appends, and without torchcodec's ``Class, file.cpp:N,`` prefix."""
     text = str(exc)
     text = re.sub(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ", "", text)
     text = re.split(r"\n|Stack trace", text.strip())[0]
     text = re.sub(r"Check failed: .*?\(-?\d+ vs\. -?\d+\)\s*", "", text)
     text = re.sub(r"^\[Errno -?\d+\] ", "", text)
-    text = re.sub(r"^(\w+, )?\S+\.(cc|cpp|h):\d+, ", "", text)  # torchcodec's "Class, file.cpp:41, " before its words
+    text = re.sub(r"^(\w+, )?\S+\.(cc|cpp|h):\d+, ", "", text)
     text = re.sub(r": '[^']*'$", "", text).strip(" :")
     return text or type(exc).__name__
 
