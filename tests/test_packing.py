@@ -370,7 +370,7 @@ def _stub_trainer(budget: int, size: int, rank: int, *, micro: int = 2):
     from mmrl.engine.trainer import GRPOTrainer
 
     stub = SimpleNamespace(cfg=SimpleNamespace(train=TrainConfig(micro_batch_size=micro, micro_batch_tokens=budget)),
-                           world=World(rank=rank, size=size))
+                           world=World(rank=rank, size=size), _sp=None)  # no sequence-parallel group
     stub._chunks = functools.partial(GRPOTrainer._chunks, stub)
     stub._own_chunks = functools.partial(GRPOTrainer._own_chunks, stub)
     return stub

@@ -121,6 +121,7 @@ RANGES: dict[str, Range] = {
     "train.steps": _count(1, hint="RL steps; for a cold start alone use mmrl sft"),
     "train.prompts_per_step": _count(1, hint="each prompt is rolled out rollout.group_size times"),
     "train.micro_batch_size": _count(1),
+    "train.sequence_parallel_size": _count(1, hint="1: off; a divisor of the number of ranks"),
     "train.micro_batch_tokens": _count(0, words=("auto",), hint="0: off; auto: sized from the group and media"),
     "train.lr": Range(0, low_open=True, hint="the peak learning rate, e.g. 1e-6"),
     "train.warmup_steps": _count(0),
@@ -609,10 +610,6 @@ class TrainConfig:
             from mmrl.config.preflight import check_version
 
             check_version("deepspeed", setting=f"train.deepspeed={self.deepspeed}")
-        if isinstance(self.sequence_parallel_size, bool) or not isinstance(self.sequence_parallel_size, int) \
-                or self.sequence_parallel_size < 1:
-            raise ConfigError(f"train.sequence_parallel_size={self.sequence_parallel_size!r}: must be a whole number "
-                              ">= 1 (1: off), a divisor of the number of ranks")
         if self.offload != "none" and not self.deepspeed:
             raise ConfigError(f"train.offload={self.offload} is DeepSpeed's CPU offload: set train.deepspeed=zero2 "
                               "or zero3 too")

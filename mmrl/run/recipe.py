@@ -134,7 +134,7 @@ def recipe_args(args: argparse.Namespace) -> tuple[str | None, str | None, str |
 
 
 REAL_MODEL_PRESET = Path(__file__).resolve().parents[2] / "configs" / "presets" / "real-model.yaml"
-PRESET_TRAIN_ONLY = "train_command"  # the preset's section that `mmrl train` applies and `mmrl sft` does not
+REAL_MODEL_TRAIN_PRESET = REAL_MODEL_PRESET.with_name("real-model-train.yaml")  # `mmrl train`'s, not `mmrl sft`'s
 
 
 REAL_MODEL_PARAMS = 100e6  # below this a --model folder is a tiny model; the toy recipes' values suit it
@@ -203,9 +203,8 @@ def full_base(args: argparse.Namespace) -> dict[str, Any]:
     base: dict[str, Any] = {}
     if estimated_params(folder) >= REAL_MODEL_PARAMS:
         base = load_yaml(REAL_MODEL_PRESET)
-        train_only = base.pop(PRESET_TRAIN_ONLY, {})  # `mmrl train`'s (and `config show`'s), not `mmrl sft`'s
-        if getattr(args, "command", "train") != "sft":
-            base = deep_merge(base, train_only)
+        if getattr(args, "command", "train") != "sft":  # `mmrl train`'s (and `config show`'s), not `mmrl sft`'s
+            base = deep_merge(base, load_yaml(REAL_MODEL_TRAIN_PRESET))
     return deep_merge(base, read_eval_settings(folder) or {})
 
 
