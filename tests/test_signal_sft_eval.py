@@ -186,10 +186,57 @@ def test_sigterm_stops_eval_keeping_its_answers_and_resume_gives_the_unbroken_re
 
 
 @pytest.mark.slow
+def test_sigterm_to_one_rank_stops_every_rank_of_an_eval_at_the_same_batch(env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    """Under torchrun the ranks' shares differ in length (13 questions: 7 and 6, in batches of 2: 4 and 3), and a
+    SIGTERM to one rank still stops both after the same batch (none waits in a collective), rank 0 keeping every
+    rank's answers; the resume on 2 ranks ends as one process never stopped."""
+    import psutil
+
+    thirteen = "data.toy_size={train: 4, val: 2, test: 13}"
+    args = ["eval", "--quiet", "--batch-size", "2", "--check", "batch_marks", *TINY, thirteen,
+            f"imports=[{env['MMRL_TEST_CHECK']}]"]
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2", "-m", "mmrl"]
+    straight = tmp_path / "straight"
+    done = run([*args, "--out", str(straight)], {**env, "MMRL_TEST_BATCH_MARKS": str(tmp_path / "marks0")})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    out, marks = tmp_path / "two", tmp_path / "marks1"
+    proc = subprocess.Popen([*torchrun, *args, "--out", str(out)], env={**env, "MMRL_TEST_BATCH_MARKS": str(marks)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(proc, lambda: marks.is_file() and marks.read_text().count("\n") >= 1)
+        ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "mmrl" in " ".join(p.cmdline()) and "torchrun" not in " ".join(p.cmdline())]
+        assert len(ranks) == 2
+        ranks[-1].send_signal(signal.SIGTERM)  # one rank only: the other learns of it at the batch boundary
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                p.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    said = re.search(r"stopped by SIGTERM after (\d+) of 13 questions; their answers kept in", err)
+    assert said, err[-4000:]  # rank 0's words, though the signal went to rank 1
+    n = int(said.group(1))
+    assert 4 <= n < 13 and n % 4 == 0  # the same number of batches of 2 on each rank
+    head, *kept = map(json.loads, (out / "predictions.partial.jsonl").read_text().splitlines())
+    by_id = {p["id"]: p for p in map(json.loads, (straight / "predictions.jsonl").read_text().splitlines())}
+    assert head["done"] == n == len(kept) and all(by_id[p["id"]] == p for p in kept)
+
+    resumed = subprocess.run([*torchrun, *args, "--out", str(out), "--resume"], capture_output=True, text=True,
+                             env={**env, "MMRL_TEST_BATCH_MARKS": str(tmp_path / "marks2")}, timeout=600, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (out / "predictions.jsonl").read_text() == (straight / "predictions.jsonl").read_text()
+    assert json.loads((out / "metrics.json").read_text()) == json.loads((straight / "metrics.json").read_text())
+
+
+@pytest.mark.slow
 def test_sigterm_stops_a_benchmark_eval_and_the_resume_completes_it(env: dict[str, str], tmp_path: Path) -> None:
     from data_pipelines.benchmarks.fixtures import write_fixture
 
-    root = write_fixture("toy", tmp_path / "toy", n=10)
+    root = write_fixture("toy", tmp_path / "toy", n=5)
     args = ["eval", "--quiet", "--benchmark", "toy", "--data-root", str(root), "--frames", "4", "--batch-size", "1",
             "--workers", "0", "eval.max_new_tokens=8", *TINY]
     straight = tmp_path / "straight"
