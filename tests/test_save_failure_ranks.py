@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tiny_runs import TINY_RUN
+from tiny_runs import TINY_RUN, module_cache  # noqa: F401 (module_cache is a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +38,15 @@ def _lines(err: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_save_failing_on_rank_0_stops_every_rank_at_once_each_with_one_line(tmp_path: Path) -> None:
+def test_a_save_failing_on_rank_0_stops_every_rank_at_once_each_with_one_line(
+        tmp_path: Path, module_cache: None) -> None:  # noqa: F811
+    from mmrl.config import load_run_config
+    from mmrl.run.helpers import resolve_model, split_path
+
+    cfg = load_run_config("video-qa", overrides=TINY_RUN)  # the tiny model and toy world built here, not by rank
+    resolve_model(cfg)  # 0 under its file-size limit (the model's 4 MB would fail before any save)
+    for split in ("train", "test"):
+        split_path(cfg, split, show_progress=False)
     run, port, procs = tmp_path / "run", _free_port(), []
     for rank in (0, 1):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
