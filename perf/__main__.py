@@ -1,6 +1,6 @@
 """``python -m perf [--reps N] [--build-reps N] [--only SECTION]`` (step, rollout, longvideo, build, semantic,
-libraries, decode, memory, trl, scaling): print tables of timings and of memory: the peak of one training
-micro-batch, the optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each rank.
+libraries, decode, memory, trl, scaling, sequence-parallel): print tables of timings and of memory: the peak of one
+training micro-batch, the optimizer update's bytes per parameter, and a ZeRO-3 checkpoint's peak on each rank.
 
 * ``--only trl``: mmrl's GRPO step against TRL's ``GRPOTrainer`` as interleaved pairs of step blocks (mmrl,
   TRL, mmrl, TRL, ... after a warm-up pair; the median of the per-pair samples/s ratios) at about 1M and 23M
@@ -12,6 +12,8 @@ micro-batch, the optimizer update's bytes per parameter, and a ZeRO-3 checkpoint
   the real-model preset before issue 58 (sdpa, 2 rows a micro-batch) against the preset as it is, in one run:
   seconds per trained token, aten operations and attention calls an update, and their ratios
   (:mod:`perf.update_speed`; ``--update-reps`` alternating timed updates after a warm-up, median);
+* ``--only sequence-parallel``: the update's per-rank resident set at ``train.sequence_parallel_size`` 1, 2 and
+  4 on gloo CPU ranks, and its ratio to one process (:mod:`perf.sequence_parallel`);
 * ``--only scaling``: the update's weak scaling, 2 gloo ranks against one process at equal work per rank
   (the ratio of update seconds per step; 1.0 is perfect) and the ranks' work balance (:mod:`perf.scaling`);
 * ``--only longvideo``: generation on 2 long-video prompts (16 frames at 336x336, 1,152 video tokens, a prompt of
@@ -293,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per mode (median reported)")
     parser.add_argument("--build-reps", type=int, default=3, help="timed builds of each fixture (median reported)")
     parser.add_argument("--only", choices=["step", "rollout", "longvideo", "build", "semantic", "libraries", "memory",
-                                           "trl", "scaling", "update", "decode"], default=None)
+                                           "trl", "scaling", "update", "decode", "sequence-parallel"],
+                        default=None)
     parser.add_argument("--decode-reps", type=int, default=5,
                         help="timed repetitions of every decoder on every file in the decode section (median)")
     parser.add_argument("--lib-before-prompts", type=int, default=10,
@@ -336,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             print_scaling(bench_scaling(Path(tmp), ranks=args.scaling_ranks))
         sys.stdout.flush()
     if args.only == "scaling":
+        return 0
+    if args.only in (None, "sequence-parallel"):
+        from perf.sequence_parallel import bench_sequence_parallel, print_sequence_parallel
+
+        with tempfile.TemporaryDirectory(prefix="mmrl-perf-sp-") as tmp:
+            print_sequence_parallel(bench_sequence_parallel(Path(tmp)))
+        sys.stdout.flush()
+    if args.only == "sequence-parallel":
         return 0
     if args.only in (None, "trl"):
         from perf.trl_compare import print_trl, run_trl
