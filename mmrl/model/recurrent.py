@@ -57,10 +57,16 @@ def fit_options(family: str, options: PolicyOptions) -> PolicyOptions:
     return dataclasses.replace(options, **off) if off else options
 
 
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The Gated DeltaNet (linear-attention) modules of ``model``, in order (transformers'
+    ``Qwen3_5GatedDeltaNet`` / ``Qwen3_5MoeGatedDeltaNet``, each a decoder layer's ``linear_attn``)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+
+
 def direct_reads(model: torch.nn.Module) -> list[tuple[torch.nn.Module, list[torch.nn.Parameter]]]:
     """``(module, parameters)`` for each module of ``model`` whose forward reads a child's parameters without
     calling the child: Qwen3.5's Gated DeltaNet passes ``self.conv1d.weight`` (and bias) to its convolution
     function. A sharding scheme that gathers a module's parameters when that module is called (ZeRO-3) must
     gather these with the reader (:func:`mmrl.optim.gather_direct_reads`)."""
-    return [(m, list(m.conv1d.parameters())) for m in model.modules()
-            if type(m).__name__.endswith("GatedDeltaNet") and isinstance(getattr(m, "conv1d", None), torch.nn.Module)]
+    return [(m, list(m.conv1d.parameters())) for m in linear_layers(model)
+            if isinstance(getattr(m, "conv1d", None), torch.nn.Module)]

@@ -43,16 +43,33 @@ larger than the number of heads (Qwen2.5-VL-7B: 28 query heads, 4 key heads, rep
 What is not split: generation (the rollout) runs whole on each rank of a group (the group rolls out the same
 prompts with the same seeds, one copy kept: :meth:`mmrl.engine.trainer.GRPOTrainer.rollout_prompts`); a media
 item whose features are cached (a frozen tower) is not encoded again. The shared-prefix passes are not used under
-sequence parallelism (each sequence runs whole in the packed row: exact, more tokens). Qwen3.5's Gated DeltaNet
-layers carry a recurrent state along the sequence: a slice would need the state of the slices before it, passed
-along the group in order, which this module does not do; such a model is refused (:func:`check_policy`).
+sequence parallelism (each sequence runs whole in the packed row: exact, more tokens).
+
+**Qwen3.5's Gated DeltaNet (linear-attention) layers** carry a recurrent state and a short causal convolution
+along the sequence, so a rank's slice depends on every token before it in its sequence, and the packed row's
+sequences must each start from a zero state. Each such layer's forward is wrapped (:func:`install_linear_attention`,
+active only in a pass that hands the layers ``mmrl_sequence_group``, so an unsplit pass and a checkpointed layer's
+recompute in the backward see the same forward): the layer's input is all-gathered along the sequence
+(:class:`_GatherRows`: the backward sums the group's gradients of the whole row and keeps this rank's slice, a
+reduce-scatter), the layer's own forward runs once per segment of the row (each sequence alone from a zero state,
+as the padded one-process pass runs it; the row's padding is a segment of its own) and this rank keeps its slice
+of the outputs. Each rank's backward covers its own slice's outputs only, so the sum of the ranks' parameter
+gradients is the one-process gradient, as for the other layers. **The cost**: these layers hold the whole
+sequence on every rank of the group (no memory saving in them: the gathered input and each segment's
+activations are whole) and every rank repeats their compute (every rank makes the same calls, as ZeRO-3's
+per-module gathers need); the full-attention layers (the Ulysses all-to-all above), the MLPs of every layer, the
+embedding and the LM head are split. Passing the recurrent and convolution states along the group in rank order
+instead would split these layers too, but serialises the ranks (rank ``r`` waits for every rank before it) and
+needs the delta rule to start from a given state with a gradient through that state; not done.
 
 Learned from (read, not copied): verl ``verl/utils/ulysses.py`` (the all-to-all autograd pair, gathering outputs
 and the padding to a multiple of the group) and ``verl/models/transformers/monkey_patch.py`` (repeating key/value
 heads when they are fewer than the group; slicing position ids after computing them whole); DeepSpeed
 ``deepspeed/sequence/layer.py`` (``DistributedAttention``: scatter heads, gather sequence, attend, reverse);
 ms-swift ``swift/trainers/sequence_parallel/ulysses.py`` (splitting the inputs after the vision embeddings are
-merged, and the loss reduced over the group).
+merged, and the loss reduced over the group); transformers ``models/qwen3_5/modeling_qwen3_5.py``
+(``Qwen3_5GatedDeltaNet.forward``: its torch delta rule and convolution take no sequence boundaries, hence one call
+per segment).
 """
 
 from __future__ import annotations
@@ -67,8 +84,7 @@ import torch
 
 from mmrl_common.errors import ConfigError
 
-from . import inputs, passes, varlen
-from .families import has_linear_attention
+from . import inputs, passes, recurrent, varlen
 from .logprob_head import token_logprobs
 from .types import PolicyParts, TokenSeq
 
@@ -202,13 +218,6 @@ def check_policy(policy: PolicyParts, size: int) -> None:
     """A :class:`ConfigError` when ``policy`` cannot run sequence-parallel passes over ``size`` ranks."""
     if size <= 1:
         return
-    family = policy.family if hasattr(policy, "family") else policy.model.config.model_type
-    if has_linear_attention(family):
-        raise ConfigError(
-            f"train.sequence_parallel_size={size}: {family}'s Gated DeltaNet (linear-attention) layers carry a "
-            "recurrent state along the sequence, so a rank's slice would need the states of the slices before it "
-            "passed along the group in order, which mmrl does not do; use train.sequence_parallel_size=1 for this "
-            "model")
     impl = getattr(policy.base.language_model.config, "_attn_implementation", None)
     if impl != varlen.NAME:
         raise ConfigError(
@@ -218,6 +227,54 @@ def check_policy(policy: PolicyParts, size: int) -> None:
     if heads % size:
         raise ConfigError(f"train.sequence_parallel_size={size}: the language model's {heads} attention heads do "
                           f"not divide over {size} ranks; use a size that divides {heads}")
+
+
+# ------------------------------------------------------------------------------------------------ linear attention
+class SegmentedLinearAttention:
+    """A Gated DeltaNet module's forward (:func:`install_linear_attention`): the module's own ``forward`` as it
+    is, unless the call carries an active ``mmrl_sequence_group``; then :func:`linear_attention`. A plain object
+    holding the module's bound forward (``copy.deepcopy`` of the model rebinds it to the copy)."""
+
+    def __init__(self, forward: Any) -> None:
+        self.forward = forward
+
+    def __call__(self, hidden_states: torch.Tensor, cache_params: Any = None, attention_mask: Any = None,
+                 **kwargs: Any) -> torch.Tensor:
+        group = kwargs.get("mmrl_sequence_group")
+        if group is None or not group.active:
+            return self.forward(hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs)
+        if cache_params is not None or attention_mask is not None:
+            raise ValueError("a sequence-parallel linear-attention layer takes no cache and no 2-D mask (the "
+                             "packed row's segments are its sequences)")
+        return linear_attention(self.forward, hidden_states, group, kwargs.get("cu_seq_lens_q"))
+
+
+def install_linear_attention(model: torch.nn.Module) -> int:
+    """Wraps the forward of each Gated DeltaNet module of ``model`` (:class:`SegmentedLinearAttention`; once:
+    an installed one is kept). Returns the number of linear-attention modules."""
+    layers = recurrent.linear_layers(model)
+    for module in layers:
+        if not isinstance(module.__dict__.get("forward"), SegmentedLinearAttention):
+            module.forward = SegmentedLinearAttention(module.forward)
+    return len(layers)
+
+
+def linear_attention(forward: Any, hidden: torch.Tensor, group: SequenceGroup,
+                     cu_seq_lens: torch.Tensor | None) -> torch.Tensor:
+    """A linear-attention layer (``forward``: the module's own) on this rank's slice ``hidden``
+    ``(1, tokens / n, hidden)`` of a packed row whose segments are ``cu_seq_lens`` (the whole row's): the
+    slices gathered (:class:`_GatherRows`), one call per segment from a zero state, this rank's slice of the
+    outputs (the module's note)."""
+    if cu_seq_lens is None:
+        raise ValueError("a sequence-parallel linear-attention layer needs the whole row's segment lengths "
+                         "(cu_seq_lens_q)")
+    part = hidden.shape[1]
+    whole = _GatherRows.apply(hidden[0], group, [part] * group.size).unsqueeze(0)  # (1, tokens, hidden)
+    bounds = [int(b) for b in cu_seq_lens.tolist()]
+    if bounds[0] != 0 or bounds[-1] != whole.shape[1]:
+        raise ValueError(f"the segment lengths cover tokens {bounds[0]}..{bounds[-1]} of a row of {whole.shape[1]}")
+    out = torch.cat([forward(whole[:, a:b]) for a, b in itertools.pairwise(bounds) if b > a], dim=1)
+    return out[:, group.slice(out.shape[1])]
 
 
 # ------------------------------------------------------------------------------------------------ vision
@@ -326,6 +383,7 @@ def forward_logprobs(policy: PolicyParts, seqs: Sequence[TokenSeq], group: Seque
     """:func:`mmrl.model.logprobs.forward_logprobs` with the tokens spread over ``group`` (the module's note):
     ``(logps, entropies, mask)``, each ``(B, L)`` and whole on every rank of the group."""
     check_policy(policy, group.size)
+    install_linear_attention(policy.base.language_model)  # Qwen3.5's Gated DeltaNet layers; none elsewhere
     dev = policy.device
     batch = inputs.pad(seqs, left=False, pad_id=policy.pad_id, device=dev)
     position_ids = inputs.position_ids(policy, batch, seqs)  # the whole sequences' positions, before the split
