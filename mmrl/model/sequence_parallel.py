@@ -2,7 +2,8 @@
 Ulysses-style.
 
 A log-prob pass under a :class:`SequenceGroup` of ``n`` ranks (:func:`forward_logprobs`) computes what one process
-computes, with each rank holding ``1 / n`` of the language model's activations:
+computes, with each rank holding ``1 / n`` of the language model's activations (Qwen3.5's linear-attention layers
+excepted: they hold the whole sequence on every rank, below):
 
 * **the tokens**: the micro-batch's sequences are packed back to back in one row (:mod:`mmrl.model.packing`, the
   padding-free layout), the row padded at its end to a multiple of ``n`` (the padding is a segment of its own,
