@@ -29,7 +29,9 @@ from mmrl.engine.distributed import World
 from mmrl_common.errors import ConfigError
 from video.writer import write_mp4
 
-pytestmark = pytest.mark.xdist_group("torchrun")
+# their own group, not "torchrun": that group runs on one worker in turn and is the suite's longest path (~1,180 s
+# of `make test`'s main run with these in it); these 4-rank runs go beside it on the other worker
+pytestmark = pytest.mark.xdist_group("sequence_parallel")
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 PROBE = str(Path(__file__).with_name("sequence_parallel_probe.py"))
