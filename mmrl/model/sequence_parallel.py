@@ -22,11 +22,11 @@ excepted: they hold the whole sequence on every rank, below):
 * **the vision tower** runs on whole frames (temporal patches) split contiguously over the group: a video's
   frames never attend to each other in the Qwen-VL towers (window and full attention are within a frame; the
   merger is within a frame), so the split is exact; each rank encodes its frames and the merged embeddings (and
-  Qwen3-VL's deepstack features) are gathered over the group (:class:`_GatherRows`, whose backward sums the
+  Qwen3-VL's deepstack features) are gathered over the group (:func:`gather_summed`, whose backward sums the
   group's gradients and keeps a rank's own rows), then each rank takes the embeddings of the placeholders in its
   slice;
 * **the log-probs** of the targets in a rank's slice go through the chunked LM head on that rank
-  (:func:`mmrl.model.logprob_head.token_logprobs`) and are gathered over the group (:class:`_GatherShare`):
+  (:func:`mmrl.model.logprob_head.token_logprobs`) and are gathered over the group (:func:`gather_shared`):
   every rank holds the whole ``(B, L)`` log-probs, so the loss, its token counts (a sequence's whole count, as
   ``seq-mean-token-mean`` needs) and the KL are computed exactly as in one process, on every rank of the group
   alike; the gather's backward hands each rank the gradient of its own targets only (every rank computes the
@@ -51,7 +51,7 @@ along the sequence, so a rank's slice depends on every token before it in its se
 sequences must each start from a zero state. Each such layer's forward is wrapped (:func:`install_linear_attention`,
 active only in a pass that hands the layers ``mmrl_sequence_group``, so an unsplit pass and a checkpointed layer's
 recompute in the backward see the same forward): the layer's input is all-gathered along the sequence
-(:class:`_GatherRows`: the backward sums the group's gradients of the whole row and keeps this rank's slice, a
+(:func:`gather_summed`: the backward sums the group's gradients of the whole row and keeps this rank's slice, a
 reduce-scatter), the layer's own forward runs once per segment of the row (each sequence alone from a zero state,
 as the padded one-process pass runs it; the row's padding is a segment of its own) and this rank keeps its slice
 of the outputs. Each rank's backward covers its own slice's outputs only, so the sum of the ranks' parameter
@@ -148,37 +148,35 @@ def _gather_rows(x: torch.Tensor, group: SequenceGroup, counts: Sequence[int]) -
 
 
 class _GatherRows(torch.autograd.Function):
-    """All-gather of row blocks of different sizes; the backward sums the gradient over the group (each rank used
-    other ranks' rows too: the vision embeddings of the placeholders in its own token slice) and keeps this
-    rank's rows."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: SequenceGroup, counts: list[int]) -> torch.Tensor:
-        ctx.group, ctx.counts = group, counts
-        return _gather_rows(x, group, counts)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        grad = grad.contiguous().clone()
-        torch.distributed.all_reduce(grad, group=ctx.group.group)
-        start = sum(ctx.counts[:ctx.group.rank])
-        return grad[start:start + ctx.counts[ctx.group.rank]], None, None
-
-
-class _GatherShare(torch.autograd.Function):
-    """All-gather of row blocks of different sizes whose result every rank of the group uses alike (the
-    log-probs, from which each rank computes the same loss); the backward keeps this rank's rows of the
+    """All-gather of row blocks of different sizes. ``summed`` (:func:`gather_summed`): each rank used other ranks'
+    rows too (the vision embeddings of the placeholders in its own token slice), so the backward sums the gradient
+    over the group and keeps this rank's rows; otherwise (:func:`gather_shared`) every rank uses the result alike
+    (the log-probs, from which each rank computes the same loss) and the backward keeps this rank's rows of the
     gradient, unsummed: one copy of the loss's gradient reaches each rank's share."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: SequenceGroup, counts: list[int]) -> torch.Tensor:
-        ctx.group, ctx.counts = group, counts
+    def forward(ctx: Any, x: torch.Tensor, group: SequenceGroup, counts: list[int], summed: bool) -> torch.Tensor:
+        ctx.group, ctx.counts, ctx.summed = group, counts, summed
         return _gather_rows(x, group, counts)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if ctx.summed:
+            grad = grad.contiguous().clone()
+            torch.distributed.all_reduce(grad, group=ctx.group.group)
         start = sum(ctx.counts[:ctx.group.rank])
-        return grad[start:start + ctx.counts[ctx.group.rank]].contiguous(), None, None
+        return grad[start:start + ctx.counts[ctx.group.rank]].contiguous(), None, None, None
+
+
+def gather_summed(x: torch.Tensor, group: SequenceGroup, counts: list[int]) -> torch.Tensor:
+    """The group's row blocks gathered; the backward sums the gradient over the group (:class:`_GatherRows`)."""
+    return _GatherRows.apply(x, group, counts, True)
+
+
+def gather_shared(x: torch.Tensor, group: SequenceGroup, counts: list[int]) -> torch.Tensor:
+    """The group's row blocks gathered, used alike by every rank; the backward keeps this rank's rows
+    (:class:`_GatherRows`)."""
+    return _GatherRows.apply(x, group, counts, False)
 
 
 def _counts(n: int, group: SequenceGroup) -> list[int]:
@@ -264,13 +262,13 @@ def linear_attention(forward: Any, hidden: torch.Tensor, group: SequenceGroup,
                      cu_seq_lens: torch.Tensor | None) -> torch.Tensor:
     """A linear-attention layer (``forward``: the module's own) on this rank's slice ``hidden``
     ``(1, tokens / n, hidden)`` of a packed row whose segments are ``cu_seq_lens`` (the whole row's): the
-    slices gathered (:class:`_GatherRows`), one call per segment from a zero state, this rank's slice of the
+    slices gathered (:func:`gather_summed`), one call per segment from a zero state, this rank's slice of the
     outputs (the module's note)."""
     if cu_seq_lens is None:
         raise ValueError("a sequence-parallel linear-attention layer needs the whole row's segment lengths "
                          "(cu_seq_lens_q)")
     part = hidden.shape[1]
-    whole = _GatherRows.apply(hidden[0], group, [part] * group.size).unsqueeze(0)  # (1, tokens, hidden)
+    whole = gather_summed(hidden[0], group, [part] * group.size).unsqueeze(0)  # (1, tokens, hidden)
     bounds = [int(b) for b in cu_seq_lens.tolist()]
     if bounds[0] != 0 or bounds[-1] != whole.shape[1]:
         raise ValueError(f"the segment lengths cover tokens {bounds[0]}..{bounds[-1]} of a row of {whole.shape[1]}")
@@ -287,7 +285,7 @@ def _frames(policy: PolicyParts, key: str) -> tuple[int, int, int]:
 def split_features(policy: PolicyParts, keys: Sequence[str], group: SequenceGroup
                    ) -> tuple[dict[str, tuple[torch.Tensor, list[torch.Tensor]]], torch.Tensor | None]:
     """Each unique key's (merged embeddings, deepstack features), the tower run on whole temporal patches split
-    contiguously over the group and its outputs gathered (:class:`_GatherRows`); cached features (a frozen
+    contiguously over the group and its outputs gathered (:func:`gather_summed`); cached features (a frozen
     tower's, :meth:`mmrl.model.vision.VisionEncoder.feature_tag`) are used as they are. Returns the features and an
     anchor (0 times a dummy tower output) for a rank with no frame to encode under a rank binding, else None."""
     vision = policy.vision
@@ -330,7 +328,7 @@ def split_features(policy: PolicyParts, keys: Sequence[str], group: SequenceGrou
         width = int(policy.base.language_model.config.hidden_size)
         param = next(policy.base.visual.parameters())
         local = torch.zeros(0, width * (1 + n_deep), dtype=param.dtype, device=dev)
-    full = _GatherRows.apply(local, group, counts)
+    full = gather_summed(local, group, counts)
     if hasattr(policy.media, "count_vision_calls"):
         policy.media.count_vision_calls(len(todo))
     pieces = full.split([n * _frames(policy, k)[0] for k in todo
@@ -431,10 +429,10 @@ def forward_logprobs(policy: PolicyParts, seqs: Sequence[TokenSeq], group: Seque
                              temperature, with_entropy=with_entropy, entropy_grad=entropy_grad, chunk=chunk,
                              calls=calls, recompute=recompute)
     counts = _counts(int(lp.shape[0]), group)
-    lp = _GatherShare.apply(lp, group, counts)
+    lp = gather_shared(lp, group, counts)
     logps = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), lp)
     entropies = None
     if ent is not None:
-        ent = _GatherShare.apply(ent, group, counts) if ent.requires_grad else _gather_rows(ent, group, counts)
+        ent = gather_shared(ent, group, counts) if ent.requires_grad else _gather_rows(ent, group, counts)
         entropies = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device).index_put((rows, cols), ent)
     return logps, entropies, mask
